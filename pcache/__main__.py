@@ -1,0 +1,5 @@
+import sys
+
+from pcache.cli.main import main
+
+sys.exit(main())

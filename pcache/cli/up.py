@@ -1,0 +1,64 @@
+"""``pcache up``: start a local cluster (master + N workers) and keep it running."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import click
+
+from pcache.common.config import load_config
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    epilog="Example: pcache up --data-dir ./pcache-data --workers 3  (Ctrl-C stops it)",
+)
+@click.option("--data-dir", default=None, help="Root of the cluster's data (default from [cluster]).")
+@click.option("--workers", type=int, default=None, help="Worker processes to start.")
+@click.option("--port", type=int, default=None, help="Master port (default 19600; 0 picks a free one).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config for every process.")
+@click.pass_context
+def up(
+    ctx: click.Context, data_dir: str | None, workers: int | None, port: int | None, config_path: str | None
+) -> None:
+    """Start a local cluster; extra --master.K=V / --worker.K=V go to the processes."""
+    from pcache.local import LocalCluster
+
+    cfg = load_config(config_path, [a for a in ctx.args if a.startswith("--cluster.")])
+    master_args = [a for a in ctx.args if a.startswith("--master.")]
+    worker_args = [a for a in ctx.args if a.startswith("--worker.")]
+    load_config(None, master_args + worker_args)  # validate before starting anything
+    if cfg.cluster.worker_capacity_bytes:
+        worker_args.append(f"--worker.capacity_bytes={cfg.cluster.worker_capacity_bytes}")
+    cluster = LocalCluster(
+        data_dir=data_dir or cfg.cluster.data_dir,
+        workers=workers if workers is not None else cfg.cluster.workers,
+        master_port=port if port is not None else cfg.master.port,
+        config=config_path,
+        master_args=master_args,
+        worker_args=worker_args,
+        start_timeout=cfg.cluster.start_timeout,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        cluster.start()
+        click.echo(f"master   {cluster.master_address}")
+        for proc in cluster.worker_procs:
+            click.echo(f"{proc.name:<8} {proc.address}  (data {cluster.root / proc.name})")
+        click.echo(f"manifest {cluster.root / 'cluster.json'}; logs in {cluster.root / 'logs'}")
+        click.echo("cluster is up; Ctrl-C or SIGTERM stops it", err=True)
+        reported: set[str] = set()
+        while not stop.wait(1.0):
+            for proc in [cluster.master, *cluster.worker_procs]:
+                if proc is not None and not proc.alive() and proc.name not in reported:
+                    reported.add(proc.name)
+                    click.echo(f"pcache up: {proc.name} exited; see {proc.log}", err=True)
+    finally:
+        cluster.stop()
+        click.echo("cluster stopped", err=True)
+
+
+COMMANDS = [up]

@@ -1,0 +1,456 @@
+"""The async PCache client: namespace calls, files, tree copies.
+
+One :class:`PCacheClient` per process and master. It owns a
+:class:`~pcache.client.master.MasterClient` (control plane) and a
+:class:`~pcache.client.data.DataClient` (data plane), caches ``stat`` results
+for ``metadata_ttl`` seconds (a cached stat makes no RPC; the client's own
+mutations invalidate at once), and places each new block through the master
+(load-aware, local worker first), retrying on another worker when the first
+target is dead or full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat as stat_mod
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from pcache.client.data import DataClient
+from pcache.client.file import PCacheFile, parse_mode
+from pcache.client.master import MasterClient
+from pcache.common.config import ClientConfig, default_node_id
+from pcache.common.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    IsADirectory,
+    NoSpace,
+    NotFound,
+    PCacheError,
+    Timeout,
+    Unavailable,
+)
+from pcache.common.inodes import file_mode
+from pcache.common.paths import join, normalize
+from pcache.proto import pcache_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+WRITE_RETRY_ERRORS = (Unavailable, Timeout, NoSpace)
+COPY_CONCURRENCY = 16
+COPY_BUFFER = 8 << 20
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """What ``stat`` returns: sizes in bytes, times in seconds since the epoch."""
+
+    path: str
+    name: str
+    inode: int
+    kind: str  # "file", "dir", "symlink"
+    mode: int  # st_mode: type bits | permissions
+    size: int
+    mtime: float
+    ctime: float
+    atime: float
+    block_size: int
+    replication: int
+    blocks: int
+    version: int
+    symlink_target: str = ""
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == "file"
+
+    @classmethod
+    def from_inode(cls, path: str, node: pb.Inode) -> FileStat:
+        kind = {pb.DIRECTORY: "dir", pb.SYMLINK: "symlink"}.get(node.type, "file")
+        return cls(
+            path=path,
+            name=node.name,
+            inode=node.id,
+            kind=kind,
+            mode=file_mode(node),
+            size=node.size,
+            mtime=node.mtime,
+            ctime=node.ctime,
+            atime=node.atime,
+            block_size=node.block_size,
+            replication=node.replication,
+            blocks=len(node.blocks),
+            version=node.version,
+            symlink_target=node.symlink_target,
+        )
+
+
+class PCacheClient:
+    """Async client of one PCache cluster. Close it with :meth:`close`."""
+
+    def __init__(self, cfg: ClientConfig | None = None, *, master: str | None = None) -> None:
+        cfg = cfg or ClientConfig()
+        if master:
+            cfg.master = master
+        self.cfg = cfg
+        self.client_id = f"{default_node_id()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.node_id = cfg.node_id or default_node_id()
+        self.master = MasterClient(cfg, self.client_id)
+        self.data = DataClient(cfg)
+        self._stat_cache: dict[str, tuple[float, pb.Inode]] = {}
+
+    async def close(self) -> None:
+        """Close connections."""
+        await self.data.close()
+        await self.master.close()
+
+    async def __aenter__(self) -> PCacheClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # ------------------------------------------------------- metadata ---
+
+    def invalidate(self, path: str) -> None:
+        """Drop cached metadata of ``path`` and everything under it."""
+        prefix = path.rstrip("/") + "/"
+        for key in [k for k in self._stat_cache if k == path or k.startswith(prefix)]:
+            del self._stat_cache[key]
+
+    async def stat(self, path: str) -> FileStat:
+        """Metadata of ``path`` (no symlink following); cached for ``metadata_ttl`` s.
+
+        Raises:
+            NotFound, NotADirectory, InvalidPath.
+        """
+        path = normalize(path)
+        cached = self._stat_cache.get(path)
+        if cached is not None and cached[0] > time.monotonic():
+            return FileStat.from_inode(path, cached[1])
+        node = await self.master.stat(path)
+        if self.cfg.metadata_ttl > 0:
+            self._stat_cache[path] = (time.monotonic() + self.cfg.metadata_ttl, node)
+        return FileStat.from_inode(path, node)
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` exists."""
+        try:
+            await self.stat(path)
+            return True
+        except NotFound:
+            return False
+
+    async def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False) -> FileStat:
+        """Create a directory (``parents``: like ``mkdir -p``)."""
+        path = normalize(path)
+        self.invalidate(path)
+        return FileStat.from_inode(path, await self.master.mkdir(path, mode, parents))
+
+    async def listdir(self, path: str) -> list[FileStat]:
+        """Every entry of a directory, in name order (pages through large ones)."""
+        return [entry async for entry in self.scandir(path)]
+
+    async def scandir(self, path: str) -> AsyncIterator[FileStat]:
+        """Stream a directory's entries page by page."""
+        path = normalize(path)
+        after = ""
+        while True:
+            page = await self.master.listdir(path, start_after=after)
+            for node in page.entries:
+                yield FileStat.from_inode(join(path, node.name), node)
+            if not page.truncated or not page.entries:
+                return
+            after = page.entries[-1].name
+
+    async def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
+        """Atomically rename ``src`` to ``dst`` (replacing a file or empty directory)."""
+        src, dst = normalize(src), normalize(dst)
+        self.invalidate(src)
+        self.invalidate(dst)
+        await self.master.rename(src, dst, no_replace)
+
+    async def unlink(self, path: str) -> None:
+        """Remove a file or symlink. Raises IsADirectory for a directory."""
+        path = normalize(path)
+        self.invalidate(path)
+        await self.master.delete(path, file=True)
+
+    async def rmdir(self, path: str) -> None:
+        """Remove an empty directory. Raises DirectoryNotEmpty, NotADirectory."""
+        path = normalize(path)
+        self.invalidate(path)
+        await self.master.delete(path, directory=True)
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove anything; a non-empty directory only with ``recursive`` (atomic in the master)."""
+        path = normalize(path)
+        self.invalidate(path)
+        await self.master.delete(path, recursive=recursive)
+
+    async def symlink(self, target: str, path: str) -> None:
+        """Create symlink ``path`` -> ``target``."""
+        path = normalize(path)
+        self.invalidate(path)
+        await self.master.symlink(path, target)
+
+    async def readlink(self, path: str) -> str:
+        """Target of a symlink. Raises InvalidArgument if not a symlink."""
+        st = await self.stat(path)
+        if st.kind != "symlink":
+            raise InvalidArgument("not a symbolic link", path=path)
+        return st.symlink_target
+
+    async def setattr(
+        self,
+        path: str,
+        *,
+        mode: int | None = None,
+        mtime: float | None = None,
+        atime: float | None = None,
+        set_xattrs: dict[str, bytes] | None = None,
+        remove_xattrs: list[str] | None = None,
+    ) -> FileStat:
+        """Change permissions, times or extended attributes."""
+        path = normalize(path)
+        self.invalidate(path)
+        req = pb.SetAttrRequest(path=path, set_xattrs=set_xattrs or {}, remove_xattrs=remove_xattrs or [])
+        if mode is not None:
+            req.mode = mode & 0o7777
+        if mtime is not None:
+            req.mtime = mtime
+        if atime is not None:
+            req.atime = atime
+        return FileStat.from_inode(path, await self.master.setattr(req))
+
+    async def getxattrs(self, path: str) -> dict[str, bytes]:
+        """Extended attributes of ``path``."""
+        node = await self.master.stat(normalize(path))
+        return dict(node.xattrs)
+
+    async def truncate(self, path: str, size: int) -> None:
+        """Cut or zero-extend a file to ``size`` bytes."""
+        f = await self.open(path, "r+b")
+        try:
+            await f.truncate(size)
+        finally:
+            await f.close()
+
+    async def status(self) -> pb.ClusterStatus:
+        """Workers, capacity, load and replication health."""
+        return await self.master.cluster_status()
+
+    # ----------------------------------------------------------- files ---
+
+    async def open(
+        self, path: str, mode: str = "rb", *, perm: int = 0o644, block_size: int = 0, replication: int = 0
+    ) -> PCacheFile:
+        """Open a file. Modes as Python's binary modes: r, w, a, x, with optional +.
+
+        ``block_size`` (bytes) and ``replication`` apply to files this call creates.
+
+        Raises:
+            NotFound: 'r' of a missing file. AlreadyExists: 'x' of an existing one.
+            IsADirectory: the path is a directory.
+        """
+        path = normalize(path)
+        _readable, writable, kind = parse_mode(mode)
+        if writable and kind != "r":
+            self.invalidate(path)
+            await self.master.create(
+                path,
+                mode=perm,
+                exclusive=kind == "x",
+                truncate=kind == "w",
+                block_size=block_size or self.cfg.block_size,
+                replication=replication or self.cfg.replication,
+            )
+        layout = await self.master.layout(path=path)
+        if layout.inode.type == pb.DIRECTORY:
+            raise IsADirectory("is a directory", path=path)
+        return PCacheFile(self, path, mode, layout)
+
+    async def write_block(
+        self, inode: int, data: bytes | bytearray, crc: int
+    ) -> tuple[int, list[str], list[pb.WorkerAddr]]:
+        """Allocate a block for ``inode`` and store ``data`` on its pipeline.
+
+        Retries on another worker when the first target is dead, stalled or
+        full. Returns (block id, ids of replicas that stored it, their addresses).
+
+        Raises:
+            NoSpace: every worker is full. Unavailable: no worker took it.
+        """
+        exclude: list[str] = []
+        last: PCacheError | None = None
+        for _ in range(6):
+            loc = await self.master.allocate_block(inode, len(data), self.node_id, exclude)
+            try:
+                stored = await self.data.write(list(loc.replicas), loc.block_id, data, crc, loc.token)
+            except WRITE_RETRY_ERRORS as exc:
+                logger.warning(
+                    "block %d on %s failed (%s); trying another worker", loc.block_id, loc.replicas[0].worker_id, exc
+                )
+                exclude.append(loc.replicas[0].worker_id)
+                last = exc
+                continue
+            by_id = {a.worker_id: a for a in loc.replicas}
+            return loc.block_id, stored, [by_id[w] for w in stored if w in by_id]
+        assert last is not None
+        raise last
+
+    async def commit(self, path: str, inode: int, size: int, blocks: list[pb.CommittedBlock]) -> None:
+        """Publish a file's new block list (called by :meth:`PCacheFile.fsync`)."""
+        self.invalidate(path)
+        await self.master.commit_file(inode, size, blocks, time.time())
+
+    async def read_file(self, path: str) -> bytes:
+        """Whole content of a file."""
+        async with await self.open(path, "rb") as f:
+            return await f.read()
+
+    async def write_file(self, path: str, data: bytes, **kwargs) -> None:
+        """Replace a file's content with ``data``."""
+        async with await self.open(path, "wb", **kwargs) as f:
+            await f.write(data)
+
+    # ------------------------------------------------------ tree copies ---
+
+    async def put(self, local: str, remote: str) -> tuple[int, int]:
+        """Copy a local file or directory tree into PCache.
+
+        Returns:
+            (files copied, bytes copied)
+
+        Raises:
+            FileNotFoundError: ``local`` does not exist.
+        """
+        remote = normalize(remote)
+        if not os.path.lexists(local):
+            raise NotFound("local path does not exist", path=local)
+        if os.path.isdir(local) and not os.path.islink(local):
+            try:
+                if (await self.stat(remote)).is_dir:
+                    remote = join(remote, os.path.basename(os.path.abspath(local)))
+            except NotFound:
+                pass
+            await self.mkdir(remote, parents=True)
+            files: list[tuple[str, str]] = []
+            for root, dirs, names in os.walk(local):
+                rel = os.path.relpath(root, local)
+                base = remote if rel == "." else join(remote, rel.replace(os.sep, "/"))
+                for d in dirs:
+                    path = os.path.join(root, d)
+                    if os.path.islink(path):
+                        files.append((path, join(base, d)))
+                    else:
+                        await self.mkdir(join(base, d), parents=True)
+                files += [(os.path.join(root, n), join(base, n)) for n in names]
+            return await self._copy_many([(src, dst) for src, dst in files], self._put_file)
+        try:
+            if (await self.stat(remote)).is_dir:
+                remote = join(remote, os.path.basename(local))
+        except NotFound:
+            pass
+        return 1, await self._put_file(local, remote)
+
+    async def _put_file(self, local: str, remote: str) -> int:
+        if os.path.islink(local):
+            try:
+                await self.symlink(os.readlink(local), remote)
+            except AlreadyExists:
+                await self.unlink(remote)
+                await self.symlink(os.readlink(local), remote)
+            return 0
+        total = 0
+        st = os.stat(local)
+        with open(local, "rb") as src:
+            async with await self.open(remote, "wb", perm=stat_mod.S_IMODE(st.st_mode)) as dst:
+                while True:
+                    buf = await asyncio.to_thread(src.read, COPY_BUFFER)
+                    if not buf:
+                        break
+                    await dst.write(buf)
+                    total += len(buf)
+        return total
+
+    async def get(self, remote: str, local: str) -> tuple[int, int]:
+        """Copy a PCache file or tree to the local disk; returns (files, bytes)."""
+        remote = normalize(remote)
+        st = await self.stat(remote)
+        if st.is_dir:
+            if os.path.isdir(local):
+                local = os.path.join(local, st.name if remote != "/" else "")
+            os.makedirs(local, exist_ok=True)
+            pairs: list[tuple[str, str]] = []
+            stack = [(remote, local)]
+            while stack:
+                rdir, ldir = stack.pop()
+                async for entry in self.scandir(rdir):
+                    target = os.path.join(ldir, entry.name)
+                    if entry.is_dir:
+                        os.makedirs(target, exist_ok=True)
+                        stack.append((entry.path, target))
+                    else:
+                        pairs.append((entry.path, target))
+            return await self._copy_many(pairs, self._get_file)
+        if os.path.isdir(local):
+            local = os.path.join(local, st.name)
+        return 1, await self._get_file(remote, local)
+
+    async def _get_file(self, remote: str, local: str) -> int:
+        st = await self.stat(remote)
+        if st.kind == "symlink":
+            if os.path.lexists(local):
+                os.unlink(local)
+            os.symlink(st.symlink_target, local)
+            return 0
+        total = 0
+        tmp = f"{local}.pcache-part"
+        async with await self.open(remote, "rb") as src:
+            with open(tmp, "wb") as dst:
+                while True:
+                    buf = await src.read(COPY_BUFFER)
+                    if not buf:
+                        break
+                    await asyncio.to_thread(dst.write, buf)
+                    total += len(buf)
+        os.chmod(tmp, st.mode & 0o7777)
+        os.replace(tmp, local)
+        return total
+
+    async def _copy_many(self, pairs: list[tuple[str, str]], copy) -> tuple[int, int]:
+        slots = asyncio.Semaphore(COPY_CONCURRENCY)
+
+        async def one(src: str, dst: str) -> int:
+            async with slots:
+                return await copy(src, dst)
+
+        sizes = await asyncio.gather(*(one(s, d) for s, d in pairs))
+        return len(pairs), sum(sizes)
+
+    async def du(self, path: str) -> tuple[int, int, int]:
+        """(bytes, files, directories) under ``path``."""
+        st = await self.stat(path)
+        if not st.is_dir:
+            return st.size, 1, 0
+        total, files, dirs = 0, 0, 1
+        stack = [st.path]
+        while stack:
+            current = stack.pop()
+            async for entry in self.scandir(current):
+                if entry.is_dir:
+                    dirs += 1
+                    stack.append(entry.path)
+                else:
+                    files += 1
+                    total += entry.size
+        return total, files, dirs

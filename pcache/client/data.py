@@ -1,0 +1,234 @@
+"""Thin async client of the workers' data plane, TCP and short circuit.
+
+TCP connections are pooled per worker and used by one request at a time; a
+connection that saw an error is discarded. When a worker advertises a UNIX
+socket that exists on this host, block bytes move through file descriptors
+instead (see :mod:`pcache.worker.shortcircuit`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections import defaultdict
+
+from pcache.common import framing, uds
+from pcache.common.checksum import CHUNK_SIZE, crc32c
+from pcache.common.config import ClientConfig
+from pcache.common.errors import CorruptBlock, PCacheError, Timeout, Unavailable
+from pcache.proto import pcache_pb2 as pb
+
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+POOL_PER_WORKER = 8
+
+
+class DataClient:
+    """Reads and writes blocks on workers."""
+
+    def __init__(self, cfg: ClientConfig) -> None:
+        self.cfg = cfg
+        self._idle: dict[tuple[str, int], list[Conn]] = defaultdict(list)
+        self._sc_dead: set[str] = set()  # UNIX sockets that failed: use TCP
+
+    # -------------------------------------------------------------- pool --
+
+    async def _acquire(self, addr: pb.WorkerAddr) -> Conn:
+        idle = self._idle[(addr.host, addr.port)]
+        while idle:
+            reader, writer = idle.pop()
+            if not writer.is_closing() and not reader.at_eof():
+                return reader, writer
+        return await framing.open_connection(addr.host, addr.port, self.cfg.connect_timeout)
+
+    def _release(self, addr: pb.WorkerAddr, conn: Conn) -> None:
+        idle = self._idle[(addr.host, addr.port)]
+        if len(idle) < POOL_PER_WORKER and not conn[1].is_closing():
+            idle.append(conn)
+        else:
+            framing.close_writer(conn[1])
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        for conns in self._idle.values():
+            for _, writer in conns:
+                framing.close_writer(writer)
+        self._idle.clear()
+
+    def can_short_circuit(self, addr: pb.WorkerAddr) -> bool:
+        """Whether this worker's UNIX socket is reachable from here."""
+        return bool(
+            self.cfg.short_circuit
+            and addr.uds_path
+            and addr.uds_path not in self._sc_dead
+            and os.path.exists(addr.uds_path)
+        )
+
+    # ------------------------------------------------------------- reads --
+
+    async def read(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``offset`` of a block from one worker (TCP).
+
+        Raises:
+            Unavailable, Timeout: the worker is gone or stalled.
+            NotFound, CorruptBlock: the replica is missing or bad.
+        """
+        conn = await self._acquire(addr)
+        ok = False
+        try:
+            hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length)
+            await framing.write_frame(conn[1], hdr, timeout=self.cfg.io_timeout)
+            reply, plen = await framing.read_header(conn[0], self.cfg.io_timeout)
+            data = await framing.read_exactly(conn[0], plen, self.cfg.io_timeout) if plen else b""
+            ok = True
+            framing.raise_if_error(reply)
+            if len(data) != length:
+                raise CorruptBlock(f"block {block_id}: asked {length} bytes, got {len(data)}")
+            return data
+        finally:
+            if ok:
+                self._release(addr, conn)
+            else:
+                framing.close_writer(conn[1])
+
+    async def sc_open_read(self, addr: pb.WorkerAddr, block_id: int) -> tuple[int, pb.DataHeader]:
+        """Short circuit: get a read-only fd of the block file and its CRC record.
+
+        The caller owns (and must close) the fd.
+        """
+        sock = await self._sc_connect(addr)
+        try:
+            await uds.send_frame(sock, pb.DataHeader(op=pb.SC_READ_OPEN, block_id=block_id), None, self.cfg.io_timeout)
+            reply, fd = await uds.recv_frame(sock, self.cfg.io_timeout)
+        finally:
+            sock.close()
+        if reply.error:
+            if fd is not None:
+                os.close(fd)
+            framing.raise_if_error(reply)
+        if fd is None:
+            raise Unavailable("short-circuit reply carried no descriptor")
+        return fd, reply
+
+    @staticmethod
+    def pread_verified(fd: int, info: pb.DataHeader, offset: int, length: int) -> bytes:
+        """Read a range of a short-circuit fd, verifying the chunk CRCs it touches (blocking).
+
+        Raises:
+            CorruptBlock: a chunk does not match the worker's CRC record.
+        """
+        if length == 0:
+            return b""
+        first, last = offset // CHUNK_SIZE, (offset + length - 1) // CHUNK_SIZE
+        start = first * CHUNK_SIZE
+        end = min(info.block_length, (last + 1) * CHUNK_SIZE)
+        raw = os.pread(fd, end - start, start)
+        if len(raw) != end - start:
+            raise CorruptBlock(f"block {info.block_id}: file shorter than its record")
+        view = memoryview(raw)
+        for i, idx in enumerate(range(first, last + 1)):
+            if crc32c(view[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]) != info.chunk_crcs[idx]:
+                raise CorruptBlock(f"block {info.block_id}: chunk {idx} failed its CRC32C check")
+        skip = offset - start
+        return raw[skip : skip + length]
+
+    async def _sc_connect(self, addr: pb.WorkerAddr) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.cfg.connect_timeout):
+                await loop.sock_connect(sock, addr.uds_path)
+        except (OSError, TimeoutError) as exc:
+            sock.close()
+            self._sc_dead.add(addr.uds_path)
+            if isinstance(exc, TimeoutError):
+                raise Timeout(f"short-circuit connect to {addr.uds_path} timed out") from None
+            raise Unavailable(f"short-circuit socket {addr.uds_path}: {exc}") from None
+        return sock
+
+    # ------------------------------------------------------------ writes --
+
+    async def write(
+        self,
+        targets: list[pb.WorkerAddr],
+        block_id: int,
+        data: bytes | bytearray | memoryview,
+        crc: int,
+        token: str = "",
+    ) -> list[str]:
+        """Write a whole block to ``targets[0]``, which forwards it down the pipeline.
+
+        Returns:
+            ids of the workers that stored it (at least the first).
+
+        Raises:
+            Unavailable, Timeout: the first worker is unreachable or stalled.
+            NoSpace: the first worker is full.
+        """
+        head, rest = targets[0], list(targets[1:])
+        if self.can_short_circuit(head):
+            with contextlib.suppress(Unavailable):
+                return await self._sc_write(head, rest, block_id, data, crc)
+        conn = await self._acquire(head)
+        ok = False
+        try:
+            hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=crc, pipeline=rest, token=token)
+            await framing.write_frame(conn[1], hdr, data, timeout=self.cfg.io_timeout + len(data) / (50 << 20))
+            reply, plen = await framing.read_header(conn[0], self.cfg.io_timeout + len(rest) * self.cfg.io_timeout)
+            if plen:
+                await framing.read_exactly(conn[0], plen, self.cfg.io_timeout)
+            ok = not reply.error
+            framing.raise_if_error(reply)
+            return list(reply.replicas)
+        finally:
+            if ok:
+                self._release(head, conn)
+            else:
+                framing.close_writer(conn[1])
+
+    async def _sc_write(
+        self,
+        head: pb.WorkerAddr,
+        rest: list[pb.WorkerAddr],
+        block_id: int,
+        data: bytes | bytearray | memoryview,
+        crc: int,
+    ) -> list[str]:
+        sock = await self._sc_connect(head)
+        fd: int | None = None
+        try:
+            timeout = self.cfg.io_timeout
+            await uds.send_frame(
+                sock, pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=block_id, length=len(data)), None, timeout
+            )
+            reply, fd = await uds.recv_frame(sock, timeout)
+            framing.raise_if_error(reply)
+            if fd is None:
+                raise Unavailable("short-circuit reply carried no descriptor")
+            await asyncio.to_thread(_pwrite_all, fd, data)
+            os.close(fd)
+            fd = None
+            commit = pb.DataHeader(
+                op=pb.SC_WRITE_COMMIT, block_id=block_id, write_handle=reply.write_handle, crc32c=crc, pipeline=rest
+            )
+            await uds.send_frame(sock, commit, None, timeout)
+            done, _ = await uds.recv_frame(sock, timeout * (1 + len(rest)) + len(data) / (50 << 20))
+            framing.raise_if_error(done)
+            return list(done.replicas)
+        except PCacheError:
+            raise
+        except OSError as exc:
+            raise Unavailable(f"short-circuit write failed: {exc}") from None
+        finally:
+            if fd is not None:
+                os.close(fd)
+            sock.close()
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)

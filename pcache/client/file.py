@@ -1,0 +1,454 @@
+"""An open PCache file: block slots, read-ahead, write-behind, commit on close.
+
+A file is a list of *slots*, one per block. A clean slot names a stored
+block (and its replicas); a dirty slot holds new bytes in memory. Writes fill
+dirty slots; a slot that becomes full is written in the background
+(write-behind, at most ``max_inflight_blocks`` at once), each block to a
+freshly allocated pipeline of workers; a changed block is always written as a
+new block (copy-on-write), so readers keep seeing the old content until the
+writer commits the new block list on ``close``/``fsync`` (close-to-open).
+
+Reads go through fixed *read units* (``read_unit`` bytes), cached per handle,
+with ``readahead_units`` prefetched once the reader is sequential. A unit is
+read from a local replica through the short circuit when possible, else over
+TCP, falling back to the other replicas and finally to fresh locations from
+the master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pcache.common.checksum import crc32c
+from pcache.common.errors import (
+    CorruptBlock,
+    InvalidArgument,
+    NotFound,
+    PCacheError,
+    Timeout,
+    Unavailable,
+)
+from pcache.proto import pcache_pb2 as pb
+
+if TYPE_CHECKING:
+    from pcache.client.core import PCacheClient
+
+logger = logging.getLogger(__name__)
+
+READ_FAILOVER_ERRORS = (Unavailable, Timeout, CorruptBlock, NotFound)
+MAX_SC_FDS = 64
+
+
+@dataclass
+class Slot:
+    """One block position of an open file."""
+
+    block_id: int = 0
+    length: int = 0
+    crc: int = 0
+    replicas: list[str] = field(default_factory=list)
+    locations: list[pb.WorkerAddr] = field(default_factory=list)
+    data: bytearray | None = None
+    pending: asyncio.Task | None = None
+
+
+def parse_mode(mode: str) -> tuple[bool, bool, str]:
+    """(readable, writable, base) of a Python-style binary mode.
+
+    Raises:
+        InvalidArgument: unknown mode.
+    """
+    base = mode.replace("b", "").replace("t", "")
+    table = {"r": (True, False), "w": (False, True), "a": (False, True), "x": (False, True),
+             "r+": (True, True), "w+": (True, True), "a+": (True, True), "x+": (True, True)}  # fmt: skip
+    if base not in table:
+        raise InvalidArgument(f"invalid mode {mode!r}")
+    readable, writable = table[base]
+    return readable, writable, base[0]
+
+
+class PCacheFile:
+    """Async file handle; create through :meth:`PCacheClient.open`."""
+
+    def __init__(self, client: PCacheClient, path: str, mode: str, layout: pb.FileLayout) -> None:
+        self.client = client
+        self.cfg = client.cfg
+        self.path = path
+        self.mode = mode
+        self.readable, self.writable, kind = parse_mode(mode)
+        self.append = kind == "a"
+        self.inode = layout.inode.id
+        self.block_size = layout.inode.block_size or (32 << 20)
+        self.size = layout.inode.size
+        self.slots: list[Slot] = [
+            Slot(b.block_id, b.length, b.crc32c, [r.worker_id for r in b.replicas], list(b.replicas))
+            for b in layout.blocks
+        ]
+        self.pos = self.size if self.append else 0
+        self.closed = False
+        self.dirty = False
+        self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
+        self._last_unit: tuple[int, int] | None = None
+        self._sc_fds: OrderedDict[int, tuple[int, pb.DataHeader]] = OrderedDict()
+        self._flush_slots = asyncio.Semaphore(max(1, self.cfg.max_inflight_blocks))
+        self._error: BaseException | None = None
+
+    # ------------------------------------------------------------ basics --
+
+    def tell(self) -> int:
+        """Current position in bytes."""
+        return self.pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Move the position; returns it.
+
+        Raises:
+            InvalidArgument: a negative resulting position or bad ``whence``.
+        """
+        if whence == os.SEEK_SET:
+            pos = offset
+        elif whence == os.SEEK_CUR:
+            pos = self.pos + offset
+        elif whence == os.SEEK_END:
+            pos = self.size + offset
+        else:
+            raise InvalidArgument(f"invalid whence {whence}")
+        if pos < 0:
+            raise InvalidArgument("negative seek position")
+        self.pos = pos
+        return pos
+
+    def _check(self, want_write: bool) -> None:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        if want_write and not self.writable:
+            raise io.UnsupportedOperation("file not open for writing")
+        if not want_write and not self.readable:
+            raise io.UnsupportedOperation("file not open for reading")
+        if self._error is not None:
+            raise self._error
+
+    # ------------------------------------------------------------- reads --
+
+    async def read(self, size: int = -1) -> bytes:
+        """Read up to ``size`` bytes (all remaining when negative) from the position."""
+        self._check(want_write=False)
+        end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
+        if end <= self.pos:
+            return b""
+        data = await self.pread(self.pos, end - self.pos)
+        self.pos += len(data)
+        return data
+
+    async def pread(self, offset: int, length: int) -> bytes:
+        """Read up to ``length`` bytes at ``offset`` without moving the position."""
+        end = min(self.size, offset + length)
+        parts: list[bytes] = []
+        pos = offset
+        while pos < end:
+            idx, off = divmod(pos, self.block_size)
+            n = min(self.block_size - off, end - pos)
+            parts.append(await self._read_slot(idx, off, n))
+            pos += n
+        return b"".join(parts)
+
+    async def _read_slot(self, idx: int, off: int, n: int) -> bytes:
+        if idx >= len(self.slots):
+            return bytes(n)  # a hole past the last written block
+        slot = self.slots[idx]
+        if slot.pending is not None:
+            await self._settle(slot)
+        if slot.data is not None:
+            chunk = bytes(slot.data[off : off + n])
+            return chunk + bytes(n - len(chunk))  # holes inside a dirty block read as zeros
+        if off >= slot.length:
+            return bytes(n)
+        avail = min(n, slot.length - off)
+        unit = self.cfg.read_unit
+        out: list[bytes] = []
+        pos = off
+        while pos < off + avail:
+            k = pos // unit
+            data = await self._unit(idx, k)
+            start = pos - k * unit
+            take = min(len(data) - start, off + avail - pos)
+            out.append(data[start : start + take])
+            pos += take
+        if avail < n:
+            out.append(bytes(n - avail))
+        return b"".join(out)
+
+    async def _unit(self, idx: int, k: int) -> bytes:
+        slot = self.slots[idx]
+        key = (slot.block_id, k)
+        task = self._units.get(key)
+        if task is None:
+            task = self._start_unit(idx, k)
+        else:
+            self._units.move_to_end(key)
+        sequential = self._last_unit is None or (idx, k) in (self._last_unit, self._next_unit(*self._last_unit))
+        self._last_unit = (idx, k)
+        if sequential and self.cfg.readahead_units > 0:
+            nxt: tuple[int, int] | None = (idx, k)
+            for _ in range(self.cfg.readahead_units):
+                nxt = self._next_unit(*nxt) if nxt else None
+                if nxt is None:
+                    break
+                s = self.slots[nxt[0]]
+                if s.data is None and s.pending is None and (s.block_id, nxt[1]) not in self._units:
+                    self._start_unit(*nxt)
+        try:
+            return await asyncio.shield(task)
+        except BaseException:
+            self._units.pop(key, None)
+            raise
+
+    def _next_unit(self, idx: int, k: int) -> tuple[int, int] | None:
+        unit = self.cfg.read_unit
+        if (k + 1) * unit < self.slots[idx].length:
+            return idx, k + 1
+        if idx + 1 < len(self.slots) and self.slots[idx + 1].block_id:
+            return idx + 1, 0
+        return None
+
+    def _start_unit(self, idx: int, k: int) -> asyncio.Task:
+        slot = self.slots[idx]
+        unit = self.cfg.read_unit
+        offset = k * unit
+        length = min(unit, slot.length - offset)
+        task = asyncio.ensure_future(self._fetch(idx, offset, length))
+        task.add_done_callback(_consume_exception)
+        self._units[(slot.block_id, k)] = task
+        while len(self._units) > 2 * self.cfg.readahead_units + 2:
+            _, old = self._units.popitem(last=False)
+            if not old.done():
+                old.cancel()
+        return task
+
+    async def _fetch(self, idx: int, offset: int, length: int) -> bytes:
+        """Read a byte range of a clean slot's block, failing over between replicas."""
+        slot = self.slots[idx]
+        errors: list[str] = []
+        for attempt in range(2):
+            for addr in self._ordered(slot.locations):
+                try:
+                    if self.client.data.can_short_circuit(addr):
+                        return await self._sc_read(addr, slot.block_id, offset, length)
+                    return await self.client.data.read(addr, slot.block_id, offset, length)
+                except READ_FAILOVER_ERRORS as exc:
+                    errors.append(f"{addr.worker_id}: {exc}")
+                    self._drop_sc(slot.block_id)
+            if attempt == 0:
+                await self._refresh_locations()
+                slot = self.slots[idx]
+        raise Unavailable(
+            f"{self.path}: no replica of block {slot.block_id} could be read ({'; '.join(errors) or 'no live replica'})"
+        )
+
+    def _ordered(self, locations: list[pb.WorkerAddr]) -> list[pb.WorkerAddr]:
+        local = [a for a in locations if self.client.data.can_short_circuit(a)]
+        remote = [a for a in locations if a not in local]
+        if remote:  # spread concurrent readers of one file over the replicas
+            shift = hash((self.client.client_id, self.inode)) % len(remote)
+            remote = remote[shift:] + remote[:shift]
+        return local + remote
+
+    async def _sc_read(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
+        entry = self._sc_fds.get(block_id)
+        if entry is None:
+            entry = await self.client.data.sc_open_read(addr, block_id)
+            self._sc_fds[block_id] = entry
+            while len(self._sc_fds) > MAX_SC_FDS:
+                _, (fd, _) = self._sc_fds.popitem(last=False)
+                os.close(fd)
+        fd, info = entry
+        return await asyncio.to_thread(self.client.data.pread_verified, fd, info, offset, length)
+
+    def _drop_sc(self, block_id: int) -> None:
+        entry = self._sc_fds.pop(block_id, None)
+        if entry is not None:
+            os.close(entry[0])
+
+    async def _refresh_locations(self) -> None:
+        try:
+            layout = await self.client.master.layout(inode=self.inode)
+        except PCacheError as exc:
+            logger.warning("%s: cannot refresh block locations: %s", self.path, exc)
+            return
+        fresh = {b.block_id: list(b.replicas) for b in layout.blocks}
+        for slot in self.slots:
+            if slot.block_id in fresh:
+                slot.locations = fresh[slot.block_id]
+
+    # ------------------------------------------------------------ writes --
+
+    async def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Write ``data`` at the position (at the end in append mode); returns its length."""
+        self._check(want_write=True)
+        view = memoryview(data).cast("B")
+        if self.append:
+            self.pos = self.size
+        total = len(view)
+        while view:
+            idx, off = divmod(self.pos, self.block_size)
+            slot = await self._dirty_slot(idx)
+            assert slot.data is not None
+            n = min(self.block_size - off, len(view))
+            if off > len(slot.data):
+                slot.data.extend(bytes(off - len(slot.data)))
+            slot.data[off : off + n] = view[:n]
+            view = view[n:]
+            self.pos += n
+            self.size = max(self.size, self.pos)
+            self.dirty = True
+            if off + n == self.block_size:
+                await self._start_flush(idx)
+        return total
+
+    async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
+        """Write at ``offset`` without moving the position."""
+        saved, append = self.pos, self.append
+        self.pos, self.append = offset, False
+        try:
+            return await self.write(data)
+        finally:
+            self.pos, self.append = saved, append
+
+    async def _dirty_slot(self, idx: int) -> Slot:
+        while len(self.slots) <= idx:
+            self.slots.append(Slot(data=bytearray()))
+        slot = self.slots[idx]
+        if slot.pending is not None:
+            await self._settle(slot)
+        if slot.data is None:
+            content = await self._read_slot(idx, 0, slot.length) if slot.block_id else b""
+            slot.data = bytearray(content)
+            self._forget_units(slot.block_id)
+        return slot
+
+    def _forget_units(self, block_id: int) -> None:
+        for key in [k for k in self._units if k[0] == block_id]:
+            self._units.pop(key).cancel()
+
+    async def _settle(self, slot: Slot) -> None:
+        task = slot.pending
+        if task is None:
+            return
+        try:
+            await task
+        finally:
+            slot.pending = None
+
+    async def _start_flush(self, idx: int) -> None:
+        slot = self.slots[idx]
+        data = slot.data
+        if data is None:
+            return
+        await self._flush_slots.acquire()
+        slot.data = None
+        slot.pending = asyncio.ensure_future(self._store(slot, data))
+        slot.pending.add_done_callback(self._flush_done)
+
+    def _flush_done(self, task: asyncio.Task) -> None:
+        self._flush_slots.release()
+        if not task.cancelled() and task.exception() is not None and self._error is None:
+            self._error = task.exception()
+
+    async def _store(self, slot: Slot, data: bytearray) -> None:
+        crc = await asyncio.to_thread(crc32c, data) if len(data) > (1 << 20) else crc32c(data)
+        block_id, stored, locations = await self.client.write_block(self.inode, data, crc)
+        slot.block_id, slot.length, slot.crc = block_id, len(data), crc
+        slot.replicas, slot.locations = stored, locations
+
+    async def _pad_slots(self) -> None:
+        """Make every slot exactly as long as the file size says."""
+        nslots = (self.size + self.block_size - 1) // self.block_size
+        for idx in range(nslots):
+            want = min(self.block_size, self.size - idx * self.block_size)
+            if idx >= len(self.slots) or (self.slots[idx].data is None and self.slots[idx].length != want):
+                slot = await self._dirty_slot(idx)
+            else:
+                slot = self.slots[idx]
+            if slot.data is not None and len(slot.data) != want:
+                if len(slot.data) < want:
+                    slot.data.extend(bytes(want - len(slot.data)))
+                else:
+                    del slot.data[want:]
+        del self.slots[nslots:]
+
+    async def truncate(self, size: int | None = None) -> int:
+        """Cut or zero-extend the file to ``size`` bytes (default: the position)."""
+        self._check(want_write=True)
+        size = self.pos if size is None else size
+        if size < 0:
+            raise InvalidArgument("negative size")
+        for slot in self.slots:
+            if slot.pending is not None:
+                await self._settle(slot)
+        self.size = size
+        await self._pad_slots()
+        self.dirty = True
+        return size
+
+    async def fsync(self) -> None:
+        """Write every dirty block and commit: the content becomes visible to other clients."""
+        self._check(want_write=True)
+        if not self.dirty:
+            return
+        await self._pad_slots()
+        for idx, slot in enumerate(self.slots):
+            if slot.data is not None:
+                await self._start_flush(idx)
+        for slot in self.slots:
+            await self._settle(slot)
+        if self._error is not None:
+            raise self._error
+        blocks = [
+            pb.CommittedBlock(block_id=s.block_id, length=s.length, crc32c=s.crc, replicas=s.replicas)
+            for s in self.slots
+        ]
+        await self.client.commit(self.path, self.inode, self.size, blocks)
+        self.dirty = False
+
+    async def flush(self) -> None:
+        """Python-level flush: blocks already full are on their way; nothing to do."""
+        if self._error is not None:
+            raise self._error
+
+    async def close(self) -> None:
+        """Commit pending writes (if any) and release resources. Idempotent."""
+        if self.closed:
+            return
+        try:
+            if self.writable and self._error is None:
+                await self.fsync()
+        finally:
+            self.closed = True
+            for slot in self.slots:
+                if slot.pending is not None and not slot.pending.done():
+                    slot.pending.cancel()
+            for task in self._units.values():
+                task.cancel()
+            self._units.clear()
+            for fd, _ in self._sc_fds.values():
+                os.close(fd)
+            self._sc_fds.clear()
+        if self._error is not None:
+            raise self._error
+
+    async def __aenter__(self) -> PCacheFile:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def _consume_exception(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()

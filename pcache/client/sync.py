@@ -1,0 +1,218 @@
+"""The one sync bridge over the async client (the s3fs ``sync_wrapper`` pattern).
+
+:class:`Client` runs a private event loop (uvloop when installed) in a
+daemon thread and forwards every call to :class:`PCacheClient` there. FUSE
+operations, the checkpoint SDK and the CLI use it; async code should use
+:class:`PCacheClient` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from pcache.client.core import FileStat, PCacheClient
+from pcache.client.file import PCacheFile
+from pcache.common.config import ClientConfig
+from pcache.proto import pcache_pb2 as pb
+
+T = TypeVar("T")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop when uvloop is installed, else the default one."""
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.new_event_loop()
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="pcache-client-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("sync PCache call from inside its own event loop")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class Client:
+    """Blocking PCache client; the same methods as :class:`PCacheClient`.
+
+    Example::
+
+        with Client(master="127.0.0.1:19600") as pc:
+            pc.mkdir("/data", parents=True)
+            with pc.open("/data/x.bin", "wb") as f:
+                f.write(b"hello")
+    """
+
+    def __init__(self, cfg: ClientConfig | None = None, *, master: str | None = None) -> None:
+        self._loop = _LoopThread()
+        self.aio: PCacheClient = self._loop.run(self._make(cfg, master))
+
+    @staticmethod
+    async def _make(cfg: ClientConfig | None, master: str | None) -> PCacheClient:
+        return PCacheClient(cfg, master=master)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._loop.run(coro)
+
+    def close(self) -> None:
+        """Close connections and stop the loop thread."""
+        if self._loop.thread.is_alive():
+            self._run(self.aio.close())
+            self._loop.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # namespace
+    def stat(self, path: str) -> FileStat:
+        return self._run(self.aio.stat(path))
+
+    def exists(self, path: str) -> bool:
+        return self._run(self.aio.exists(path))
+
+    def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False) -> FileStat:
+        return self._run(self.aio.mkdir(path, mode, parents=parents))
+
+    def listdir(self, path: str) -> list[FileStat]:
+        return self._run(self.aio.listdir(path))
+
+    def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
+        self._run(self.aio.rename(src, dst, no_replace=no_replace))
+
+    def unlink(self, path: str) -> None:
+        self._run(self.aio.unlink(path))
+
+    def rmdir(self, path: str) -> None:
+        self._run(self.aio.rmdir(path))
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        self._run(self.aio.remove(path, recursive=recursive))
+
+    def symlink(self, target: str, path: str) -> None:
+        self._run(self.aio.symlink(target, path))
+
+    def readlink(self, path: str) -> str:
+        return self._run(self.aio.readlink(path))
+
+    def setattr(self, path: str, **kwargs: Any) -> FileStat:
+        return self._run(self.aio.setattr(path, **kwargs))
+
+    def getxattrs(self, path: str) -> dict[str, bytes]:
+        return self._run(self.aio.getxattrs(path))
+
+    def truncate(self, path: str, size: int) -> None:
+        self._run(self.aio.truncate(path, size))
+
+    def status(self) -> pb.ClusterStatus:
+        return self._run(self.aio.status())
+
+    def du(self, path: str) -> tuple[int, int, int]:
+        return self._run(self.aio.du(path))
+
+    def put(self, local: str, remote: str) -> tuple[int, int]:
+        return self._run(self.aio.put(local, remote))
+
+    def get(self, remote: str, local: str) -> tuple[int, int]:
+        return self._run(self.aio.get(remote, local))
+
+    def read_file(self, path: str) -> bytes:
+        return self._run(self.aio.read_file(path))
+
+    def write_file(self, path: str, data: bytes, **kwargs: Any) -> None:
+        self._run(self.aio.write_file(path, data, **kwargs))
+
+    # files
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> File:
+        """Open a file; binary modes as Python's (r, w, a, x, +). See :meth:`PCacheClient.open`."""
+        return File(self, self._run(self.aio.open(path, mode, **kwargs)))
+
+
+class File(io.RawIOBase):
+    """Blocking file object over :class:`PCacheFile`; usable wherever Python wants a binary file."""
+
+    def __init__(self, client: Client, afile: PCacheFile) -> None:
+        super().__init__()
+        self._client = client
+        self._f = afile
+        self.name = afile.path
+        self.mode = afile.mode
+
+    def readable(self) -> bool:
+        return self._f.readable
+
+    def writable(self) -> bool:
+        return self._f.writable
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        return self._client._run(self._f.read(size))
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def pread(self, offset: int, length: int) -> bytes:
+        return self._client._run(self._f.pread(offset, length))
+
+    def write(self, data) -> int:
+        return self._client._run(self._f.write(data))
+
+    def pwrite(self, data, offset: int) -> int:
+        return self._client._run(self._f.pwrite(data, offset))
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def truncate(self, size: int | None = None) -> int:
+        return self._client._run(self._f.truncate(size))
+
+    def flush(self) -> None:
+        if not self._f.closed:
+            self._client._run(self._f.flush())
+
+    def fsync(self) -> None:
+        """Write everything and commit: visible to other clients afterwards."""
+        self._client._run(self._f.fsync())
+
+    @property
+    def size(self) -> int:
+        return self._f.size
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._client._run(self._f.close())
+            finally:
+                super().close()

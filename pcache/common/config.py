@@ -1,0 +1,254 @@
+"""Configuration: nested dataclasses, TOML files, ``--section.key=value`` overrides.
+
+Each process receives only its own section (``master``, ``worker``,
+``client``, ``cluster``). Sizes accept suffixes (``64MiB``, ``1G``); durations
+are seconds. Modelled on torchtitan's ``JobConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pcache.common.errors import InvalidArgument
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+DEFAULT_MASTER_PORT = 19600
+
+
+def default_node_id() -> str:
+    """The physical node a process runs on: ``$PCACHE_NODE_ID`` or the host name."""
+    return os.environ.get("PCACHE_NODE_ID") or socket.gethostname()
+
+
+@dataclass
+class MasterConfig:
+    host: str = "127.0.0.1"
+    """Address the gRPC server binds to."""
+    port: int = DEFAULT_MASTER_PORT
+    """gRPC port; 0 picks a free one."""
+    data_dir: str = ""
+    """Directory of the RocksDB metastore; empty keeps metadata in memory only."""
+    metastore: str = ""
+    """Metastore URI (``rocksdb:///path`` or ``memory://``); empty derives it from data_dir."""
+    default_block_size: int = 32 * MiB
+    """Bytes per block for files created without an explicit block size."""
+    default_replication: int = 2
+    """Replicas per block (capped by the number of live workers)."""
+    heartbeat_interval: float = 1.0
+    """Seconds between worker heartbeats, told to workers at registration."""
+    dead_after: float = 6.0
+    """Seconds without a heartbeat after which a worker is dead and its blocks re-replicated."""
+    replication_check_interval: float = 1.0
+    """Seconds between scans for under-replicated blocks."""
+    replication_timeout: float = 30.0
+    """Seconds before an unconfirmed re-replication is issued again."""
+    sync_writes: bool = False
+    """fsync the RocksDB WAL on every mutation (survives power loss, not just kill -9)."""
+    listdir_limit: int = 1000
+    """Largest page a ListDir returns."""
+    orphan_grace: float = 600.0
+    """Seconds an allocated but uncommitted block may live before workers drop it."""
+    metrics_port: int = -1
+    """Prometheus metrics HTTP port; -1 disables, 0 picks a free one."""
+    log_level: str = "INFO"
+    """Python logging level."""
+
+
+@dataclass
+class WorkerConfig:
+    host: str = "127.0.0.1"
+    """Address the data-plane server binds to and advertises."""
+    port: int = 0
+    """Data-plane TCP port; 0 picks a free one."""
+    data_dir: str = ""
+    """Block store directory (the node's NVMe); required."""
+    master: str = f"127.0.0.1:{DEFAULT_MASTER_PORT}"
+    """Master address host:port."""
+    capacity_bytes: int = 0
+    """Quota of block bytes on this worker; 0 means the free space of data_dir's disk."""
+    reserve_bytes: int = 64 * MiB
+    """Free disk kept untouched; a write that would cut into it gets ENOSPC."""
+    mem_tier_bytes: int = 256 * MiB
+    """Bytes of the memory tier (hot chunks and write staging); 0 disables it."""
+    eviction: str = "lru"
+    """Memory-tier eviction policy: lru, lfu or fifo."""
+    fsync: bool = True
+    """fsync each block file before acknowledging the write."""
+    node_id: str = ""
+    """Physical node id; empty means $PCACHE_NODE_ID or the host name."""
+    short_circuit: bool = True
+    """Serve same-host clients through file descriptors over a UNIX socket."""
+    io_timeout: float = 10.0
+    """Seconds a data-plane peer may stall before the connection is dropped."""
+    bandwidth_limit: int = 0
+    """Bytes/s the TCP data plane may move (emulates a node NIC in benchmarks); 0 = unlimited."""
+    metrics_port: int = -1
+    """Prometheus metrics HTTP port; -1 disables, 0 picks a free one."""
+    log_level: str = "INFO"
+    """Python logging level."""
+
+
+@dataclass
+class ClientConfig:
+    master: str = f"127.0.0.1:{DEFAULT_MASTER_PORT}"
+    """Master address host:port."""
+    rpc_timeout: float = 10.0
+    """Seconds any master RPC may take."""
+    connect_timeout: float = 3.0
+    """Seconds to open a data-plane connection."""
+    io_timeout: float = 10.0
+    """Seconds a data-plane request may stall."""
+    metadata_ttl: float = 1.0
+    """Seconds a cached stat / block location stays valid (own writes invalidate at once)."""
+    read_unit: int = 4 * MiB
+    """Bytes fetched per data-plane read request."""
+    readahead_units: int = 4
+    """Read units prefetched ahead of a sequential reader."""
+    max_inflight_blocks: int = 4
+    """Blocks a writer may have in flight (write-behind bound, memory = this x block size)."""
+    short_circuit: bool = True
+    """Use the same-host fd path when the worker is local."""
+    node_id: str = ""
+    """Node of this client for placement; empty means $PCACHE_NODE_ID or the host name."""
+    block_size: int = 0
+    """Block size of files this client creates; 0 takes the master default."""
+    replication: int = 0
+    """Replicas of files this client creates; 0 takes the master default."""
+    tenant: str = ""
+    """Tenant name sent with every request."""
+    token: str = ""
+    """Tenant token sent with every request."""
+
+
+@dataclass
+class ClusterConfig:
+    data_dir: str = "./pcache-data"
+    """Root directory of a local cluster (master metadata and one dir per worker)."""
+    workers: int = 3
+    """Worker processes `pcache up` starts."""
+    worker_capacity_bytes: int = 0
+    """Quota per worker; 0 means free disk."""
+    start_timeout: float = 30.0
+    """Seconds to wait for all workers to register."""
+
+
+@dataclass
+class PCacheConfig:
+    master: MasterConfig = field(default_factory=MasterConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+_SUFFIXES = {
+    "k": KiB, "kb": KiB, "kib": KiB,
+    "m": MiB, "mb": MiB, "mib": MiB,
+    "g": GiB, "gb": GiB, "gib": GiB,
+    "t": 1024 * GiB, "tb": 1024 * GiB, "tib": 1024 * GiB,
+}  # fmt: skip
+
+
+def parse_size(text: str | int) -> int:
+    """Parse ``"64MiB"``, ``"1g"``, ``"4096"`` into bytes (binary multiples).
+
+    Raises:
+        InvalidArgument: not a size.
+    """
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().lower().replace("_", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num) :].strip()
+    try:
+        value = float(num)
+    except ValueError:
+        raise InvalidArgument(f"not a size: {text!r}") from None
+    if unit and unit not in _SUFFIXES and unit != "b":
+        raise InvalidArgument(f"unknown size unit in {text!r}")
+    return int(value * _SUFFIXES.get(unit, 1))
+
+
+def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:
+    type_name = ftype if isinstance(ftype, str) else getattr(ftype, "__name__", str(ftype))
+    try:
+        if type_name == "bool":
+            if isinstance(value, bool):
+                return value
+            low = str(value).strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if type_name == "int":
+            return parse_size(value) if isinstance(value, str) else int(value)
+        if type_name == "float":
+            return float(value)
+        return str(value)
+    except (ValueError, InvalidArgument):
+        raise InvalidArgument(f"{section}.{name}: expected {type_name}, got {value!r}") from None
+
+
+def _apply(section_obj: Any, section: str, values: dict[str, Any]) -> None:
+    fields = {f.name: f for f in dataclasses.fields(section_obj)}
+    for key, value in values.items():
+        if key not in fields:
+            raise InvalidArgument(f"unknown option {section}.{key}")
+        setattr(section_obj, key, _coerce(section, key, fields[key].type, value))
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> PCacheConfig:
+    """Build the configuration from an optional TOML file and overrides.
+
+    Args:
+        path: TOML file with ``[master]``, ``[worker]``, ``[client]``, ``[cluster]`` tables.
+        overrides: ``--section.key=value`` (or ``section.key=value``) strings,
+            applied after the file.
+
+    Raises:
+        InvalidArgument: unknown section or key, a value of the wrong type,
+            or an unreadable file.
+    """
+    cfg = PCacheConfig()
+    sections = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidArgument(f"cannot read config {path}: {exc}") from None
+        for name, values in data.items():
+            if name not in sections or not isinstance(values, dict):
+                raise InvalidArgument(f"unknown config section [{name}] in {path}")
+            _apply(sections[name], name, values)
+    for item in overrides:
+        text = item[2:] if item.startswith("--") else item
+        key, sep, value = text.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot or section not in sections:
+            raise InvalidArgument(f"bad override {item!r}: expected --section.key=value")
+        _apply(sections[section], section, {name: value})
+    return cfg
+
+
+def describe(section: Any) -> str:
+    """One-line ``key=value`` rendering of a config section for the start-up log."""
+    return " ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(section).items())
+
+
+def write_ready_file(path: str, address: str) -> None:
+    """Atomically write ``address`` to ``path``: tells a launcher the process is serving."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(address + "\n")
+    os.replace(tmp, path)

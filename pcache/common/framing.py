@@ -1,0 +1,153 @@
+"""Data-plane framing: ``>IQ`` (header length, payload length), header, payload.
+
+The header is a protobuf :class:`~pcache.proto.pcache_pb2.DataHeader`; the
+payload is raw block bytes, read by the receiver in :data:`CHUNK_SIZE`
+pieces so that a worker can forward a block down the replication pipeline
+while it is still arriving. Every read and drain has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+from pcache.common.checksum import CHUNK_SIZE
+from pcache.common.errors import PCacheError, ProtocolError, Timeout, Unavailable, from_name
+from pcache.proto import pcache_pb2 as pb
+
+PREFIX = struct.Struct(">IQ")
+MAX_HEADER_BYTES = 1 << 20
+MAX_PAYLOAD_BYTES = 1 << 40
+
+__all__ = ["CHUNK_SIZE", "read_header", "read_exactly", "write_frame", "error_header", "raise_if_error"]
+
+
+async def read_exactly(reader: asyncio.StreamReader, n: int, timeout: float) -> bytes:
+    """Read ``n`` bytes or raise.
+
+    Raises:
+        Unavailable: the peer closed the connection early.
+        Timeout: no progress within ``timeout`` seconds.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            return await reader.readexactly(n)
+    except asyncio.IncompleteReadError:
+        raise Unavailable("connection closed by peer") from None
+    except (ConnectionError, OSError) as exc:
+        if isinstance(exc, PCacheError):
+            raise
+        raise Unavailable(f"connection lost: {exc}") from None
+    except TimeoutError:
+        raise Timeout(f"peer sent nothing for {timeout:.1f}s") from None
+
+
+async def read_header(reader: asyncio.StreamReader, timeout: float) -> tuple[pb.DataHeader, int]:
+    """Read one frame's header; returns (header, payload length in bytes).
+
+    Raises:
+        ProtocolError: lengths out of bounds or an unparsable header.
+        Unavailable, Timeout: as :func:`read_exactly`.
+    """
+    prefix = await read_exactly(reader, PREFIX.size, timeout)
+    header_len, payload_len = PREFIX.unpack(prefix)
+    if header_len > MAX_HEADER_BYTES or payload_len > MAX_PAYLOAD_BYTES:
+        raise ProtocolError(f"frame lengths out of bounds ({header_len}, {payload_len})")
+    header = pb.DataHeader()
+    try:
+        header.ParseFromString(await read_exactly(reader, header_len, timeout))
+    except Exception as exc:  # protobuf raises DecodeError
+        if isinstance(exc, PCacheError):
+            raise
+        raise ProtocolError(f"bad frame header: {exc}") from None
+    return header, payload_len
+
+
+async def write_frame(
+    writer: asyncio.StreamWriter,
+    header: pb.DataHeader,
+    payload: bytes | bytearray | memoryview | None = None,
+    *,
+    payload_len: int | None = None,
+    timeout: float,
+) -> None:
+    """Send a header and (all or the start of) a payload.
+
+    ``payload_len`` announces a longer payload whose remainder the caller
+    streams with ``writer.write`` afterwards.
+
+    Raises:
+        Unavailable: the connection broke.
+        Timeout: the peer did not drain within ``timeout`` seconds.
+    """
+    raw = header.SerializeToString()
+    body = payload if payload is not None else b""
+    length = len(body) if payload_len is None else payload_len
+    try:
+        writer.write(PREFIX.pack(len(raw), length) + raw)
+        if body:
+            writer.write(body)
+        async with asyncio.timeout(timeout):
+            await writer.drain()
+    except TimeoutError:
+        raise Timeout(f"peer did not accept data for {timeout:.1f}s") from None
+    except (ConnectionError, OSError) as exc:
+        if isinstance(exc, PCacheError):
+            raise
+        raise Unavailable(f"connection lost: {exc}") from None
+
+
+async def drain(writer: asyncio.StreamWriter, timeout: float) -> None:
+    """Wait until the write buffer is flushed, with a deadline."""
+    try:
+        async with asyncio.timeout(timeout):
+            await writer.drain()
+    except TimeoutError:
+        raise Timeout(f"peer did not accept data for {timeout:.1f}s") from None
+    except (ConnectionError, OSError) as exc:
+        if isinstance(exc, PCacheError):
+            raise
+        raise Unavailable(f"connection lost: {exc}") from None
+
+
+def error_header(exc: BaseException) -> pb.DataHeader:
+    """The RESPONSE header that carries ``exc`` across the data plane."""
+    if isinstance(exc, PCacheError):
+        return pb.DataHeader(op=pb.RESPONSE, error=type(exc).__name__, message=exc.message)
+    return pb.DataHeader(op=pb.RESPONSE, error="PCacheError", message=f"{type(exc).__name__}: {exc}")
+
+
+def raise_if_error(header: pb.DataHeader) -> pb.DataHeader:
+    """Return ``header`` unless it carries an error, which is raised instead."""
+    if header.error:
+        raise from_name(header.error, header.message)
+    return header
+
+
+async def open_connection(host: str, port: int, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open a TCP data-plane connection within ``timeout`` seconds.
+
+    Raises:
+        Unavailable: refused or unreachable. Timeout: no answer in time.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port, limit=4 * CHUNK_SIZE)
+    except TimeoutError:
+        raise Timeout(f"connect to {host}:{port} timed out after {timeout:.1f}s") from None
+    except OSError as exc:
+        raise Unavailable(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        import socket
+
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return reader, writer
+
+
+def close_writer(writer: asyncio.StreamWriter) -> None:
+    """Close a stream without waiting (the peer may be gone)."""
+    try:
+        writer.close()
+    except Exception:  # noqa: BLE001 - closing a broken transport may raise anything
+        pass

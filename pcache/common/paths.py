@@ -1,0 +1,66 @@
+"""Path validation for the PCache namespace.
+
+Paths are absolute, ``/``-separated, and may not contain ``..``, ``.``, NUL,
+or empty components (``//`` is tolerated as a separator run only at the
+edges, as POSIX allows a trailing slash). Limits follow Linux: 255 bytes per
+component (``NAME_MAX``), 4096 bytes per path (``PATH_MAX``).
+"""
+
+from __future__ import annotations
+
+from pcache.common.errors import InvalidPath, NameTooLong
+
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def split_path(path: str) -> list[str]:
+    """Validate ``path`` and return its components (``[]`` for ``/``).
+
+    Raises:
+        InvalidPath: not a string, not absolute, NUL, ``.``/``..``, or an
+            empty component in the middle (``/a//b``).
+        NameTooLong: a component over 255 bytes or the path over 4096.
+    """
+    if not isinstance(path, str) or not path:
+        raise InvalidPath("path must be a non-empty string", path=repr(path))
+    if "\x00" in path:
+        raise InvalidPath("path contains a NUL byte", path=repr(path))
+    if not path.startswith("/"):
+        raise InvalidPath("path must be absolute", path=path)
+    if len(path.encode("utf-8", "surrogateescape")) > PATH_MAX:
+        raise NameTooLong(f"path longer than {PATH_MAX} bytes", path=path[:64] + "...")
+    trimmed = path.strip("/")
+    if not trimmed:
+        return []
+    parts = trimmed.split("/")
+    for part in parts:
+        if part == "":
+            raise InvalidPath("empty path component", path=path)
+        if part in (".", ".."):
+            raise InvalidPath(f"'{part}' is not allowed in a path", path=path)
+        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise NameTooLong(f"component longer than {NAME_MAX} bytes", path=path[:64] + "...")
+    return parts
+
+
+def normalize(path: str) -> str:
+    """Return the canonical form of a valid ``path`` (no trailing slash)."""
+    return "/" + "/".join(split_path(path))
+
+
+def parent_and_name(path: str) -> tuple[str, str]:
+    """Split a valid non-root ``path`` into (parent path, last component).
+
+    Raises:
+        InvalidPath: ``path`` is ``/`` or invalid.
+    """
+    parts = split_path(path)
+    if not parts:
+        raise InvalidPath("the root has no parent", path=path)
+    return "/" + "/".join(parts[:-1]), parts[-1]
+
+
+def join(parent: str, name: str) -> str:
+    """Join a directory path and one component."""
+    return parent.rstrip("/") + "/" + name

@@ -1,0 +1,137 @@
+"""The gRPC boundary: PCache errors to status codes and back, by one table.
+
+The server side wraps each servicer method with :func:`rpc_method`, which turns
+a :class:`PCacheError` into a status code plus the error's class name in the
+``pcache-error`` trailing metadata; the client side calls :func:`call`, which
+turns an ``AioRpcError`` back into the same class (or, for transport failures
+that never reached our code, into the class the status code implies). The
+pattern is s3fs's ``translate_boto_error``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from pcache.common import errors as E
+
+logger = logging.getLogger(__name__)
+
+ERROR_KEY = "pcache-error"
+
+STATUS_BY_ERROR: dict[type[E.PCacheError], grpc.StatusCode] = {
+    E.NotFound: grpc.StatusCode.NOT_FOUND,
+    E.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    E.NotADirectory: grpc.StatusCode.FAILED_PRECONDITION,
+    E.IsADirectory: grpc.StatusCode.FAILED_PRECONDITION,
+    E.DirectoryNotEmpty: grpc.StatusCode.FAILED_PRECONDITION,
+    E.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    E.InvalidPath: grpc.StatusCode.INVALID_ARGUMENT,
+    E.NameTooLong: grpc.StatusCode.INVALID_ARGUMENT,
+    E.NoSpace: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    E.NotSupported: grpc.StatusCode.UNIMPLEMENTED,
+    E.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    E.Timeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    E.CorruptBlock: grpc.StatusCode.DATA_LOSS,
+    E.StaleEpoch: grpc.StatusCode.ABORTED,
+    E.ProtocolError: grpc.StatusCode.INTERNAL,
+    E.PCacheError: grpc.StatusCode.INTERNAL,
+}
+
+# Status codes that arrive without our metadata (the call never reached a servicer).
+ERROR_BY_STATUS: dict[grpc.StatusCode, type[E.PCacheError]] = {
+    grpc.StatusCode.UNAVAILABLE: E.Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: E.Timeout,
+    grpc.StatusCode.CANCELLED: E.Unavailable,
+    grpc.StatusCode.UNIMPLEMENTED: E.NotSupported,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: E.NoSpace,
+    grpc.StatusCode.PERMISSION_DENIED: E.PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: E.PermissionDenied,
+    grpc.StatusCode.NOT_FOUND: E.NotFound,
+    grpc.StatusCode.INVALID_ARGUMENT: E.InvalidArgument,
+}
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def rpc_method(func: F) -> F:
+    """Decorate an async servicer method so PCache errors become gRPC statuses."""
+
+    @functools.wraps(func)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await func(self, request, context)
+        except E.PCacheError as exc:
+            code = STATUS_BY_ERROR.get(type(exc), grpc.StatusCode.INTERNAL)
+            context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
+            await context.abort(code, str(exc))
+        except Exception as exc:
+            logger.exception("%s failed", func.__name__)
+            context.set_trailing_metadata(((ERROR_KEY, "PCacheError"),))
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def translate(exc: grpc.aio.AioRpcError, target: str = "") -> E.PCacheError:
+    """Turn a failed gRPC call into the PCache error it stands for."""
+    name = ""
+    for key, value in exc.trailing_metadata() or ():
+        if key == ERROR_KEY:
+            name = value
+    details = exc.details() or exc.code().name
+    if name:
+        return E.from_name(name, details)
+    cls = ERROR_BY_STATUS.get(exc.code(), E.PCacheError)
+    where = f" ({target})" if target else ""
+    return cls(f"{exc.code().name.lower()}{where}: {details}")
+
+
+async def call(method: Callable[..., Any], request: Any, *, timeout: float, target: str = "") -> Any:
+    """Invoke a unary stub ``method`` with a deadline, raising PCache errors.
+
+    Raises:
+        PCacheError: the subclass the server raised, ``Unavailable`` when the
+            server cannot be reached, ``Timeout`` past ``timeout`` seconds.
+    """
+    try:
+        return await method(request, timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        raise translate(exc, target) from None
+
+
+# gRPC's own retry of calls that failed before reaching the server (service config,
+# https://github.com/grpc/proposal/blob/master/A6-client-retries.md).
+def channel_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, Any]]:
+    """Channel options: message size limits, keepalive and transparent retries."""
+    import json
+
+    service_config = {
+        "methodConfig": [
+            {
+                "name": [{"service": "pcache.Master"}],
+                "retryPolicy": {
+                    "maxAttempts": 4,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", json.dumps(service_config)),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 1_000),
+    ]

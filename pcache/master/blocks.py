@@ -1,0 +1,185 @@
+"""Block map upkeep: replica locations, re-replication, deletion, repair.
+
+The stored ``BlockMeta.replicas`` is the last known replica set; this module
+keeps the live one in memory (``locations``), feeds workers their DELETE and
+REPLICATE commands through heartbeat replies (HDFS DataNode commands), and
+tracks under-replicated blocks incrementally so that a scan costs the number
+of under-replicated blocks, not the number of blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pcache.master.namespace import Freed, Namespace
+from pcache.master.registry import WorkerRegistry, WorkerState
+from pcache.proto import pcache_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+class BlockManager:
+    """Replica bookkeeping for committed blocks."""
+
+    def __init__(self, ns: Namespace, registry: WorkerRegistry, *, replication_timeout: float) -> None:
+        self.ns = ns
+        self.registry = registry
+        self.replication_timeout = replication_timeout
+        self.locations: dict[int, set[str]] = {}
+        self.target: dict[int, int] = {}
+        self.by_worker: dict[str, set[int]] = {}
+        self.under: set[int] = set()
+        self.inflight: dict[int, float] = {}  # block -> time a REPLICATE was issued
+        for meta in ns.iter_blocks():
+            self._track(meta.block_id, set(meta.replicas), meta.replication or 1)
+        # until workers report in, every replica is unconfirmed
+        self.under.update(self.locations)
+
+    def _track(self, block_id: int, replicas: set[str], target: int) -> None:
+        self.locations[block_id] = replicas
+        self.target[block_id] = target
+        for wid in replicas:
+            self.by_worker.setdefault(wid, set()).add(block_id)
+
+    def live_replicas(self, block_id: int) -> list[WorkerState]:
+        """Alive workers holding ``block_id``."""
+        out = []
+        for wid in self.locations.get(block_id, ()):
+            state = self.registry.get_alive(wid)
+            if state is not None:
+                out.append(state)
+        return out
+
+    # ----------------------------------------------------------- events --
+
+    def committed(self, metas: list[pb.CommittedBlock], replication: int) -> None:
+        """A file commit made these blocks part of the namespace."""
+        for blk in metas:
+            if blk.block_id in self.locations:
+                continue
+            self._track(blk.block_id, set(blk.replicas), replication)
+            if len(blk.replicas) < replication:
+                self.under.add(blk.block_id)
+
+    def freed(self, freed: Freed) -> None:
+        """Blocks dropped from the namespace: delete every replica."""
+        for meta in freed.blocks:
+            replicas = self.locations.pop(meta.block_id, set(meta.replicas))
+            self.target.pop(meta.block_id, None)
+            self.under.discard(meta.block_id)
+            self.inflight.pop(meta.block_id, None)
+            for wid in replicas:
+                self.by_worker.get(wid, set()).discard(meta.block_id)
+                self._command(wid, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=meta.block_id))
+
+    def worker_registered(self, worker_id: str, reported: list[int]) -> None:
+        """Reconcile a full block report: adopt known blocks, delete orphans."""
+        have = set(reported)
+        for block_id in have:
+            if block_id in self.locations:
+                if worker_id not in self.locations[block_id]:
+                    self.locations[block_id].add(worker_id)
+                    self.by_worker.setdefault(worker_id, set()).add(block_id)
+                    self._persist(block_id)
+                self._check(block_id)
+            elif block_id not in self.ns.pending:
+                self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
+        for block_id in list(self.by_worker.get(worker_id, ())):
+            if block_id not in have:
+                self._drop_replica(block_id, worker_id)
+
+    def worker_died(self, worker_id: str) -> None:
+        """Forget every replica on a dead worker; its blocks become under-replicated."""
+        for block_id in list(self.by_worker.get(worker_id, ())):
+            self._drop_replica(block_id, worker_id)
+        logger.warning("worker %s is dead; %d blocks under-replicated", worker_id, len(self.under))
+
+    def block_received(self, worker_id: str, block_id: int) -> None:
+        """A worker stored a copy made by re-replication."""
+        if block_id not in self.locations:
+            self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
+            return
+        self.locations[block_id].add(worker_id)
+        self.by_worker.setdefault(worker_id, set()).add(block_id)
+        self.inflight.pop(block_id, None)
+        self._persist(block_id)
+        self._check(block_id)
+
+    def bad_block(self, worker_id: str, block_id: int) -> None:
+        """A replica failed its CRC: drop and delete it, then re-replicate from a good one."""
+        logger.warning("corrupt replica of block %d on %s: repairing", block_id, worker_id)
+        if block_id in self.locations:
+            self._drop_replica(block_id, worker_id)
+        self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
+
+    # ------------------------------------------------------------- work --
+
+    def schedule(self) -> int:
+        """Issue REPLICATE commands for under-replicated blocks; returns how many."""
+        issued = 0
+        now = time.monotonic()
+        alive = len(self.registry.alive())
+        for block_id in list(self.under):
+            if block_id not in self.locations:
+                self.under.discard(block_id)
+                continue
+            live = self.live_replicas(block_id)
+            want = min(self.target.get(block_id, 1), alive)
+            if len(live) >= want:
+                if len(live) >= self.target.get(block_id, 1):
+                    self.under.discard(block_id)
+                continue
+            if not live:
+                continue  # missing: nothing to copy from until a holder returns
+            started = self.inflight.get(block_id)
+            if started is not None and now - started < self.replication_timeout:
+                continue
+            meta = self.ns.get_block(block_id)
+            size = meta.length if meta else 0
+            targets = self.registry.choose(
+                want - len(live), size=size, exclude=[w.worker_id for w in live] + list(self.locations[block_id])
+            )
+            if not targets:
+                continue
+            source = min(live, key=lambda w: w.load())
+            source.commands.append(
+                pb.WorkerCommand(
+                    kind=pb.WorkerCommand.REPLICATE, block_id=block_id, targets=[t.info.addr for t in targets]
+                )
+            )
+            self.inflight[block_id] = now
+            issued += 1
+        return issued
+
+    def missing(self) -> int:
+        """Blocks with no live replica."""
+        return sum(1 for b in self.under if b in self.locations and not self.live_replicas(b))
+
+    def under_replicated(self) -> int:
+        """Blocks with fewer live replicas than their target."""
+        return sum(
+            1 for b in self.under
+            if b in self.locations and len(self.live_replicas(b)) < self.target.get(b, 1)
+        )  # fmt: skip
+
+    # ---------------------------------------------------------- helpers --
+
+    def _drop_replica(self, block_id: int, worker_id: str) -> None:
+        self.locations.get(block_id, set()).discard(worker_id)
+        self.by_worker.get(worker_id, set()).discard(block_id)
+        self.under.add(block_id)
+        self._persist(block_id)
+
+    def _check(self, block_id: int) -> None:
+        if len(self.live_replicas(block_id)) >= self.target.get(block_id, 1):
+            self.under.discard(block_id)
+            self.inflight.pop(block_id, None)
+
+    def _persist(self, block_id: int) -> None:
+        self.ns.set_replicas(block_id, sorted(self.locations.get(block_id, ())))
+
+    def _command(self, worker_id: str, cmd: pb.WorkerCommand) -> None:
+        state = self.registry.workers.get(worker_id)
+        if state is not None and state.alive:
+            state.commands.append(cmd)

@@ -1,0 +1,138 @@
+"""Metastore contract and its engines, picked by URI scheme.
+
+The master keeps its namespace and block map in an ordered key-value store.
+Every mutation is one atomic batch (:meth:`MetaStore.write`): after it returns
+the change survives ``kill -9`` of the master (the RocksDB WAL is in the OS
+page cache; with ``sync=True`` it also survives power loss).
+
+Engines: ``memory://`` (tests, throw-away clusters) and ``rocksdb:///path``
+(``rocksdict``). The shape follows JuiceFS ``pkg/meta`` engines.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+from urllib.parse import urlparse
+
+from pcache.common.errors import InvalidArgument
+
+
+class MetaStore(Protocol):
+    """An ordered byte-key store with atomic multi-key writes."""
+
+    def get(self, key: bytes) -> bytes | None:
+        """Return the value of ``key``, or None."""
+        ...
+
+    def scan(self, prefix: bytes, start_after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Yield (key, value) pairs with ``prefix`` in key order, after ``start_after``."""
+        ...
+
+    def write(self, puts: Iterable[tuple[bytes, bytes]] = (), deletes: Iterable[bytes] = ()) -> None:
+        """Apply puts and deletes as one atomic batch."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release the store."""
+        ...
+
+
+class MemoryMetaStore:
+    """In-process engine: a dict plus a sorted key list. Not durable."""
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+        self._keys: list[bytes] = []
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def scan(self, prefix: bytes, start_after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        if start_after is not None and start_after >= prefix:
+            i = bisect.bisect_right(self._keys, start_after)
+        else:
+            i = bisect.bisect_left(self._keys, prefix)
+        while i < len(self._keys):
+            key = self._keys[i]
+            if not key.startswith(prefix):
+                return
+            value = self._data.get(key)
+            if value is not None:
+                yield key, value
+            # the list may change under a lazy consumer: find our place again
+            i = bisect.bisect_right(self._keys, key)
+
+    def write(self, puts: Iterable[tuple[bytes, bytes]] = (), deletes: Iterable[bytes] = ()) -> None:
+        puts = list(puts)
+        deletes = list(deletes)
+        for key in deletes:
+            if self._data.pop(key, None) is not None:
+                del self._keys[bisect.bisect_left(self._keys, key)]
+        for key, value in puts:
+            if key not in self._data:
+                bisect.insort(self._keys, key)
+            self._data[key] = bytes(value)
+
+    def close(self) -> None:
+        pass
+
+
+class RocksMetaStore:
+    """RocksDB engine (``rocksdict``); one WriteBatch per mutation."""
+
+    def __init__(self, path: str, *, sync: bool = False) -> None:
+        import rocksdict
+
+        os.makedirs(path, exist_ok=True)
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        self._rd = rocksdict
+        self._db = rocksdict.Rdict(path, opts)
+        self._wopts = rocksdict.WriteOptions()
+        self._wopts.sync = sync
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)
+
+    def scan(self, prefix: bytes, start_after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        it = self._db.iter()
+        start = prefix if start_after is None or start_after < prefix else start_after
+        it.seek(start)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                return
+            if start_after is None or key > start_after:
+                yield key, it.value()
+            it.next()
+
+    def write(self, puts: Iterable[tuple[bytes, bytes]] = (), deletes: Iterable[bytes] = ()) -> None:
+        batch = self._rd.WriteBatch(raw_mode=True)
+        for key in deletes:
+            batch.delete(key)
+        for key, value in puts:
+            batch.put(key, bytes(value))
+        self._db.write(batch, self._wopts)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def open_metastore(uri: str, *, sync: bool = False) -> MetaStore:
+    """Open the engine named by ``uri``: ``memory://`` or ``rocksdb:///abs/path``.
+
+    Raises:
+        InvalidArgument: unknown scheme or missing path.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "memory":
+        return MemoryMetaStore()
+    if parsed.scheme == "rocksdb":
+        path = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
+        if not path:
+            raise InvalidArgument(f"metastore URI has no path: {uri}")
+        return RocksMetaStore(path, sync=sync)
+    raise InvalidArgument(f"unknown metastore scheme in {uri!r} (memory://, rocksdb:///path)")

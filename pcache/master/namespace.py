@@ -1,0 +1,564 @@
+"""The namespace: inodes, dentries and the file → block map, on a MetaStore.
+
+Key layout (all integers big-endian so that key order is numeric order)::
+
+    i<inode:8>             -> Inode      (protobuf)
+    d<parent:8><name>      -> <inode:8>  (dentry)
+    b<block:8>             -> BlockMeta  (protobuf)
+    c<counter>             -> <value:8>  (id high-water marks)
+
+Each public method is one mutation applied as one atomic batch, so a crash
+leaves either the old or the new tree. Methods are synchronous and are called
+from the master's single event loop, which serialises them (no locks). Paths
+are looked up without following symlinks (the kernel resolves them for FUSE).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pcache.common import errors as E
+from pcache.common.paths import parent_and_name, split_path
+from pcache.master.metastore import MetaStore
+from pcache.proto import pcache_pb2 as pb
+
+ROOT = 1
+U64 = struct.Struct(">Q")
+ID_BATCH = 1024  # ids reserved per counter write
+
+
+def _ikey(ino: int) -> bytes:
+    return b"i" + U64.pack(ino)
+
+
+def _dkey(parent: int, name: str) -> bytes:
+    return b"d" + U64.pack(parent) + name.encode("utf-8", "surrogateescape")
+
+
+def _bkey(block: int) -> bytes:
+    return b"b" + U64.pack(block)
+
+
+@dataclass
+class Freed:
+    """Blocks dropped by a mutation; their replicas must be deleted on workers."""
+
+    blocks: list[pb.BlockMeta]
+
+
+class _Counter:
+    """Monotonic id source persisted in ranges of ``ID_BATCH`` (gaps after restart are fine)."""
+
+    def __init__(self, store: MetaStore, key: bytes, first: int) -> None:
+        self._store = store
+        self._key = key
+        raw = store.get(key)
+        self._next = U64.unpack(raw)[0] if raw else first
+        self._limit = self._next
+
+    def take(self) -> int:
+        if self._next >= self._limit:
+            self._limit = self._next + ID_BATCH
+            self._store.write([(self._key, U64.pack(self._limit))])
+        value = self._next
+        self._next += 1
+        return value
+
+
+class Namespace:
+    """Domain object behind the master's namespace RPCs; no network in here."""
+
+    def __init__(self, store: MetaStore, *, default_block_size: int, default_replication: int) -> None:
+        self.store = store
+        self.default_block_size = default_block_size
+        self.default_replication = default_replication
+        self._inodes = _Counter(store, b"cinode", ROOT + 1)
+        self._blocks = _Counter(store, b"cblock", 1)
+        # allocated, not yet committed: block id -> (inode, allocation time)
+        self.pending: dict[int, tuple[int, float]] = {}
+        if self.store.get(_ikey(ROOT)) is None:
+            now = time.time()
+            root = pb.Inode(id=ROOT, type=pb.DIRECTORY, mode=0o755, mtime=now, ctime=now, atime=now)
+            self.store.write([(_ikey(ROOT), root.SerializeToString())])
+
+    # ------------------------------------------------------------ lookups --
+
+    def _get_inode(self, ino: int) -> pb.Inode:
+        raw = self.store.get(_ikey(ino))
+        if raw is None:
+            raise E.NotFound(f"inode {ino} does not exist")
+        node = pb.Inode()
+        node.ParseFromString(raw)
+        return node
+
+    def _lookup(self, parent: int, name: str) -> int | None:
+        raw = self.store.get(_dkey(parent, name))
+        return U64.unpack(raw)[0] if raw else None
+
+    def resolve(self, path: str) -> pb.Inode:
+        """Return the inode at ``path`` (with ``name`` filled in).
+
+        Raises:
+            InvalidPath: malformed path. NotFound: a component is missing.
+            NotADirectory: a middle component is not a directory.
+        """
+        parts = split_path(path)
+        node = self._get_inode(ROOT)
+        for i, part in enumerate(parts):
+            if node.type != pb.DIRECTORY:
+                raise E.NotADirectory("not a directory", path="/" + "/".join(parts[:i]))
+            child = self._lookup(node.id, part)
+            if child is None:
+                raise E.NotFound("no such file or directory", path=path)
+            node = self._get_inode(child)
+        node.name = parts[-1] if parts else "/"
+        return node
+
+    def _resolve_parent(self, path: str) -> tuple[pb.Inode, str]:
+        parent_path, name = parent_and_name(path)
+        try:
+            parent = self.resolve(parent_path)
+        except E.NotFound:
+            raise E.NotFound("parent directory does not exist", path=path) from None
+        if parent.type != pb.DIRECTORY:
+            raise E.NotADirectory("parent is not a directory", path=path)
+        return parent, name
+
+    def get_block(self, block_id: int) -> pb.BlockMeta | None:
+        """Return the stored record of ``block_id``, or None."""
+        raw = self.store.get(_bkey(block_id))
+        if raw is None:
+            return None
+        meta = pb.BlockMeta()
+        meta.ParseFromString(raw)
+        return meta
+
+    def iter_blocks(self) -> Iterable[pb.BlockMeta]:
+        """Yield every committed block record."""
+        for _, raw in self.store.scan(b"b"):
+            meta = pb.BlockMeta()
+            meta.ParseFromString(raw)
+            yield meta
+
+    def count(self) -> tuple[int, int]:
+        """(inodes, blocks) currently stored; a full scan."""
+        inodes = sum(1 for _ in self.store.scan(b"i"))
+        blocks = sum(1 for _ in self.store.scan(b"b"))
+        return inodes, blocks
+
+    def _is_empty_dir(self, ino: int) -> bool:
+        prefix = b"d" + U64.pack(ino)
+        return next(iter(self.store.scan(prefix)), None) is None
+
+    # ---------------------------------------------------------- mutations --
+
+    def _new_inode(self, kind: int, mode: int, **fields) -> pb.Inode:
+        now = time.time()
+        return pb.Inode(
+            id=self._inodes.take(), type=kind, mode=mode & 0o7777, mtime=now, ctime=now, atime=now, version=1, **fields
+        )
+
+    def _touch(self, node: pb.Inode, now: float) -> bytes:
+        node.mtime = node.ctime = now
+        return _record(node)
+
+    def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False) -> pb.Inode:
+        """Create a directory (``mkdir -p`` with ``parents``).
+
+        Raises:
+            AlreadyExists: the path exists (unless ``parents`` and it is a directory).
+            NotFound: the parent is missing and ``parents`` is false.
+            NotADirectory: a component is a file.
+        """
+        parts = split_path(path)
+        if not parts:
+            if parents:
+                return self.resolve("/")
+            raise E.AlreadyExists("the root exists", path="/")
+        if parents:
+            node = self._get_inode(ROOT)
+            for i, part in enumerate(parts):
+                child = self._lookup(node.id, part)
+                if child is None:
+                    node = self._mkdir_in(node, part, mode)
+                else:
+                    node = self._get_inode(child)
+                    if node.type != pb.DIRECTORY:
+                        raise E.NotADirectory("not a directory", path="/" + "/".join(parts[: i + 1]))
+            node.name = parts[-1]
+            return node
+        parent, name = self._resolve_parent(path)
+        if self._lookup(parent.id, name) is not None:
+            raise E.AlreadyExists("file exists", path=path)
+        node = self._mkdir_in(parent, name, mode)
+        node.name = name
+        return node
+
+    def _mkdir_in(self, parent: pb.Inode, name: str, mode: int) -> pb.Inode:
+        node = self._new_inode(pb.DIRECTORY, mode)
+        now = node.mtime
+        self.store.write(
+            [
+                (_ikey(node.id), node.SerializeToString()),
+                (_dkey(parent.id, name), U64.pack(node.id)),
+                (_ikey(parent.id), self._touch(parent, now)),
+            ]
+        )
+        return node
+
+    def create(
+        self,
+        path: str,
+        mode: int = 0o644,
+        *,
+        exclusive: bool = False,
+        truncate: bool = False,
+        block_size: int = 0,
+        replication: int = 0,
+    ) -> tuple[pb.Inode, Freed]:
+        """Create (or open, or truncate) a regular file.
+
+        Returns:
+            (the inode, blocks freed by truncation)
+
+        Raises:
+            AlreadyExists: ``exclusive`` and the path exists.
+            IsADirectory: the path is a directory.
+            NotFound / NotADirectory: bad parent.
+        """
+        parent, name = self._resolve_parent(path)
+        existing = self._lookup(parent.id, name)
+        if existing is not None:
+            if exclusive:
+                raise E.AlreadyExists("file exists", path=path)
+            node = self._get_inode(existing)
+            if node.type == pb.DIRECTORY:
+                raise E.IsADirectory("is a directory", path=path)
+            freed = Freed([])
+            if truncate and (node.size or node.blocks):
+                freed = self._replace_blocks(node, [], 0, time.time())
+            node.name = name
+            return node, freed
+        if block_size < 0 or replication < 0:
+            raise E.InvalidArgument("block size and replication must be >= 0", path=path)
+        node = self._new_inode(
+            pb.REGULAR,
+            mode,
+            block_size=block_size or self.default_block_size,
+            replication=replication or self.default_replication,
+        )
+        self.store.write(
+            [
+                (_ikey(node.id), node.SerializeToString()),
+                (_dkey(parent.id, name), U64.pack(node.id)),
+                (_ikey(parent.id), self._touch(parent, node.mtime)),
+            ]
+        )
+        node.name = name
+        return node, Freed([])
+
+    def symlink(self, path: str, target: str) -> pb.Inode:
+        """Create a symbolic link at ``path`` pointing to ``target`` (not validated).
+
+        Raises:
+            AlreadyExists: the path exists. InvalidArgument: empty target.
+        """
+        if not target or "\x00" in target:
+            raise E.InvalidArgument("symlink target must be non-empty without NUL", path=path)
+        parent, name = self._resolve_parent(path)
+        if self._lookup(parent.id, name) is not None:
+            raise E.AlreadyExists("file exists", path=path)
+        node = self._new_inode(pb.SYMLINK, 0o777, symlink_target=target, size=len(target.encode()))
+        self.store.write(
+            [
+                (_ikey(node.id), node.SerializeToString()),
+                (_dkey(parent.id, name), U64.pack(node.id)),
+                (_ikey(parent.id), self._touch(parent, node.mtime)),
+            ]
+        )
+        node.name = name
+        return node
+
+    def listdir(self, path: str, *, start_after: str = "", limit: int = 1000) -> tuple[list[pb.Inode], bool]:
+        """List a directory in name order, one page at a time.
+
+        Returns:
+            (entries after ``start_after``, at most ``limit``; whether more follow)
+
+        Raises:
+            NotFound, NotADirectory.
+        """
+        node = self.resolve(path)
+        if node.type != pb.DIRECTORY:
+            raise E.NotADirectory("not a directory", path=path)
+        prefix = b"d" + U64.pack(node.id)
+        after = _dkey(node.id, start_after) if start_after else None
+        entries: list[pb.Inode] = []
+        for key, raw in self.store.scan(prefix, after):
+            if len(entries) >= limit:
+                return entries, True
+            child = self._get_inode(U64.unpack(raw)[0])
+            child.name = key[len(prefix) :].decode("utf-8", "surrogateescape")
+            entries.append(child)
+        return entries, False
+
+    def rename(self, src: str, dst: str, *, no_replace: bool = False) -> tuple[pb.Inode, Freed]:
+        """Atomically move ``src`` to ``dst``, replacing a file or an empty directory there.
+
+        Returns:
+            (the moved inode, blocks of a replaced file)
+
+        Raises:
+            NotFound: src or dst's parent missing. AlreadyExists: ``no_replace`` and dst exists.
+            IsADirectory / NotADirectory: file over directory or the reverse.
+            DirectoryNotEmpty: dst is a non-empty directory.
+            InvalidArgument: moving a directory into itself, or the root.
+        """
+        src_parts, dst_parts = split_path(src), split_path(dst)
+        if not src_parts or not dst_parts:
+            raise E.InvalidArgument("cannot rename the root", path=src)
+        if dst_parts[: len(src_parts)] == src_parts and len(dst_parts) > len(src_parts):
+            raise E.InvalidArgument("cannot move a directory into itself", path=dst)
+        src_parent, src_name = self._resolve_parent(src)
+        ino = self._lookup(src_parent.id, src_name)
+        if ino is None:
+            raise E.NotFound("no such file or directory", path=src)
+        node = self._get_inode(ino)
+        dst_parent, dst_name = self._resolve_parent(dst)
+        if src_parts == dst_parts:
+            node.name = dst_name
+            return node, Freed([])
+        now = time.time()
+        puts: list[tuple[bytes, bytes]] = []
+        deletes: list[bytes] = [_dkey(src_parent.id, src_name)]
+        freed = Freed([])
+        existing = self._lookup(dst_parent.id, dst_name)
+        if existing is not None:
+            if no_replace:
+                raise E.AlreadyExists("destination exists", path=dst)
+            victim = self._get_inode(existing)
+            if victim.type == pb.DIRECTORY:
+                if node.type != pb.DIRECTORY:
+                    raise E.IsADirectory("destination is a directory", path=dst)
+                if not self._is_empty_dir(victim.id):
+                    raise E.DirectoryNotEmpty("destination directory is not empty", path=dst)
+            elif node.type == pb.DIRECTORY:
+                raise E.NotADirectory("destination is not a directory", path=dst)
+            deletes.append(_ikey(victim.id))
+            freed = self._collect_blocks([victim], deletes)
+        node.ctime = now
+        puts.append((_ikey(node.id), node.SerializeToString()))
+        puts.append((_dkey(dst_parent.id, dst_name), U64.pack(node.id)))
+        if src_parent.id == dst_parent.id:
+            puts.append((_ikey(src_parent.id), self._touch(src_parent, now)))
+        else:
+            puts.append((_ikey(src_parent.id), self._touch(src_parent, now)))
+            puts.append((_ikey(dst_parent.id), self._touch(dst_parent, now)))
+        self.store.write(puts, deletes)
+        node.name = dst_name
+        return node, freed
+
+    def _collect_blocks(self, nodes: list[pb.Inode], deletes: list[bytes]) -> Freed:
+        freed: list[pb.BlockMeta] = []
+        for node in nodes:
+            for block_id in node.blocks:
+                meta = self.get_block(block_id)
+                if meta is not None:
+                    freed.append(meta)
+                    deletes.append(_bkey(block_id))
+        return Freed(freed)
+
+    def delete(self, path: str, *, recursive: bool = False, directory: bool = False, file: bool = False) -> Freed:
+        """Remove a file, symlink or directory (the whole subtree with ``recursive``).
+
+        ``directory`` gives rmdir semantics (must be a directory), ``file``
+        unlink semantics (must not be one).
+
+        Raises:
+            NotFound. InvalidArgument: the root. IsADirectory / NotADirectory: wrong kind.
+            DirectoryNotEmpty: a non-empty directory without ``recursive``.
+        """
+        parent, name = self._resolve_parent(path)
+        ino = self._lookup(parent.id, name)
+        if ino is None:
+            raise E.NotFound("no such file or directory", path=path)
+        node = self._get_inode(ino)
+        if directory and node.type != pb.DIRECTORY:
+            raise E.NotADirectory("not a directory", path=path)
+        if file and node.type == pb.DIRECTORY:
+            raise E.IsADirectory("is a directory", path=path)
+        deletes: list[bytes] = [_dkey(parent.id, name), _ikey(node.id)]
+        victims = [node]
+        if node.type == pb.DIRECTORY:
+            if not recursive and not self._is_empty_dir(node.id):
+                raise E.DirectoryNotEmpty("directory not empty", path=path)
+            stack = [node.id]
+            while stack:
+                dir_id = stack.pop()
+                prefix = b"d" + U64.pack(dir_id)
+                for key, raw in self.store.scan(prefix):
+                    child = self._get_inode(U64.unpack(raw)[0])
+                    deletes += [key, _ikey(child.id)]
+                    victims.append(child)
+                    if child.type == pb.DIRECTORY:
+                        stack.append(child.id)
+        freed = self._collect_blocks(victims, deletes)
+        self.store.write([(_ikey(parent.id), self._touch(parent, time.time()))], deletes)
+        return freed
+
+    def setattr(
+        self,
+        path: str,
+        *,
+        mode: int | None = None,
+        mtime: float | None = None,
+        atime: float | None = None,
+        set_xattrs: dict[str, bytes] | None = None,
+        remove_xattrs: Iterable[str] = (),
+    ) -> pb.Inode:
+        """Change mode, times or extended attributes.
+
+        Raises:
+            NotFound: the path, or an xattr to remove, does not exist.
+        """
+        node = self.resolve(path)
+        name = node.name
+        if mode is not None:
+            node.mode = mode & 0o7777
+        if mtime is not None:
+            node.mtime = mtime
+        if atime is not None:
+            node.atime = atime
+        for key, value in (set_xattrs or {}).items():
+            node.xattrs[key] = value
+        for key in remove_xattrs:
+            if key not in node.xattrs:
+                raise E.NotFound(f"no such attribute {key!r}", path=path)
+            del node.xattrs[key]
+        node.ctime = time.time()
+        node.ClearField("name")
+        self.store.write([(_ikey(node.id), node.SerializeToString())])
+        node.name = name
+        return node
+
+    # ------------------------------------------------------------- blocks --
+
+    def layout(self, path: str = "", inode: int = 0) -> tuple[pb.Inode, list[pb.BlockMeta]]:
+        """Return a file's inode and its block records in file order.
+
+        Raises:
+            NotFound. IsADirectory: ``path`` is a directory.
+        """
+        node = self.resolve(path) if path else self._get_inode(inode)
+        if node.type == pb.DIRECTORY:
+            raise E.IsADirectory("is a directory", path=path or str(inode))
+        metas = []
+        for block_id in node.blocks:
+            meta = self.get_block(block_id)
+            if meta is None:
+                raise E.PCacheError(f"block {block_id} of inode {node.id} has no record")
+            metas.append(meta)
+        return node, metas
+
+    def allocate_block(self, inode: int) -> tuple[int, pb.Inode]:
+        """Reserve a new block id for a writer of ``inode``.
+
+        Raises:
+            NotFound: no such inode. IsADirectory: not a regular file.
+        """
+        node = self._get_inode(inode)
+        if node.type != pb.REGULAR:
+            raise E.IsADirectory(f"inode {inode} is not a regular file")
+        block_id = self._blocks.take()
+        self.pending[block_id] = (inode, time.monotonic())
+        return block_id, node
+
+    def commit_file(
+        self, inode: int, size: int, blocks: list[pb.CommittedBlock], mtime: float = 0.0
+    ) -> tuple[pb.Inode, Freed]:
+        """Make a writer's new block list the file's content (close-to-open).
+
+        Each block must be either already the file's, or allocated for this
+        inode and not yet committed.
+
+        Returns:
+            (the updated inode, blocks no longer referenced)
+
+        Raises:
+            NotFound: the inode was deleted meanwhile.
+            InvalidArgument: a block that was not allocated for this file, or a
+                size that does not match the blocks.
+        """
+        node = self._get_inode(inode)
+        if node.type != pb.REGULAR:
+            raise E.IsADirectory(f"inode {inode} is not a regular file")
+        total = sum(b.length for b in blocks)
+        if total != size:
+            raise E.InvalidArgument(f"size {size} does not match the blocks' {total} bytes")
+        return node, self._replace_blocks(node, blocks, size, mtime or time.time())
+
+    def _replace_blocks(self, node: pb.Inode, blocks: list[pb.CommittedBlock], size: int, mtime: float) -> Freed:
+        current = set(node.blocks)
+        puts: list[tuple[bytes, bytes]] = []
+        for blk in blocks:
+            if blk.block_id in current:
+                continue
+            owner = self.pending.get(blk.block_id)
+            if owner is None or owner[0] != node.id:
+                raise E.InvalidArgument(f"block {blk.block_id} was not allocated for inode {node.id}")
+            if not blk.replicas:
+                raise E.InvalidArgument(f"block {blk.block_id} has no replica")
+            meta = pb.BlockMeta(
+                block_id=blk.block_id,
+                inode=node.id,
+                length=blk.length,
+                crc32c=blk.crc32c,
+                replicas=list(blk.replicas),
+                replication=node.replication,
+            )
+            puts.append((_bkey(blk.block_id), meta.SerializeToString()))
+        keep = {b.block_id for b in blocks}
+        deletes: list[bytes] = []
+        freed: list[pb.BlockMeta] = []
+        for block_id in node.blocks:
+            if block_id not in keep:
+                meta = self.get_block(block_id)
+                if meta is not None:
+                    freed.append(meta)
+                deletes.append(_bkey(block_id))
+        name = node.name
+        node.ClearField("name")
+        del node.blocks[:]
+        node.blocks.extend(b.block_id for b in blocks)
+        node.size = size
+        node.mtime = node.ctime = mtime
+        node.version += 1
+        puts.append((_ikey(node.id), node.SerializeToString()))
+        self.store.write(puts, deletes)
+        for blk in blocks:
+            self.pending.pop(blk.block_id, None)
+        node.name = name
+        return Freed(freed)
+
+    def set_replicas(self, block_id: int, replicas: list[str]) -> pb.BlockMeta | None:
+        """Record the live replica set of a block; None if the block is gone."""
+        meta = self.get_block(block_id)
+        if meta is None:
+            return None
+        del meta.replicas[:]
+        meta.replicas.extend(replicas)
+        self.store.write([(_bkey(block_id), meta.SerializeToString())])
+        return meta
+
+
+def _record(node: pb.Inode) -> bytes:
+    """Serialise an inode for storage, without the response-only ``name``."""
+    if not node.name:
+        return node.SerializeToString()
+    rec = pb.Inode()
+    rec.CopyFrom(node)
+    rec.ClearField("name")
+    return rec.SerializeToString()

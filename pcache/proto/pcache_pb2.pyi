@@ -1,0 +1,480 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FileType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FILE_TYPE_UNSPECIFIED: _ClassVar[FileType]
+    REGULAR: _ClassVar[FileType]
+    DIRECTORY: _ClassVar[FileType]
+    SYMLINK: _ClassVar[FileType]
+
+class DataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DATA_OP_UNSPECIFIED: _ClassVar[DataOp]
+    WRITE_BLOCK: _ClassVar[DataOp]
+    READ_BLOCK: _ClassVar[DataOp]
+    DELETE_BLOCK: _ClassVar[DataOp]
+    PING: _ClassVar[DataOp]
+    SC_READ_OPEN: _ClassVar[DataOp]
+    SC_WRITE_OPEN: _ClassVar[DataOp]
+    SC_WRITE_COMMIT: _ClassVar[DataOp]
+    RESPONSE: _ClassVar[DataOp]
+FILE_TYPE_UNSPECIFIED: FileType
+REGULAR: FileType
+DIRECTORY: FileType
+SYMLINK: FileType
+DATA_OP_UNSPECIFIED: DataOp
+WRITE_BLOCK: DataOp
+READ_BLOCK: DataOp
+DELETE_BLOCK: DataOp
+PING: DataOp
+SC_READ_OPEN: DataOp
+SC_WRITE_OPEN: DataOp
+SC_WRITE_COMMIT: DataOp
+RESPONSE: DataOp
+
+class RequestHeader(_message.Message):
+    __slots__ = ("tenant", "token", "epoch", "client_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    token: str
+    epoch: int
+    client_id: str
+    def __init__(self, tenant: _Optional[str] = ..., token: _Optional[str] = ..., epoch: _Optional[int] = ..., client_id: _Optional[str] = ...) -> None: ...
+
+class WorkerAddr(_message.Message):
+    __slots__ = ("worker_id", "host", "port", "uds_path", "node_id")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    UDS_PATH_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    host: str
+    port: int
+    uds_path: str
+    node_id: str
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., uds_path: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
+
+class Inode(_message.Message):
+    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name")
+    class XattrsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_FIELD_NUMBER: _ClassVar[int]
+    CTIME_FIELD_NUMBER: _ClassVar[int]
+    ATIME_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SYMLINK_TARGET_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    XATTRS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    type: FileType
+    mode: int
+    size: int
+    mtime: float
+    ctime: float
+    atime: float
+    block_size: int
+    replication: int
+    blocks: _containers.RepeatedScalarFieldContainer[int]
+    symlink_target: str
+    version: int
+    xattrs: _containers.ScalarMap[str, bytes]
+    parent: int
+    name: str
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+
+class BlockMeta(_message.Message):
+    __slots__ = ("block_id", "inode", "length", "crc32c", "replicas", "replication")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    inode: int
+    length: int
+    crc32c: int
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    replication: int
+    def __init__(self, block_id: _Optional[int] = ..., inode: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., replication: _Optional[int] = ...) -> None: ...
+
+class BlockLocation(_message.Message):
+    __slots__ = ("block_id", "offset", "length", "crc32c", "replicas", "token")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    offset: int
+    length: int
+    crc32c: int
+    replicas: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
+    token: str
+    def __init__(self, block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., token: _Optional[str] = ...) -> None: ...
+
+class PathRequest(_message.Message):
+    __slots__ = ("header", "path")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    path: str
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
+
+class MkdirRequest(_message.Message):
+    __slots__ = ("header", "path", "mode", "parents")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    path: str
+    mode: int
+    parents: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., parents: _Optional[bool] = ...) -> None: ...
+
+class CreateRequest(_message.Message):
+    __slots__ = ("header", "path", "mode", "exclusive", "block_size", "replication", "truncate")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    path: str
+    mode: int
+    exclusive: bool
+    block_size: int
+    replication: int
+    truncate: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., exclusive: _Optional[bool] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class SymlinkRequest(_message.Message):
+    __slots__ = ("header", "path", "target")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    path: str
+    target: str
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+
+class ListDirRequest(_message.Message):
+    __slots__ = ("header", "path", "start_after", "limit")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    path: str
+    start_after: str
+    limit: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., start_after: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListDirResponse(_message.Message):
+    __slots__ = ("entries", "truncated")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Inode]
+    truncated: bool
+    def __init__(self, entries: _Optional[_Iterable[_Union[Inode, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class RenameRequest(_message.Message):
+    __slots__ = ("header", "src", "dst", "no_replace")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    NO_REPLACE_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    src: str
+    dst: str
+    no_replace: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., no_replace: _Optional[bool] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("header", "path", "recursive", "directory", "file")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    path: str
+    recursive: bool
+    directory: bool
+    file: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ..., directory: _Optional[bool] = ..., file: _Optional[bool] = ...) -> None: ...
+
+class SetAttrRequest(_message.Message):
+    __slots__ = ("header", "path", "mode", "mtime", "atime", "set_xattrs", "remove_xattrs")
+    class SetXattrsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_FIELD_NUMBER: _ClassVar[int]
+    ATIME_FIELD_NUMBER: _ClassVar[int]
+    SET_XATTRS_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_XATTRS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    path: str
+    mode: int
+    mtime: float
+    atime: float
+    set_xattrs: _containers.ScalarMap[str, bytes]
+    remove_xattrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., mtime: _Optional[float] = ..., atime: _Optional[float] = ..., set_xattrs: _Optional[_Mapping[str, bytes]] = ..., remove_xattrs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LayoutRequest(_message.Message):
+    __slots__ = ("header", "path", "inode")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    path: str
+    inode: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., inode: _Optional[int] = ...) -> None: ...
+
+class FileLayout(_message.Message):
+    __slots__ = ("inode", "blocks")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    inode: Inode
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockLocation]
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockLocation, _Mapping]]] = ...) -> None: ...
+
+class AllocateBlockRequest(_message.Message):
+    __slots__ = ("header", "inode", "client_node", "exclude_workers", "size_hint")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NODE_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_HINT_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    inode: int
+    client_node: str
+    exclude_workers: _containers.RepeatedScalarFieldContainer[str]
+    size_hint: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., client_node: _Optional[str] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., size_hint: _Optional[int] = ...) -> None: ...
+
+class CommittedBlock(_message.Message):
+    __slots__ = ("block_id", "length", "crc32c", "replicas")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    length: int
+    crc32c: int
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CommitFileRequest(_message.Message):
+    __slots__ = ("header", "inode", "size", "blocks", "mtime")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MTIME_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    inode: int
+    size: int
+    blocks: _containers.RepeatedCompositeFieldContainer[CommittedBlock]
+    mtime: float
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ..., mtime: _Optional[float] = ...) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("addr", "capacity_bytes", "used_bytes", "free_bytes", "inflight", "block_count", "mem_tier_bytes", "mem_tier_hit_ratio", "draining", "metrics_addr")
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEM_TIER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEM_TIER_HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDR_FIELD_NUMBER: _ClassVar[int]
+    addr: WorkerAddr
+    capacity_bytes: int
+    used_bytes: int
+    free_bytes: int
+    inflight: int
+    block_count: int
+    mem_tier_bytes: int
+    mem_tier_hit_ratio: float
+    draining: bool
+    metrics_addr: str
+    def __init__(self, addr: _Optional[_Union[WorkerAddr, _Mapping]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., inflight: _Optional[int] = ..., block_count: _Optional[int] = ..., mem_tier_bytes: _Optional[int] = ..., mem_tier_hit_ratio: _Optional[float] = ..., draining: _Optional[bool] = ..., metrics_addr: _Optional[str] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("header", "info", "blocks")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    info: WorkerInfo
+    blocks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., blocks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("epoch", "heartbeat_interval_ms")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    heartbeat_interval_ms: int
+    def __init__(self, epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("header", "info")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    info: WorkerInfo
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ...) -> None: ...
+
+class WorkerCommand(_message.Message):
+    __slots__ = ("kind", "block_id", "targets")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[WorkerCommand.Kind]
+        DELETE: _ClassVar[WorkerCommand.Kind]
+        REPLICATE: _ClassVar[WorkerCommand.Kind]
+    KIND_UNSPECIFIED: WorkerCommand.Kind
+    DELETE: WorkerCommand.Kind
+    REPLICATE: WorkerCommand.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    kind: WorkerCommand.Kind
+    block_id: int
+    targets: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
+    def __init__(self, kind: _Optional[_Union[WorkerCommand.Kind, str]] = ..., block_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("epoch", "reregister", "commands")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    reregister: bool
+    commands: _containers.RepeatedCompositeFieldContainer[WorkerCommand]
+    def __init__(self, epoch: _Optional[int] = ..., reregister: _Optional[bool] = ..., commands: _Optional[_Iterable[_Union[WorkerCommand, _Mapping]]] = ...) -> None: ...
+
+class BlockReport(_message.Message):
+    __slots__ = ("header", "worker_id", "block_id", "length", "crc32c")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    worker_id: str
+    block_id: int
+    length: int
+    crc32c: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., block_id: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ...) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("info", "alive", "last_heartbeat_age")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AGE_FIELD_NUMBER: _ClassVar[int]
+    info: WorkerInfo
+    alive: bool
+    last_heartbeat_age: float
+    def __init__(self, info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., alive: _Optional[bool] = ..., last_heartbeat_age: _Optional[float] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ...) -> None: ...
+
+class ClusterStatus(_message.Message):
+    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    UNDER_REPLICATED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    INODES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    under_replicated_blocks: int
+    missing_blocks: int
+    inodes: int
+    blocks: int
+    default_replication: int
+    default_block_size: int
+    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ...) -> None: ...
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DataHeader(_message.Message):
+    __slots__ = ("op", "block_id", "offset", "length", "crc32c", "pipeline", "token", "epoch", "error", "message", "chunk_crcs", "replicas", "write_handle", "block_length")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_CRCS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    op: DataOp
+    block_id: int
+    offset: int
+    length: int
+    crc32c: int
+    pipeline: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
+    token: str
+    epoch: int
+    error: str
+    message: str
+    chunk_crcs: _containers.RepeatedScalarFieldContainer[int]
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    write_handle: str
+    block_length: int
+    def __init__(self, op: _Optional[_Union[DataOp, str]] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., pipeline: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., token: _Optional[str] = ..., epoch: _Optional[int] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., chunk_crcs: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[str]] = ..., write_handle: _Optional[str] = ..., block_length: _Optional[int] = ...) -> None: ...

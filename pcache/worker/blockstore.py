@@ -1,0 +1,370 @@
+"""Block store on the node's local disk: one file per block plus a CRC sidecar.
+
+Layout under ``<data_dir>``::
+
+    blocks/<xx>/<block_id>.blk    block bytes
+    blocks/<xx>/<block_id>.meta   "PCBM", version, length, block CRC32C, chunk CRC32Cs
+    tmp/                          blocks being written (removed at start-up)
+
+``xx`` is the low byte of the id in hex, to keep directories small. A block
+exists once its ``.meta`` is in place; the data file is fsynced and renamed
+before the sidecar is written, so a crash leaves either no block or a whole
+one. Reads verify the CRC32C of every chunk they touch (HDFS ``.meta``
+sidecars, 3FS chunk checksums). All methods are blocking; the data server
+calls them from worker threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import struct
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Protocol
+
+from pcache.common.checksum import CHUNK_SIZE, crc32c
+from pcache.common.errors import CorruptBlock, InvalidArgument, NoSpace, NotFound
+
+logger = logging.getLogger(__name__)
+
+META_MAGIC = b"PCBM"
+META_HEAD = struct.Struct(">4sHQII")  # magic, version, length, block crc, chunk count
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """Integrity record of a stored block."""
+
+    block_id: int
+    length: int  # bytes
+    crc32c: int
+    chunk_crcs: tuple[int, ...]
+
+
+class BlockStore(Protocol):
+    """Where a worker keeps block bytes."""
+
+    def begin_write(self, block_id: int, length: int) -> BlockWriter:
+        """Reserve room for a block of ``length`` bytes and start writing it."""
+        ...
+
+    def info(self, block_id: int) -> BlockInfo:
+        """Return a stored block's integrity record."""
+        ...
+
+    def read(self, block_id: int, offset: int, length: int) -> bytes:
+        """Read a verified byte range of a block."""
+        ...
+
+    def delete(self, block_id: int) -> bool:
+        """Remove a block; False if it was not there."""
+        ...
+
+    def block_ids(self) -> list[int]:
+        """List the stored blocks (the full block report)."""
+        ...
+
+
+class BlockWriter:
+    """A block being written into ``tmp/``; ``commit`` makes it visible."""
+
+    def __init__(self, store: DiskBlockStore, block_id: int, length: int) -> None:
+        self.store = store
+        self.block_id = block_id
+        self.length = length
+        self.path = os.path.join(store.tmp_dir, f"{block_id}.{uuid.uuid4().hex[:8]}")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.written = 0
+        self.crc = 0
+        self.chunk_crcs: list[int] = []
+        self._partial = 0  # crc of the current, not yet full chunk
+        self._partial_len = 0
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append bytes, updating the chunk and block CRCs.
+
+        Raises:
+            NoSpace: the disk is full. InvalidArgument: more than the announced length.
+        """
+        if self.written + len(data) > self.length:
+            raise InvalidArgument(f"block {self.block_id}: more than the announced {self.length} bytes")
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+        except OSError as exc:
+            raise NoSpace(f"block {self.block_id}: disk write failed: {exc}") from None
+        self._account(memoryview(data))
+
+    def _account(self, view: memoryview) -> None:
+        self.written += len(view)
+        self.crc = crc32c(view, self.crc)
+        while view:
+            take = min(CHUNK_SIZE - self._partial_len, len(view))
+            self._partial = crc32c(view[:take], self._partial)
+            self._partial_len += take
+            view = view[take:]
+            if self._partial_len == CHUNK_SIZE:
+                self.chunk_crcs.append(self._partial)
+                self._partial = self._partial_len = 0
+
+    def account_existing(self) -> None:
+        """Compute CRCs over bytes a short-circuit client wrote into the fd itself."""
+        size = os.fstat(self.fd).st_size
+        if size != self.length:
+            raise InvalidArgument(f"block {self.block_id}: client wrote {size} bytes, announced {self.length}")
+        self.written = 0
+        self.crc = 0
+        self.chunk_crcs = []
+        self._partial = self._partial_len = 0
+        offset = 0
+        while offset < size:
+            data = os.pread(self.fd, min(8 * CHUNK_SIZE, size - offset), offset)
+            if not data:
+                break
+            self._account(memoryview(data))
+            offset += len(data)
+
+    def commit(self, expected_crc: int | None = None) -> BlockInfo:
+        """fsync, verify, and publish the block.
+
+        Raises:
+            CorruptBlock: the bytes do not match ``expected_crc``.
+            InvalidArgument: fewer bytes than announced.
+        """
+        if self.written != self.length:
+            self.abort()
+            raise InvalidArgument(f"block {self.block_id}: got {self.written} of {self.length} bytes")
+        if expected_crc is not None and expected_crc != self.crc:
+            self.abort()
+            raise CorruptBlock(f"block {self.block_id}: CRC32C {self.crc:#x} != sender's {expected_crc:#x}")
+        if self._partial_len:
+            self.chunk_crcs.append(self._partial)
+            self._partial_len = 0
+        try:
+            if self.store.fsync:
+                os.fsync(self.fd)
+            os.close(self.fd)
+            self.closed = True
+            info = BlockInfo(self.block_id, self.length, self.crc, tuple(self.chunk_crcs))
+            self.store._publish(self.path, info)
+        except OSError as exc:
+            self.abort()
+            raise NoSpace(f"block {self.block_id}: cannot store: {exc}") from None
+        finally:
+            self.store._release(self.length)
+        return info
+
+    def abort(self) -> None:
+        """Drop the partial block and its reservation."""
+        if not self.closed:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.closed = True
+            self.store._release(self.length)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+class DiskBlockStore:
+    """:class:`BlockStore` on a local directory, with a byte quota."""
+
+    def __init__(self, data_dir: str, *, capacity_bytes: int = 0, reserve_bytes: int = 0, fsync: bool = True) -> None:
+        self.root = os.path.abspath(data_dir)
+        self.blocks_dir = os.path.join(self.root, "blocks")
+        self.tmp_dir = os.path.join(self.root, "tmp")
+        os.makedirs(self.blocks_dir, exist_ok=True)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)  # half-written blocks of a crashed run
+        os.makedirs(self.tmp_dir, exist_ok=True)
+        self.fsync = fsync
+        self.reserve_bytes = reserve_bytes
+        self._lock = threading.Lock()
+        self._reserved = 0
+        self._infos: dict[int, BlockInfo] = {}
+        self.used_bytes = 0
+        for block_id in self._scan():
+            with contextlib.suppress(NotFound, CorruptBlock):
+                self.used_bytes += self.info(block_id).length
+        if capacity_bytes:
+            self.capacity_bytes = capacity_bytes
+        else:
+            disk = shutil.disk_usage(self.root)
+            self.capacity_bytes = max(0, disk.free + self.used_bytes - reserve_bytes)
+
+    # ------------------------------------------------------------ paths --
+
+    def _paths(self, block_id: int) -> tuple[str, str]:
+        d = os.path.join(self.blocks_dir, f"{block_id & 0xFF:02x}")
+        return os.path.join(d, f"{block_id}.blk"), os.path.join(d, f"{block_id}.meta")
+
+    def block_path(self, block_id: int) -> str:
+        """Path of the data file of ``block_id`` (for fd passing)."""
+        return self._paths(block_id)[0]
+
+    def _scan(self) -> list[int]:
+        ids = []
+        for sub in os.listdir(self.blocks_dir):
+            d = os.path.join(self.blocks_dir, sub)
+            for name in os.listdir(d):
+                if name.endswith(".meta"):
+                    with contextlib.suppress(ValueError):
+                        ids.append(int(name[:-5]))
+        return ids
+
+    # ------------------------------------------------------------ space --
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes a new block may still take (quota and real disk both respected)."""
+        with self._lock:
+            quota_free = self.capacity_bytes - self.used_bytes - self._reserved
+        disk_free = shutil.disk_usage(self.root).free - self.reserve_bytes - self._reserved
+        return max(0, min(quota_free, disk_free))
+
+    def _reserve(self, length: int) -> None:
+        if length > self.free_bytes:
+            raise NoSpace(f"worker has {self.free_bytes} bytes free, block needs {length}")
+        with self._lock:
+            self._reserved += length
+
+    def _release(self, length: int) -> None:
+        with self._lock:
+            self._reserved -= length
+
+    # ------------------------------------------------------------- api --
+
+    def begin_write(self, block_id: int, length: int) -> BlockWriter:
+        """Reserve room and open a temp file for ``block_id``.
+
+        Raises:
+            NoSpace: the quota or the disk cannot take ``length`` more bytes.
+        """
+        self._reserve(length)
+        try:
+            return BlockWriter(self, block_id, length)
+        except OSError as exc:
+            self._release(length)
+            raise NoSpace(f"cannot create block file: {exc}") from None
+
+    def _publish(self, tmp_path: str, info: BlockInfo) -> None:
+        data_path, meta_path = self._paths(info.block_id)
+        os.makedirs(os.path.dirname(data_path), exist_ok=True)
+        replaced = self._infos.get(info.block_id)
+        if replaced is None and os.path.exists(meta_path):
+            with contextlib.suppress(NotFound, CorruptBlock):
+                replaced = self.info(info.block_id)
+        os.replace(tmp_path, data_path)
+        head = META_HEAD.pack(META_MAGIC, 1, info.length, info.crc32c, len(info.chunk_crcs))
+        body = struct.pack(f">{len(info.chunk_crcs)}I", *info.chunk_crcs)
+        tmp_meta = meta_path + ".tmp"
+        with open(tmp_meta, "wb") as fh:
+            fh.write(head + body)
+            if self.fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp_meta, meta_path)
+        with self._lock:
+            self.used_bytes += info.length - (replaced.length if replaced else 0)
+            self._infos[info.block_id] = info
+
+    def info(self, block_id: int) -> BlockInfo:
+        """Return the integrity record of a stored block.
+
+        Raises:
+            NotFound: no such block. CorruptBlock: the sidecar is damaged.
+        """
+        cached = self._infos.get(block_id)
+        if cached is not None:
+            return cached
+        _, meta_path = self._paths(block_id)
+        try:
+            with open(meta_path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            raise NotFound(f"block {block_id} is not on this worker") from None
+        try:
+            magic, _version, length, crc, count = META_HEAD.unpack_from(raw)
+            if magic != META_MAGIC:
+                raise ValueError("bad magic")
+            chunks = struct.unpack_from(f">{count}I", raw, META_HEAD.size)
+        except (struct.error, ValueError) as exc:
+            raise CorruptBlock(f"block {block_id}: damaged sidecar: {exc}") from None
+        info = BlockInfo(block_id, length, crc, tuple(chunks))
+        self._infos[block_id] = info
+        return info
+
+    def read_chunks(self, block_id: int, first: int, last: int) -> list[bytes]:
+        """Read chunks ``first..last`` (inclusive) of a block, each verified.
+
+        Raises:
+            NotFound: no such block. CorruptBlock: a chunk fails its CRC32C
+            or the file is shorter than recorded.
+        """
+        info = self.info(block_id)
+        data_path, _ = self._paths(block_id)
+        start = first * CHUNK_SIZE
+        end = min(info.length, (last + 1) * CHUNK_SIZE)
+        try:
+            fd = os.open(data_path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise NotFound(f"block {block_id} data file is missing") from None
+        try:
+            raw = os.pread(fd, end - start, start)
+        finally:
+            os.close(fd)
+        if len(raw) != end - start:
+            raise CorruptBlock(f"block {block_id}: file is truncated")
+        view = memoryview(raw)
+        out = []
+        for i, idx in enumerate(range(first, last + 1)):
+            piece = view[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]
+            if crc32c(piece) != info.chunk_crcs[idx]:
+                raise CorruptBlock(f"block {block_id}: chunk {idx} failed its CRC32C check")
+            out.append(bytes(piece))
+        return out
+
+    def read(self, block_id: int, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``offset`` of a block, verifying the chunks touched.
+
+        Raises:
+            NotFound, CorruptBlock. InvalidArgument: range outside the block.
+        """
+        info = self.info(block_id)
+        if offset < 0 or length < 0 or offset + length > info.length:
+            raise InvalidArgument(f"range {offset}+{length} outside block {block_id} of {info.length} bytes")
+        if length == 0:
+            return b""
+        first, last = offset // CHUNK_SIZE, (offset + length - 1) // CHUNK_SIZE
+        data = b"".join(self.read_chunks(block_id, first, last))
+        skip = offset - first * CHUNK_SIZE
+        return data[skip : skip + length]
+
+    def delete(self, block_id: int) -> bool:
+        """Remove a block's files; False if it was not stored."""
+        data_path, meta_path = self._paths(block_id)
+        info = self._infos.pop(block_id, None)
+        if info is None:
+            with contextlib.suppress(NotFound, CorruptBlock):
+                info = self.info(block_id)
+                self._infos.pop(block_id, None)
+        existed = False
+        for path in (meta_path, data_path):
+            try:
+                os.unlink(path)
+                existed = True
+            except FileNotFoundError:
+                pass
+        if existed and info is not None:
+            with self._lock:
+                self.used_bytes -= info.length
+        return existed
+
+    def block_ids(self) -> list[int]:
+        """Every block with a sidecar."""
+        return self._scan()

@@ -1,0 +1,274 @@
+"""The worker's data plane: framed block I/O over TCP, pipeline replication.
+
+A WRITE_BLOCK carries the downstream replicas in ``pipeline``; the worker
+forwards each chunk to the next replica as soon as it has it (client → w1 →
+w2, as in HDFS write pipelines), stores and fsyncs its own copy, then answers
+with the ids of every replica that acknowledged. A downstream failure does
+not fail the write: the answer lists fewer replicas and the master
+re-replicates later. Reads verify chunk CRC32Cs (or hit the memory tier); a
+CRC failure is reported to the master and surfaces as ``CorruptBlock`` so the
+client reads another replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from pcache.common import framing
+from pcache.common.checksum import CHUNK_SIZE
+from pcache.common.errors import CorruptBlock, InvalidArgument, PCacheError, ProtocolError
+from pcache.common.metrics import CRC_FAILURES, DATA_BYTES, DATA_OPS, DATA_SECONDS
+from pcache.proto import pcache_pb2 as pb
+from pcache.worker.blockstore import DiskBlockStore
+from pcache.worker.memtier import MemoryTier
+
+logger = logging.getLogger(__name__)
+
+IDLE_TIMEOUT = 300.0  # seconds a pooled client connection may sit unused
+
+
+class DataServer:
+    """Serves data-plane frames for one worker."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        store: DiskBlockStore,
+        tier: MemoryTier,
+        *,
+        io_timeout: float,
+        on_corrupt: Callable[[int], Awaitable[None]],
+        bandwidth_limit: float = 0.0,
+    ) -> None:
+        self.worker_id = worker_id
+        self.store = store
+        self.tier = tier
+        self.io_timeout = io_timeout
+        self.on_corrupt = on_corrupt
+        self.inflight = 0
+        self._throttle_until = 0.0
+        self.bandwidth_limit = bandwidth_limit  # bytes/s, 0 = unlimited
+
+    async def _throttle(self, nbytes: int) -> None:
+        """Token-bucket-free pacing: emulate a NIC of ``bandwidth_limit`` bytes/s."""
+        if self.bandwidth_limit <= 0:
+            return
+        now = time.monotonic()
+        start = max(now, self._throttle_until)
+        self._throttle_until = start + nbytes / self.bandwidth_limit
+        if self._throttle_until > now:
+            await asyncio.sleep(self._throttle_until - now)
+
+    # ----------------------------------------------------------- serving --
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve requests on one connection until the peer closes it."""
+        try:
+            while True:
+                try:
+                    header, payload_len = await framing.read_header(reader, IDLE_TIMEOUT)
+                except PCacheError:
+                    return  # peer closed or idled out
+                self.inflight += 1
+                started = time.perf_counter()
+                op = pb.DataOp.Name(header.op)
+                try:
+                    reply, payload = await self.dispatch(header, payload_len, reader)
+                except ProtocolError:
+                    raise
+                except PCacheError as exc:
+                    reply, payload = framing.error_header(exc), b""
+                    if header.op == pb.WRITE_BLOCK:
+                        # the rest of the payload is still on the wire: drop the connection
+                        await framing.write_frame(writer, reply, timeout=self.io_timeout)
+                        return
+                finally:
+                    self.inflight -= 1
+                DATA_OPS.labels(op).inc()
+                DATA_SECONDS.labels(op).observe(time.perf_counter() - started)
+                await framing.write_frame(writer, reply, payload, timeout=self.io_timeout)
+        except PCacheError as exc:
+            logger.debug("data connection dropped: %s", exc)
+        except Exception:
+            logger.exception("data connection failed")
+        finally:
+            framing.close_writer(writer)
+
+    async def dispatch(
+        self, header: pb.DataHeader, payload_len: int, reader: asyncio.StreamReader
+    ) -> tuple[pb.DataHeader, bytes]:
+        """Run one request; returns the reply header and payload."""
+        if header.op == pb.WRITE_BLOCK:
+            replicas = await self.receive_block(header, payload_len, reader)
+            return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id, replicas=replicas), b""
+        if payload_len:
+            raise ProtocolError(f"{pb.DataOp.Name(header.op)} takes no payload")
+        if header.op == pb.READ_BLOCK:
+            data, info = await self.read_range(header.block_id, header.offset, header.length)
+            DATA_BYTES.labels("read").inc(len(data))
+            await self._throttle(len(data))
+            return (
+                pb.DataHeader(
+                    op=pb.RESPONSE,
+                    block_id=header.block_id,
+                    length=len(data),
+                    block_length=info.length,
+                    crc32c=info.crc32c,
+                ),
+                data,
+            )
+        if header.op == pb.DELETE_BLOCK:
+            await self.delete(header.block_id)
+            return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id), b""
+        if header.op == pb.PING:
+            return pb.DataHeader(op=pb.RESPONSE, replicas=[self.worker_id]), b""
+        raise ProtocolError(f"unsupported data op {header.op}")
+
+    # ------------------------------------------------------------ writes --
+
+    async def receive_block(self, header: pb.DataHeader, payload_len: int, reader: asyncio.StreamReader) -> list[str]:
+        """Store a block arriving on ``reader`` and forward it down the pipeline."""
+        block_id = header.block_id
+        writer = await asyncio.to_thread(self.store.begin_write, block_id, payload_len)
+        downstream = await self._open_downstream(header, payload_len)
+        staged: list[bytes] = []
+        try:
+            remaining = payload_len
+            while remaining:
+                chunk = await framing.read_exactly(reader, min(CHUNK_SIZE, remaining), self.io_timeout)
+                remaining -= len(chunk)
+                if downstream is not None:
+                    downstream = await self._forward(downstream, chunk)
+                await self._throttle(len(chunk))
+                await asyncio.to_thread(writer.write, chunk)
+                staged.append(chunk)
+            await asyncio.to_thread(writer.commit, header.crc32c)
+        except BaseException:
+            writer.abort()
+            if downstream is not None:
+                framing.close_writer(downstream[1])
+            raise
+        DATA_BYTES.labels("write").inc(payload_len)
+        for index, chunk in enumerate(staged):
+            self.tier.put(block_id, index, chunk)
+        replicas = [self.worker_id]
+        if downstream is not None:
+            replicas += await self._downstream_ack(downstream)
+        return replicas
+
+    async def _open_downstream(
+        self, header: pb.DataHeader, payload_len: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        if not header.pipeline:
+            return None
+        nxt = header.pipeline[0]
+        try:
+            conn = await framing.open_connection(nxt.host, nxt.port, self.io_timeout)
+            fwd = pb.DataHeader(
+                op=pb.WRITE_BLOCK,
+                block_id=header.block_id,
+                crc32c=header.crc32c,
+                pipeline=list(header.pipeline[1:]),
+                token=header.token,
+                epoch=header.epoch,
+            )
+            await framing.write_frame(conn[1], fwd, payload_len=payload_len, timeout=self.io_timeout)
+            return conn
+        except PCacheError as exc:
+            logger.warning(
+                "block %d: downstream %s unreachable, continuing without it: %s", header.block_id, nxt.worker_id, exc
+            )
+            return None
+
+    async def _forward(
+        self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], chunk: bytes
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        try:
+            conn[1].write(chunk)
+            await framing.drain(conn[1], self.io_timeout)
+            return conn
+        except PCacheError as exc:
+            logger.warning("downstream replica failed mid-block: %s", exc)
+            framing.close_writer(conn[1])
+            return None
+
+    async def _downstream_ack(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> list[str]:
+        try:
+            reply, plen = await framing.read_header(conn[0], self.io_timeout)
+            framing.raise_if_error(reply)
+            return list(reply.replicas)
+        except PCacheError as exc:
+            logger.warning("downstream replica did not acknowledge: %s", exc)
+            return []
+        finally:
+            framing.close_writer(conn[1])
+
+    # ------------------------------------------------------------- reads --
+
+    async def read_range(self, block_id: int, offset: int, length: int):
+        """Verified bytes ``offset .. offset+length`` of a block, via the memory tier.
+
+        Raises:
+            NotFound, InvalidArgument, CorruptBlock (after reporting it).
+        """
+        info = await asyncio.to_thread(self.store.info, block_id)
+        if offset + length > info.length:
+            raise InvalidArgument(f"range {offset}+{length} outside block {block_id} of {info.length} bytes")
+        if length == 0:
+            return b"", info
+        first, last = offset // CHUNK_SIZE, (offset + length - 1) // CHUNK_SIZE
+        chunks: list[bytes | None] = [self.tier.get(block_id, i) for i in range(first, last + 1)]
+        missing = [i for i, c in zip(range(first, last + 1), chunks, strict=False) if c is None]
+        if missing:
+            lo, hi = missing[0], missing[-1]
+            try:
+                loaded = await asyncio.to_thread(self.store.read_chunks, block_id, lo, hi)
+            except CorruptBlock:
+                CRC_FAILURES.inc()
+                self.tier.drop(block_id)
+                logger.error("block %d failed its CRC check on read; reporting", block_id)
+                with contextlib.suppress(Exception):
+                    await self.on_corrupt(block_id)
+                raise
+            for i, data in zip(range(lo, hi + 1), loaded, strict=False):
+                self.tier.put(block_id, i, data)
+                chunks[i - first] = data
+        joined = b"".join(c for c in chunks if c is not None)
+        skip = offset - first * CHUNK_SIZE
+        return joined[skip : skip + length], info
+
+    async def delete(self, block_id: int) -> bool:
+        """Drop a block from the tier and the disk."""
+        self.tier.drop(block_id)
+        return await asyncio.to_thread(self.store.delete, block_id)
+
+    # --------------------------------------------------------- replicate --
+
+    async def replicate(self, block_id: int, targets: list[pb.WorkerAddr]) -> list[str]:
+        """Copy a local block to ``targets`` (one pipeline); returns the ids that stored it.
+
+        Raises:
+            NotFound: the block is not here. CorruptBlock: the local copy is bad.
+        """
+        info = await asyncio.to_thread(self.store.info, block_id)
+        head, rest = targets[0], list(targets[1:])
+        reader, writer = await framing.open_connection(head.host, head.port, self.io_timeout)
+        try:
+            hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=info.crc32c, pipeline=rest)
+            await framing.write_frame(writer, hdr, payload_len=info.length, timeout=self.io_timeout)
+            nchunks = (info.length + CHUNK_SIZE - 1) // CHUNK_SIZE
+            for index in range(nchunks):
+                data, _ = await self.read_range(
+                    block_id, index * CHUNK_SIZE, min(CHUNK_SIZE, info.length - index * CHUNK_SIZE)
+                )
+                writer.write(data)
+                await framing.drain(writer, self.io_timeout)
+            reply, _ = await framing.read_header(reader, self.io_timeout)
+            framing.raise_if_error(reply)
+            return list(reply.replicas)
+        finally:
+            framing.close_writer(writer)

@@ -1,0 +1,238 @@
+"""``pcache worker``: block store, memory tier, data plane, heartbeats.
+
+The worker registers with the master (with a full block report), then
+heartbeats every ``heartbeat_interval`` seconds with its capacity, free bytes
+and in-flight I/O; the reply carries DELETE and REPLICATE commands, which run
+in the background. A master that is down or restarted is retried forever:
+the data plane keeps serving meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import uuid
+
+import grpc
+
+from pcache.common.config import WorkerConfig, default_node_id, describe
+from pcache.common.errors import InvalidArgument, NotFound, PCacheError
+from pcache.common.config import write_ready_file
+from pcache.common.metrics import serve_metrics
+from pcache.common.rpc import call, channel_options
+from pcache.proto import pcache_pb2 as pb
+from pcache.proto import pcache_pb2_grpc as pb_grpc
+from pcache.worker.blockstore import DiskBlockStore
+from pcache.worker.dataserver import DataServer
+from pcache.worker.memtier import MemoryTier
+from pcache.worker.shortcircuit import ShortCircuitServer
+
+logger = logging.getLogger(__name__)
+
+RPC_TIMEOUT = 5.0
+MAX_PARALLEL_REPLICATIONS = 4
+
+
+def worker_id_for(data_dir: str) -> str:
+    """The worker's stable id, created on first start in ``<data_dir>/worker_id``."""
+    path = os.path.join(data_dir, "worker_id")
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except FileNotFoundError:
+        wid = "w-" + uuid.uuid4().hex[:10]
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(wid + "\n")
+        os.replace(tmp, path)
+        return wid
+
+
+class WorkerServer:
+    """A running worker."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        if not cfg.data_dir:
+            raise InvalidArgument("worker.data_dir is required")
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        self.cfg = cfg
+        self.worker_id = worker_id_for(cfg.data_dir)
+        self.node_id = cfg.node_id or default_node_id()
+        self.store = DiskBlockStore(
+            cfg.data_dir, capacity_bytes=cfg.capacity_bytes, reserve_bytes=cfg.reserve_bytes, fsync=cfg.fsync
+        )
+        self.tier = MemoryTier(cfg.mem_tier_bytes, cfg.eviction)
+        self.data = DataServer(
+            self.worker_id,
+            self.store,
+            self.tier,
+            io_timeout=cfg.io_timeout,
+            on_corrupt=self.report_bad_block,
+            bandwidth_limit=cfg.bandwidth_limit,
+        )
+        self.uds_path = os.path.join(os.path.abspath(cfg.data_dir), "sc.sock") if cfg.short_circuit else ""
+        self.sc: ShortCircuitServer | None = None
+        self.server: asyncio.AbstractServer | None = None
+        self.port = 0
+        self.epoch = 0
+        self.heartbeat_interval = 1.0
+        self.metrics_addr = ""
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: pb_grpc.MasterStub | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._repl_slots = asyncio.Semaphore(MAX_PARALLEL_REPLICATIONS)
+
+    # --------------------------------------------------------- lifecycle --
+
+    async def start(self) -> int:
+        """Start the data plane, short circuit and master link; returns the TCP port."""
+        self.server = await asyncio.start_server(self.data.handle, self.cfg.host, self.cfg.port, limit=4 << 20)
+        self.port = self.server.sockets[0].getsockname()[1]
+        if self.uds_path:
+            self.sc = ShortCircuitServer(self.data, self.uds_path)
+            await self.sc.start()
+        self.channel = grpc.aio.insecure_channel(self.cfg.master, options=channel_options())
+        self.stub = pb_grpc.MasterStub(self.channel)
+        self._spawn(self.heartbeat_loop())
+        logger.info(
+            "worker %s on %s:%d node=%s capacity=%d blocks=%d",
+            self.worker_id, self.cfg.host, self.port, self.node_id, self.store.capacity_bytes, len(self.store.block_ids()),
+        )  # fmt: skip
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop serving and background work."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self.sc is not None:
+            await self.sc.stop()
+        if self.server is not None:
+            self.server.close()
+        if self.channel is not None:
+            await self.channel.close()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------- master link --
+
+    def info(self) -> pb.WorkerInfo:
+        """What the worker tells the master about itself."""
+        return pb.WorkerInfo(
+            addr=pb.WorkerAddr(
+                worker_id=self.worker_id,
+                host=self.cfg.host,
+                port=self.port,
+                uds_path=self.uds_path,
+                node_id=self.node_id,
+            ),
+            capacity_bytes=self.store.capacity_bytes,
+            used_bytes=self.store.used_bytes,
+            free_bytes=self.store.free_bytes,
+            inflight=self.data.inflight,
+            block_count=len(self.store._infos),
+            mem_tier_bytes=self.tier.size,
+            mem_tier_hit_ratio=self.tier.hit_ratio,
+            metrics_addr=self.metrics_addr,
+        )
+
+    def _header(self) -> pb.RequestHeader:
+        return pb.RequestHeader(epoch=self.epoch, client_id=self.worker_id)
+
+    async def register(self) -> None:
+        """Register with a full block report."""
+        assert self.stub is not None
+        blocks = await asyncio.to_thread(self.store.block_ids)
+        reply = await call(
+            self.stub.RegisterWorker,
+            pb.RegisterRequest(header=self._header(), info=self.info(), blocks=blocks),
+            timeout=RPC_TIMEOUT,
+            target="master",
+        )
+        self.epoch = max(self.epoch, reply.epoch)
+        self.heartbeat_interval = (reply.heartbeat_interval_ms or 1000) / 1000
+        logger.info("registered with master (epoch %d, %d blocks reported)", reply.epoch, len(blocks))
+
+    async def heartbeat_loop(self) -> None:
+        """Register, then heartbeat and run commands, until cancelled."""
+        assert self.stub is not None
+        registered = False
+        while True:
+            try:
+                if not registered:
+                    await self.register()
+                    registered = True
+                reply = await call(
+                    self.stub.Heartbeat,
+                    pb.HeartbeatRequest(header=self._header(), info=self.info()),
+                    timeout=RPC_TIMEOUT,
+                    target="master",
+                )
+                self.epoch = max(self.epoch, reply.epoch)
+                if reply.reregister:
+                    registered = False
+                    continue
+                for cmd in reply.commands:
+                    self._spawn(self.run_command(cmd))
+            except PCacheError as exc:
+                logger.warning("master unreachable: %s", exc)
+                registered = False
+            await asyncio.sleep(self.heartbeat_interval)
+
+    async def run_command(self, cmd: pb.WorkerCommand) -> None:
+        """Carry out one DELETE or REPLICATE command from the master."""
+        try:
+            if cmd.kind == pb.WorkerCommand.DELETE:
+                await self.data.delete(cmd.block_id)
+            elif cmd.kind == pb.WorkerCommand.REPLICATE:
+                async with self._repl_slots:
+                    stored = await self.data.replicate(cmd.block_id, list(cmd.targets))
+                assert self.stub is not None
+                for wid in stored:
+                    await call(
+                        self.stub.BlockReceived,
+                        pb.BlockReport(header=self._header(), worker_id=wid, block_id=cmd.block_id),
+                        timeout=RPC_TIMEOUT,
+                        target="master",
+                    )
+                logger.info("replicated block %d to %s", cmd.block_id, ",".join(stored))
+        except NotFound:
+            logger.info("command %s for block %d: block not here", cmd.kind, cmd.block_id)
+        except PCacheError as exc:
+            logger.warning("command %s for block %d failed: %s", cmd.kind, cmd.block_id, exc)
+
+    async def report_bad_block(self, block_id: int) -> None:
+        """Tell the master a local replica failed its CRC (it deletes and re-replicates)."""
+        assert self.stub is not None
+        await call(
+            self.stub.ReportBadBlock,
+            pb.BlockReport(header=self._header(), worker_id=self.worker_id, block_id=block_id),
+            timeout=RPC_TIMEOUT,
+            target="master",
+        )
+
+
+async def serve(cfg: WorkerConfig, *, ready_file: str | None = None) -> None:
+    """Run a worker until SIGTERM or SIGINT."""
+    logger.info("worker config: %s", describe(cfg))
+    worker = WorkerServer(cfg)
+    port = await worker.start()
+    bound = serve_metrics(cfg.metrics_port, cfg.host)
+    if bound:
+        worker.metrics_addr = f"{cfg.host}:{bound}"
+    if ready_file:
+        write_ready_file(ready_file, f"{cfg.host}:{port}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logger.info("worker stopping")
+    with contextlib.suppress(Exception):
+        await worker.stop()
