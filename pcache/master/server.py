@@ -12,8 +12,7 @@ import time
 
 import grpc
 
-from pcache.common.config import MasterConfig, describe
-from pcache.common.config import write_ready_file
+from pcache.common.config import MasterConfig, describe, write_ready_file
 from pcache.common.metrics import MASTER_UNDER_REPLICATED, MASTER_WORKERS, serve_metrics
 from pcache.common.rpc import channel_options
 from pcache.master.blocks import BlockManager

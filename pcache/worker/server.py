@@ -18,9 +18,8 @@ import uuid
 
 import grpc
 
-from pcache.common.config import WorkerConfig, default_node_id, describe
+from pcache.common.config import WorkerConfig, default_node_id, describe, write_ready_file
 from pcache.common.errors import InvalidArgument, NotFound, PCacheError
-from pcache.common.config import write_ready_file
 from pcache.common.metrics import serve_metrics
 from pcache.common.rpc import call, channel_options
 from pcache.proto import pcache_pb2 as pb
