@@ -57,6 +57,7 @@ class LocalCluster:
     config: str | None = None
     master_args: list[str] = field(default_factory=list)
     worker_args: list[str] = field(default_factory=list)
+    per_worker_args: dict[int, list[str]] = field(default_factory=dict)
     start_timeout: float = 30.0
     master: Proc | None = None
     worker_procs: list[Proc] = field(default_factory=list)
@@ -110,13 +111,18 @@ class LocalCluster:
         self.master_port = int(proc.address.rsplit(":", 1)[1])
         return proc
 
-    def start_worker(self, index: int) -> Proc:
-        """Start (or restart) worker ``index`` on its own data directory."""
+    def start_worker(self, index: int, extra_args: list[str] | None = None) -> Proc:
+        """Start (or restart) worker ``index`` on its own data directory.
+
+        ``extra_args`` (``--worker.key=value``) apply to this worker only, after ``worker_args``.
+        """
         assert self.master is not None, "start the master first"
+        extra = extra_args if extra_args is not None else self.per_worker_args.get(index, [])
         args = self._base("worker") + [
             f"--worker.data_dir={self.root / f'worker-{index}'}",
             f"--worker.master={self.master.address}",
             *self.worker_args,
+            *extra,
         ]
         proc = Proc(
             f"worker-{index}", args, self.root / "logs" / f"worker-{index}.log", self.root / f"worker-{index}.ready"

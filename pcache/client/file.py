@@ -237,13 +237,17 @@ class PCacheFile:
         errors: list[str] = []
         for attempt in range(2):
             for addr in self._ordered(slot.locations):
+                short_circuit = self.client.data.can_short_circuit(addr)
                 try:
-                    if self.client.data.can_short_circuit(addr):
+                    if short_circuit:
                         return await self._sc_read(addr, slot.block_id, offset, length)
                     return await self.client.data.read(addr, slot.block_id, offset, length)
                 except READ_FAILOVER_ERRORS as exc:
                     errors.append(f"{addr.worker_id}: {exc}")
                     self._drop_sc(slot.block_id)
+                    if short_circuit and isinstance(exc, CorruptBlock):
+                        # over TCP the worker reports it; here only the client saw it
+                        await self._report_bad(addr.worker_id, slot.block_id)
             if attempt == 0:
                 await self._refresh_locations()
                 slot = self.slots[idx]
@@ -269,6 +273,12 @@ class PCacheFile:
                 os.close(fd)
         fd, info = entry
         return await asyncio.to_thread(self.client.data.pread_verified, fd, info, offset, length)
+
+    async def _report_bad(self, worker_id: str, block_id: int) -> None:
+        try:
+            await self.client.master.report_bad_block(worker_id, block_id)
+        except PCacheError as exc:
+            logger.warning("cannot report corrupt block %d on %s: %s", block_id, worker_id, exc)
 
     def _drop_sc(self, block_id: int) -> None:
         entry = self._sc_fds.pop(block_id, None)

@@ -104,6 +104,9 @@ class MasterClient:
             "CommitFile", pb.CommitFileRequest(header=self.header(), inode=inode, size=size, blocks=blocks, mtime=mtime)
         )
 
+    async def report_bad_block(self, worker_id: str, block_id: int) -> None:
+        await self._call("ReportBadBlock", pb.BlockReport(header=self.header(), worker_id=worker_id, block_id=block_id))
+
     async def cluster_status(self) -> pb.ClusterStatus:
         status = await self._call("GetClusterStatus", pb.ClusterStatusRequest(header=self.header()))
         self.epoch = max(self.epoch, status.epoch)

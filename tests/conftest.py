@@ -1,0 +1,77 @@
+"""Shared fixtures: real PCache clusters of processes on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pcache.client import Client
+from pcache.common.config import ClientConfig
+from pcache.local import LocalCluster
+
+FAST_MASTER = ["--master.dead_after=3", "--master.replication_check_interval=0.5", "--master.heartbeat_interval=0.5"]
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator:
+    """Factory: ``make_cluster(workers=3, master_args=[...], worker_args=[...])`` -> started LocalCluster."""
+    clusters: list[LocalCluster] = []
+
+    def make(workers: int = 3, **kwargs) -> LocalCluster:
+        kwargs.setdefault("master_args", [])
+        kwargs["master_args"] = FAST_MASTER + kwargs["master_args"]
+        cluster = LocalCluster(str(tmp_path / f"cluster{len(clusters)}"), workers=workers, **kwargs)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One 3-worker cluster shared by a test module (tests use distinct paths)."""
+    root = tmp_path_factory.mktemp("shared")
+    cluster = LocalCluster(
+        str(root),
+        workers=3,
+        master_args=[*FAST_MASTER, "--master.metrics_port=0"],
+        worker_args=["--worker.metrics_port=0"],
+    )
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(shared_cluster: LocalCluster) -> Iterator[Client]:
+    with Client(ClientConfig(master=shared_cluster.master_address)) as pc:
+        yield pc
+
+
+def stdlib_copy(dest: Path) -> Path:
+    """A copy of the Python standard library's sources (no site-packages, no caches): ~2,400 real files."""
+    src = sysconfig.get_paths()["stdlib"]
+    shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns("site-packages", "__pycache__", "*.pyc"))
+    return dest
+
+
+def tree_digest(root: Path) -> dict[str, tuple[int, bytes]]:
+    """{relative path: (size, sha256)} of every regular file under ``root``."""
+    import hashlib
+
+    out = {}
+    for base, _dirs, files in os.walk(root):
+        for name in files:
+            path = Path(base) / name
+            if path.is_symlink():
+                out[str(path.relative_to(root))] = (-1, os.readlink(path).encode())
+                continue
+            data = path.read_bytes()
+            out[str(path.relative_to(root))] = (len(data), hashlib.sha256(data).digest())
+    return out

@@ -1,0 +1,176 @@
+"""Fault tests: processes killed with SIGKILL, corrupted blocks, full disks."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pcache.client import Client
+from pcache.common import errors as E
+from pcache.common.config import ClientConfig
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def replica_counts(pc: Client, path: str) -> list[int]:
+    layout = pc._run(pc.aio.master.layout(path=path))
+    return [len(b.replicas) for b in layout.blocks]
+
+
+@pytest.mark.slow
+def test_kill_worker_during_1gib_read(make_cluster) -> None:
+    cluster = make_cluster(workers=3)
+    pattern = random.Random(7).randbytes(64 * MiB)
+    digest = hashlib.sha256()
+    with Client(master=cluster.master_address) as pc:
+        with pc.open("/big", "wb", block_size=64 * MiB, replication=2) as f:
+            for i in range(16):  # 1 GiB, every block different
+                piece = pattern[i * 4099 :] + pattern[: i * 4099]
+                digest.update(piece)
+                f.write(piece)
+        assert pc.stat("/big").size == GiB
+        assert replica_counts(pc, "/big") == [2] * 16
+
+    # read with TCP only, so the dead worker is really on the read path
+    cfg = ClientConfig(master=cluster.master_address, short_circuit=False, io_timeout=4.0, connect_timeout=2.0)
+    got = hashlib.sha256()
+    worst = 0.0
+    killed = False
+    with Client(cfg) as pc, pc.open("/big", "rb") as f:
+        done = 0
+        while True:
+            start = time.monotonic()
+            chunk = f.read(8 * MiB)
+            worst = max(worst, time.monotonic() - start)
+            if not chunk:
+                break
+            got.update(chunk)
+            done += len(chunk)
+            if not killed and done >= GiB // 4:
+                cluster.kill(cluster.worker_procs[1], signal.SIGKILL)
+                killed = True
+    assert killed and done == GiB
+    assert got.digest() == digest.digest()
+    assert worst < 5.0, f"a read stalled {worst:.1f}s"
+
+    with Client(master=cluster.master_address) as pc:
+        wait_for(lambda: replica_counts(pc, "/big") == [2] * 16, 90, "RF=2 restored")
+        status = pc.status()
+        assert status.under_replicated_blocks == 0
+        dead = [w.info.addr.worker_id for w in status.workers if not w.alive]
+        layout = pc._run(pc.aio.master.layout(path="/big"))
+        assert all(r.worker_id not in dead for b in layout.blocks for r in b.replicas)
+        assert hashlib.sha256(pc.read_file("/big")).digest() == digest.digest()
+
+
+def test_kill_master_during_creates_keeps_acknowledged_files(make_cluster) -> None:
+    cluster = make_cluster(workers=2)
+    acked: dict[str, bytes] = {}
+    stop = threading.Event()
+    cfg = ClientConfig(master=cluster.master_address, rpc_timeout=3.0)
+
+    def creator() -> None:
+        with Client(cfg) as pc:
+            i = 0
+            while not stop.is_set():
+                path, data = f"/m/f{i}", f"payload {i}".encode() * (i % 50 + 1)
+                try:
+                    if i == 0:
+                        pc.mkdir("/m", parents=True)
+                    pc.write_file(path, data)
+                    acked[path] = data
+                except E.PCacheError:
+                    pass  # the master is gone: not acknowledged
+                i += 1
+
+    thread = threading.Thread(target=creator)
+    thread.start()
+    wait_for(lambda: len(acked) >= 50, 30, "50 acknowledged creates")
+    cluster.kill(cluster.master, signal.SIGKILL)
+    time.sleep(0.5)
+    stop.set()
+    thread.join(60)
+    assert not thread.is_alive()
+    cluster.start_master()
+    cluster.wait_workers(2, timeout=30)
+    with Client(master=cluster.master_address) as pc:
+        for path, data in acked.items():
+            assert pc.read_file(path) == data, path
+    assert len(acked) >= 50
+
+
+def test_flipped_byte_is_detected_and_repaired(make_cluster) -> None:
+    cluster = make_cluster(workers=3, worker_args=["--worker.mem_tier_bytes=0"])
+    data = os.urandom(3 * MiB)
+    with Client(master=cluster.master_address) as pc:
+        pc.write_file("/victim", data, replication=2)
+        layout = pc._run(pc.aio.master.layout(path="/victim"))
+        block = layout.blocks[0]
+        holder = block.replicas[0]
+        blk_file = Path(holder.uds_path).parent / "blocks" / f"{block.block_id & 0xFF:02x}" / f"{block.block_id}.blk"
+        raw = bytearray(blk_file.read_bytes())
+        raw[1234] ^= 0xFF
+        blk_file.write_bytes(bytes(raw))
+    # both paths detect it: the short circuit (client checks CRCs) and TCP (worker checks)
+    for short_circuit in (True, False):
+        with Client(ClientConfig(master=cluster.master_address, short_circuit=short_circuit)) as pc:
+            assert pc.read_file("/victim") == data
+
+    def repaired() -> bool:
+        if blk_file.exists() and blk_file.read_bytes() != data:
+            return False
+        with Client(master=cluster.master_address) as pc:
+            return replica_counts(pc, "/victim") == [2]
+
+    wait_for(repaired, 30, "the corrupt replica to be replaced")
+    with Client(ClientConfig(master=cluster.master_address, short_circuit=False)) as pc:
+        layout = pc._run(pc.aio.master.layout(path="/victim"))
+        for addr in layout.blocks[0].replicas:  # every replica now serves the right bytes
+            got = pc._run(pc.aio.data.read(addr, block.block_id, 0, len(data)))
+            assert got == data
+
+
+def test_full_workers_spill_then_enospc_without_losing_data(make_cluster) -> None:
+    cap = 24 * MiB
+    cluster = make_cluster(
+        workers=2,
+        worker_args=["--worker.reserve_bytes=0"],
+        per_worker_args={0: [f"--worker.capacity_bytes={cap}"], 1: [f"--worker.capacity_bytes={3 * cap}"]},
+    )
+    written: dict[str, bytes] = {}
+    with Client(master=cluster.master_address) as pc:
+        # worker 0 fills up first; writes keep landing on worker 1
+        for i in range(12):
+            data = os.urandom(4 * MiB)
+            pc.write_file(f"/fill{i}", data, replication=1, block_size=4 * MiB)
+            written[f"/fill{i}"] = data
+        time.sleep(1.5)  # heartbeats report the new free space
+        with pytest.raises(E.NoSpace) as info:
+            for i in range(12, 40):
+                data = os.urandom(4 * MiB)
+                pc.write_file(f"/fill{i}", data, replication=1, block_size=4 * MiB)
+                written[f"/fill{i}"] = data
+        assert info.value.errno == 28  # ENOSPC
+        status = pc.status()
+        for w in status.workers:
+            assert w.info.used_bytes <= w.info.capacity_bytes
+        for path, data in written.items():
+            assert pc.read_file(path) == data

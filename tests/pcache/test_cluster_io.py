@@ -1,0 +1,221 @@
+"""End-to-end I/O against a real cluster of processes on loopback."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pcache.client import Client
+from pcache.common import errors as E
+from pcache.common.config import ClientConfig
+from tests.conftest import stdlib_copy, tree_digest
+
+MiB = 1 << 20
+
+
+def run_cli(master: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pcache", "--master", master, *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_put_get_stdlib_tree_is_byte_identical(shared_cluster, tmp_path: Path) -> None:
+    src = stdlib_copy(tmp_path / "src")
+    put = run_cli(shared_cluster.master_address, "put", str(src), "/stdlib")
+    assert put.returncode == 0, put.stderr
+    got = run_cli(shared_cluster.master_address, "get", "/stdlib", str(tmp_path / "dst"))
+    assert got.returncode == 0, got.stderr
+    want, have = tree_digest(src), tree_digest(tmp_path / "dst")
+    assert len(want) > 2000
+    assert have == want
+    du = run_cli(shared_cluster.master_address, "du", "/stdlib")
+    total = sum(size for size, _ in want.values() if size >= 0)
+    assert du.stdout.split()[0] == str(total)
+
+
+def test_file_semantics_overwrite_append_truncate_holes(client: Client) -> None:
+    client.mkdir("/sem", parents=True)
+    bs = 4 * MiB
+    base = os.urandom(10 * MiB + 123)
+    with client.open("/sem/f", "wb", block_size=bs) as f:
+        f.write(base)
+    model = bytearray(base)
+    with client.open("/sem/f", "r+b") as f:  # overwrite across a block boundary
+        f.seek(bs - 10)
+        f.write(b"X" * 20)
+    model[bs - 10 : bs + 10] = b"X" * 20
+    with client.open("/sem/f", "ab") as f:
+        f.write(b"tail")
+    model += b"tail"
+    assert client.read_file("/sem/f") == bytes(model)
+    client.truncate("/sem/f", 5 * MiB + 1)
+    del model[5 * MiB + 1 :]
+    assert client.read_file("/sem/f") == bytes(model)
+    client.truncate("/sem/f", 9 * MiB)  # grow: zeros
+    model += bytes(9 * MiB - len(model))
+    assert client.read_file("/sem/f") == bytes(model)
+    with client.open("/sem/hole", "wb", block_size=bs) as f:  # write past the end leaves zeros
+        f.seek(2 * bs + 5)
+        f.write(b"end")
+    assert client.read_file("/sem/hole") == bytes(2 * bs + 5) + b"end"
+    assert client.stat("/sem/hole").size == 2 * bs + 8
+    with client.open("/sem/empty", "wb"):
+        pass
+    assert client.read_file("/sem/empty") == b""
+
+
+def test_close_to_open_visibility(shared_cluster, client: Client) -> None:
+    client.write_file("/c2o", b"old" * 1000)
+    with Client(ClientConfig(master=shared_cluster.master_address, metadata_ttl=0)) as other:
+        w = client.open("/c2o", "r+b")
+        w.write(b"new")
+        assert other.read_file("/c2o")[:3] == b"old"  # not visible before close
+        w.close()
+        assert other.read_file("/c2o")[:3] == b"new"  # visible after close
+        reader = other.open("/c2o", "rb")  # a reader opened before a rewrite keeps its snapshot
+        client.write_file("/c2o", b"z" * 10)
+        assert reader.read() == b"new" + b"old" * 999
+        reader.close()
+
+
+def test_blocks_striped_and_replicated(client: Client) -> None:
+    with client.open("/striped", "wb", block_size=2 * MiB) as f:
+        f.write(os.urandom(12 * MiB))
+    layout = client._run(client.aio.master.layout(path="/striped"))
+    assert len(layout.blocks) == 6
+    holders = set()
+    for blk in layout.blocks:
+        ids = [r.worker_id for r in blk.replicas]
+        assert len(ids) == 2 and len(set(ids)) == 2  # RF=2 on distinct workers
+        holders.update(ids)
+    assert len(holders) == 3  # striped over every worker
+
+
+def test_bad_paths_give_clear_errors(shared_cluster, client: Client) -> None:
+    cases = {
+        "/a/../b": E.InvalidPath,
+        "/a/\x00b": E.InvalidPath,
+        "relative/path": E.InvalidPath,
+        "/a//b": E.InvalidPath,
+        "/" + "n" * 256: E.NameTooLong,
+        "/no/such/parent/file": E.NotFound,
+    }
+    for path, cls in cases.items():
+        with pytest.raises(cls) as info:
+            client.write_file(path, b"x")
+        assert isinstance(info.value, OSError) and info.value.errno in (errno.EINVAL, errno.ENAMETOOLONG, errno.ENOENT)
+    with pytest.raises(FileNotFoundError):
+        client.stat("/definitely/missing")
+    client.write_file("/plainfile", b"x")
+    with pytest.raises(NotADirectoryError):
+        client.mkdir("/plainfile/sub")
+    with pytest.raises(IsADirectoryError):
+        client.open("/", "rb")
+    res = run_cli(shared_cluster.master_address, "stat", "/definitely/missing")
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "no such file" in res.stderr
+    res = run_cli(shared_cluster.master_address, "mkdir", "/x/../y")
+    assert res.returncode == 3 and "'..' is not allowed" in res.stderr
+
+
+def test_concurrent_writers_and_readers(client: Client) -> None:
+    client.mkdir("/conc", parents=True)
+    payloads = {i: os.urandom(3 * MiB + i) for i in range(12)}
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        try:
+            with client.open(f"/conc/w{i}", "wb", block_size=1 * MiB) as f:
+                f.write(payloads[i])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in payloads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    for i, data in payloads.items():
+        assert client.read_file(f"/conc/w{i}") == data
+
+    shared = payloads[0]
+    results: list[bool] = []
+
+    def reader() -> None:
+        with client.open("/conc/w0", "rb") as f:
+            out = bytearray()
+            while chunk := f.read(300_000):
+                out += chunk
+            results.append(bytes(out) == shared)
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == [True] * 8
+
+
+def test_cached_stat_makes_no_rpc(client: Client) -> None:
+    client.write_file("/statme", b"abc")
+    calls: list[str] = []
+    master = client.aio.master
+    original = master._call
+
+    async def counting(name, request):
+        calls.append(name)
+        return await original(name, request)
+
+    master._call = counting
+    try:
+        client.stat("/statme")
+        client.stat("/statme")
+        client.stat("/statme")
+    finally:
+        master._call = original
+    assert calls.count("Stat") <= 1
+    client.write_file("/statme", b"abcdef")  # own write invalidates
+    assert client.stat("/statme").size == 6
+
+
+def test_rename_listdir_paging_and_rm(client: Client) -> None:
+    client.mkdir("/many", parents=True)
+    names = [f"f{i:05d}" for i in range(2500)]
+
+    async def create_all():
+        for name in names:
+            f = await client.aio.open(f"/many/{name}", "wb")
+            await f.close()
+
+    client._run(create_all())
+    listed = [e.name for e in client.listdir("/many")]
+    assert listed == names  # 3 pages of 1000, in order
+    client.rename("/many", "/many2")
+    assert not client.exists("/many") and client.stat("/many2/f00042").is_file
+    with pytest.raises(E.DirectoryNotEmpty):
+        client.rmdir("/many2")
+    client.remove("/many2", recursive=True)
+    assert not client.exists("/many2")
+
+
+def test_short_circuit_used_by_local_client_and_metrics(shared_cluster, client: Client) -> None:
+    client.write_file("/sc", os.urandom(5 * MiB))
+    assert client.read_file("/sc")
+    status = client.status()
+    scraped = ""
+    for w in status.workers:
+        assert w.info.metrics_addr
+        scraped += urllib.request.urlopen(f"http://{w.info.metrics_addr}/metrics", timeout=5).read().decode()
+    assert 'pcache_worker_ops_total{op="SC_WRITE_COMMIT"}' in scraped
+    assert 'pcache_worker_ops_total{op="SC_READ_OPEN"}' in scraped
+    assert "pcache_worker_mem_tier_hit_ratio" in scraped
+    log = (shared_cluster.root / "logs" / "master.log").read_text()
+    assert log.count("master config:") == 1
