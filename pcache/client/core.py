@@ -265,7 +265,7 @@ class PCacheClient:
         _readable, writable, kind = parse_mode(mode)
         if writable and kind != "r":
             self.invalidate(path)
-            await self.master.create(
+            node = await self.master.create(
                 path,
                 mode=perm,
                 exclusive=kind == "x",
@@ -273,6 +273,8 @@ class PCacheClient:
                 block_size=block_size or self.cfg.block_size,
                 replication=replication or self.cfg.replication,
             )
+            if kind in "wx" and node.type == pb.REGULAR:
+                return PCacheFile(self, path, mode, pb.FileLayout(inode=node))  # empty: no layout RPC
         layout = await self.master.layout(path=path)
         if layout.inode.type == pb.DIRECTORY:
             raise IsADirectory("is a directory", path=path)

@@ -40,6 +40,11 @@ class MetaStore(Protocol):
         ...
 
 
+def _bytes(data: bytes) -> bytes:
+    """Copy a bytes-like object; refuse str and int (``bytes(5)`` would be five NULs)."""
+    return bytes(memoryview(data))
+
+
 class MemoryMetaStore:
     """In-process engine: a dict plus a sorted key list. Not durable."""
 
@@ -66,15 +71,16 @@ class MemoryMetaStore:
             i = bisect.bisect_right(self._keys, key)
 
     def write(self, puts: Iterable[tuple[bytes, bytes]] = (), deletes: Iterable[bytes] = ()) -> None:
-        puts = list(puts)
-        deletes = list(deletes)
+        # convert everything first: a bad item must fail the batch before any of it applies
+        puts = [(_bytes(key), _bytes(value)) for key, value in puts]
+        deletes = [_bytes(key) for key in deletes]
         for key in deletes:
             if self._data.pop(key, None) is not None:
                 del self._keys[bisect.bisect_left(self._keys, key)]
         for key, value in puts:
             if key not in self._data:
                 bisect.insort(self._keys, key)
-            self._data[key] = bytes(value)
+            self._data[key] = value
 
     def close(self) -> None:
         pass
@@ -112,9 +118,9 @@ class RocksMetaStore:
     def write(self, puts: Iterable[tuple[bytes, bytes]] = (), deletes: Iterable[bytes] = ()) -> None:
         batch = self._rd.WriteBatch(raw_mode=True)
         for key in deletes:
-            batch.delete(key)
+            batch.delete(_bytes(key))
         for key, value in puts:
-            batch.put(key, bytes(value))
+            batch.put(_bytes(key), _bytes(value))
         self._db.write(batch, self._wopts)
 
     def close(self) -> None:

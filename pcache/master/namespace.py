@@ -187,6 +187,8 @@ class Namespace:
                 else:
                     node = self._get_inode(child)
                     if node.type != pb.DIRECTORY:
+                        if i == len(parts) - 1:  # as `mkdir -p` and os.makedirs: the path itself exists
+                            raise E.AlreadyExists("file exists", path=path)
                         raise E.NotADirectory("not a directory", path="/" + "/".join(parts[: i + 1]))
             node.name = parts[-1]
             return node
@@ -238,7 +240,8 @@ class Namespace:
             if node.type == pb.DIRECTORY:
                 raise E.IsADirectory("is a directory", path=path)
             freed = Freed([])
-            if truncate and (node.size or node.blocks):
+            # only a regular file has content to drop (a symlink's size is its target's length)
+            if truncate and node.type == pb.REGULAR and (node.size or node.blocks):
                 freed = self._replace_blocks(node, [], 0, time.time())
             node.name = name
             return node, freed
@@ -320,14 +323,15 @@ class Namespace:
         src_parts, dst_parts = split_path(src), split_path(dst)
         if not src_parts or not dst_parts:
             raise E.InvalidArgument("cannot rename the root", path=src)
-        if dst_parts[: len(src_parts)] == src_parts and len(dst_parts) > len(src_parts):
-            raise E.InvalidArgument("cannot move a directory into itself", path=dst)
         src_parent, src_name = self._resolve_parent(src)
         ino = self._lookup(src_parent.id, src_name)
         if ino is None:
             raise E.NotFound("no such file or directory", path=src)
         node = self._get_inode(ino)
         dst_parent, dst_name = self._resolve_parent(dst)
+        # after the lookups, as rename(2): a missing src is ENOENT and a file src is ENOTDIR
+        if dst_parts[: len(src_parts)] == src_parts and len(dst_parts) > len(src_parts):
+            raise E.InvalidArgument("cannot move a directory into itself", path=dst)
         if src_parts == dst_parts:
             node.name = dst_name
             return node, Freed([])

@@ -2,15 +2,16 @@
 
 Layout under ``<data_dir>``::
 
-    blocks/<xx>/<block_id>.blk    block bytes
-    blocks/<xx>/<block_id>.meta   "PCBM", version, length, block CRC32C, chunk CRC32Cs
+    blocks/<xx>/<block_id>.blk    block bytes, then its CRC record (footer)
     tmp/                          blocks being written (removed at start-up)
 
-``xx`` is the low byte of the id in hex, to keep directories small. A block
-exists once its ``.meta`` is in place; the data file is fsynced and renamed
-before the sidecar is written, so a crash leaves either no block or a whole
-one. Reads verify the CRC32C of every chunk they touch (HDFS ``.meta``
-sidecars, 3FS chunk checksums). All methods are blocking; the data server
+``xx`` is the low byte of the id in hex, to keep directories small. The CRC
+record follows the data in the same file: one CRC32C per chunk, then a fixed
+footer ``"PCBM", version, length, block CRC32C, chunk count``. A block is
+written to ``tmp/``, fsynced once (data and record together) and renamed into
+place, so a crash leaves either no block or a whole one, at the cost of one
+fsync per block. Reads verify the CRC32C of every chunk they touch (the
+checksums of HDFS ``.meta`` sidecars and 3FS chunks, kept in the block file). All methods are blocking; the data server
 calls them from worker threads.
 """
 
@@ -32,7 +33,7 @@ from pcache.common.errors import CorruptBlock, InvalidArgument, NoSpace, NotFoun
 logger = logging.getLogger(__name__)
 
 META_MAGIC = b"PCBM"
-META_HEAD = struct.Struct(">4sHQII")  # magic, version, length, block crc, chunk count
+FOOTER = struct.Struct(">4sHQII")  # magic, version, length, block crc, chunk count
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class BlockWriter:
         """Compute CRCs over bytes a short-circuit client wrote into the fd itself."""
         size = os.fstat(self.fd).st_size
         if size != self.length:
+            self.abort()
             raise InvalidArgument(f"block {self.block_id}: client wrote {size} bytes, announced {self.length}")
         self.written = 0
         self.crc = 0
@@ -148,6 +150,10 @@ class BlockWriter:
             self.chunk_crcs.append(self._partial)
             self._partial_len = 0
         try:
+            record = struct.pack(f">{len(self.chunk_crcs)}I", *self.chunk_crcs) + FOOTER.pack(
+                META_MAGIC, 1, self.length, self.crc, len(self.chunk_crcs)
+            )
+            os.pwrite(self.fd, record, self.length)
             if self.store.fsync:
                 os.fsync(self.fd)
             os.close(self.fd)
@@ -199,22 +205,18 @@ class DiskBlockStore:
 
     # ------------------------------------------------------------ paths --
 
-    def _paths(self, block_id: int) -> tuple[str, str]:
-        d = os.path.join(self.blocks_dir, f"{block_id & 0xFF:02x}")
-        return os.path.join(d, f"{block_id}.blk"), os.path.join(d, f"{block_id}.meta")
-
     def block_path(self, block_id: int) -> str:
-        """Path of the data file of ``block_id`` (for fd passing)."""
-        return self._paths(block_id)[0]
+        """Path of the file of ``block_id`` (its first ``length`` bytes are the data)."""
+        return os.path.join(self.blocks_dir, f"{block_id & 0xFF:02x}", f"{block_id}.blk")
 
     def _scan(self) -> list[int]:
         ids = []
         for sub in os.listdir(self.blocks_dir):
             d = os.path.join(self.blocks_dir, sub)
             for name in os.listdir(d):
-                if name.endswith(".meta"):
+                if name.endswith(".blk"):
                     with contextlib.suppress(ValueError):
-                        ids.append(int(name[:-5]))
+                        ids.append(int(name[:-4]))
         return ids
 
     # ------------------------------------------------------------ space --
@@ -253,22 +255,13 @@ class DiskBlockStore:
             raise NoSpace(f"cannot create block file: {exc}") from None
 
     def _publish(self, tmp_path: str, info: BlockInfo) -> None:
-        data_path, meta_path = self._paths(info.block_id)
-        os.makedirs(os.path.dirname(data_path), exist_ok=True)
+        path = self.block_path(info.block_id)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         replaced = self._infos.get(info.block_id)
-        if replaced is None and os.path.exists(meta_path):
+        if replaced is None and os.path.exists(path):
             with contextlib.suppress(NotFound, CorruptBlock):
                 replaced = self.info(info.block_id)
-        os.replace(tmp_path, data_path)
-        head = META_HEAD.pack(META_MAGIC, 1, info.length, info.crc32c, len(info.chunk_crcs))
-        body = struct.pack(f">{len(info.chunk_crcs)}I", *info.chunk_crcs)
-        tmp_meta = meta_path + ".tmp"
-        with open(tmp_meta, "wb") as fh:
-            fh.write(head + body)
-            if self.fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp_meta, meta_path)
+        os.replace(tmp_path, path)
         with self._lock:
             self.used_bytes += info.length - (replaced.length if replaced else 0)
             self._infos[info.block_id] = info
@@ -277,24 +270,25 @@ class DiskBlockStore:
         """Return the integrity record of a stored block.
 
         Raises:
-            NotFound: no such block. CorruptBlock: the sidecar is damaged.
+            NotFound: no such block. CorruptBlock: the record is damaged.
         """
         cached = self._infos.get(block_id)
         if cached is not None:
             return cached
-        _, meta_path = self._paths(block_id)
         try:
-            with open(meta_path, "rb") as fh:
-                raw = fh.read()
+            fd = os.open(self.block_path(block_id), os.O_RDONLY)
         except FileNotFoundError:
             raise NotFound(f"block {block_id} is not on this worker") from None
         try:
-            magic, _version, length, crc, count = META_HEAD.unpack_from(raw)
-            if magic != META_MAGIC:
-                raise ValueError("bad magic")
-            chunks = struct.unpack_from(f">{count}I", raw, META_HEAD.size)
-        except (struct.error, ValueError) as exc:
-            raise CorruptBlock(f"block {block_id}: damaged sidecar: {exc}") from None
+            size = os.fstat(fd).st_size
+            if size < FOOTER.size:
+                raise CorruptBlock(f"block {block_id}: file too short for its CRC record")
+            magic, _version, length, crc, count = FOOTER.unpack(os.pread(fd, FOOTER.size, size - FOOTER.size))
+            if magic != META_MAGIC or length + 4 * count + FOOTER.size != size:
+                raise CorruptBlock(f"block {block_id}: damaged CRC record")
+            chunks = struct.unpack(f">{count}I", os.pread(fd, 4 * count, length))
+        finally:
+            os.close(fd)
         info = BlockInfo(block_id, length, crc, tuple(chunks))
         self._infos[block_id] = info
         return info
@@ -307,7 +301,7 @@ class DiskBlockStore:
             or the file is shorter than recorded.
         """
         info = self.info(block_id)
-        data_path, _ = self._paths(block_id)
+        data_path = self.block_path(block_id)
         start = first * CHUNK_SIZE
         end = min(info.length, (last + 1) * CHUNK_SIZE)
         try:
@@ -346,25 +340,21 @@ class DiskBlockStore:
         return data[skip : skip + length]
 
     def delete(self, block_id: int) -> bool:
-        """Remove a block's files; False if it was not stored."""
-        data_path, meta_path = self._paths(block_id)
+        """Remove a block's file; False if it was not stored."""
         info = self._infos.pop(block_id, None)
         if info is None:
             with contextlib.suppress(NotFound, CorruptBlock):
                 info = self.info(block_id)
                 self._infos.pop(block_id, None)
-        existed = False
-        for path in (meta_path, data_path):
-            try:
-                os.unlink(path)
-                existed = True
-            except FileNotFoundError:
-                pass
-        if existed and info is not None:
+        try:
+            os.unlink(self.block_path(block_id))
+        except FileNotFoundError:
+            return False
+        if info is not None:
             with self._lock:
                 self.used_bytes -= info.length
-        return existed
+        return True
 
     def block_ids(self) -> list[int]:
-        """Every block with a sidecar."""
+        """Every block file present."""
         return self._scan()

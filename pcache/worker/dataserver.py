@@ -253,21 +253,36 @@ class DataServer:
 
         Raises:
             NotFound: the block is not here. CorruptBlock: the local copy is bad.
+            Unavailable, Timeout: the first target is unreachable.
         """
         info = await asyncio.to_thread(self.store.info, block_id)
+
+        async def piece(offset: int, length: int) -> bytes:
+            data, _ = await self.read_range(block_id, offset, length)
+            return data
+
+        return await self.send_block(block_id, info.crc32c, info.length, piece, targets)
+
+    async def send_block(
+        self,
+        block_id: int,
+        crc: int,
+        length: int,
+        piece: Callable[[int, int], Awaitable[bytes]],
+        targets: list[pb.WorkerAddr],
+    ) -> list[str]:
+        """Stream ``length`` bytes from ``piece(offset, n)`` as a WRITE_BLOCK down ``targets``."""
         head, rest = targets[0], list(targets[1:])
         reader, writer = await framing.open_connection(head.host, head.port, self.io_timeout)
         try:
-            hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=info.crc32c, pipeline=rest)
-            await framing.write_frame(writer, hdr, payload_len=info.length, timeout=self.io_timeout)
-            nchunks = (info.length + CHUNK_SIZE - 1) // CHUNK_SIZE
-            for index in range(nchunks):
-                data, _ = await self.read_range(
-                    block_id, index * CHUNK_SIZE, min(CHUNK_SIZE, info.length - index * CHUNK_SIZE)
-                )
+            hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=crc, pipeline=rest)
+            await framing.write_frame(writer, hdr, payload_len=length, timeout=self.io_timeout)
+            for offset in range(0, length, CHUNK_SIZE):
+                data = await piece(offset, min(CHUNK_SIZE, length - offset))
+                await self._throttle(len(data))
                 writer.write(data)
                 await framing.drain(writer, self.io_timeout)
-            reply, _ = await framing.read_header(reader, self.io_timeout)
+            reply, _ = await framing.read_header(reader, self.io_timeout * (1 + len(rest)))
             framing.raise_if_error(reply)
             return list(reply.replicas)
         finally:

@@ -23,7 +23,7 @@ import socket
 import uuid
 
 from pcache.common import uds
-from pcache.common.errors import InvalidArgument, PCacheError, ProtocolError
+from pcache.common.errors import CorruptBlock, InvalidArgument, PCacheError, ProtocolError
 from pcache.common.metrics import DATA_BYTES, DATA_OPS
 from pcache.proto import pcache_pb2 as pb
 from pcache.worker.blockstore import BlockWriter
@@ -134,13 +134,36 @@ class ShortCircuitServer:
             except BaseException:
                 writer.abort()
                 raise
-            await asyncio.to_thread(writer.commit, header.crc32c)
+            if writer.crc != header.crc32c:
+                writer.abort()
+                raise CorruptBlock(f"block {header.block_id}: CRC32C {writer.crc:#x} != client's {header.crc32c:#x}")
+            replication = None
+            if header.pipeline:
+                # push to the replicas while the local copy is fsynced (from a dup: commit closes the fd)
+                replication = asyncio.ensure_future(
+                    self._replicate_from(os.dup(writer.fd), writer, list(header.pipeline))
+                )
+            try:
+                await asyncio.to_thread(writer.commit, header.crc32c)
+            except BaseException:
+                if replication is not None:
+                    replication.cancel()
+                raise
             DATA_BYTES.labels("write").inc(writer.length)
             replicas = [self.data.worker_id]
-            if header.pipeline:
-                try:
-                    replicas += await self.data.replicate(header.block_id, list(header.pipeline))
-                except PCacheError as exc:
-                    logger.warning("block %d: pipeline after short-circuit write failed: %s", header.block_id, exc)
+            if replication is not None:
+                replicas += await replication
             return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id, replicas=replicas), None
         raise ProtocolError(f"unsupported short-circuit op {header.op}")
+
+    async def _replicate_from(self, fd: int, writer: BlockWriter, targets: list[pb.WorkerAddr]) -> list[str]:
+        async def piece(offset: int, length: int) -> bytes:
+            return await asyncio.to_thread(os.pread, fd, length, offset)
+
+        try:
+            return await self.data.send_block(writer.block_id, writer.crc, writer.length, piece, targets)
+        except PCacheError as exc:
+            logger.warning("block %d: pipeline after short-circuit write failed: %s", writer.block_id, exc)
+            return []
+        finally:
+            os.close(fd)
