@@ -29,8 +29,8 @@ metadata rates are operations/s, RSS is MiB.
 
 Usage::
 
-    python bench/pcache_io.py --quick            # ~256 MiB, 3 reps, N=500; under a minute
-    python bench/pcache_io.py                    # 2 GiB, 5 reps, N=2000
+    python bench/pcache_io.py --quick            # 256 MiB, 3 reps, N=500; under a minute
+    python bench/pcache_io.py                    # 2 GiB, 7 reps, N=2000; a few minutes
     python bench/pcache_io.py --size 4GiB --reps 3 --dir /mnt/nvme
 """
 
@@ -275,9 +275,7 @@ class Bench:
                 os.unlink(p)
             paths = [f"/bench/w4-{rep}-{i}.bin" for i in range(STREAMS)]
             os.sync()
-            secs = parallel(
-                [lambda p=p: sdk_write(client, p, part, self.buf, 1, self.args.block_size) for p in paths]
-            )
+            secs = parallel([lambda p=p: sdk_write(client, p, part, self.buf, 1, self.args.block_size) for p in paths])
             self.add("sdk_write4", mbps(total, secs))
             for p in paths:
                 client.unlink(p)
@@ -336,6 +334,7 @@ class Bench:
                 d = f"/bench/meta-{rep}"
                 client.mkdir(d)
                 names = [f"{d}/f{i:06d}" for i in range(n)]
+                os.sync()  # no writeback of the data phases under the metadata timings
                 t = time.perf_counter()
                 for p in names:
                     client.open(p, "wb").close()
@@ -349,6 +348,7 @@ class Bench:
                 ld = self.local / f"meta-{rep}"
                 ld.mkdir()
                 lnames = [str(ld / f"f{i:06d}") for i in range(n)]
+                os.sync()
                 t = time.perf_counter()
                 for p in lnames:
                     os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
@@ -448,9 +448,9 @@ def report(m: dict[str, float], args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="~256 MiB, 3 reps, 500 files (under a minute)")
+    p.add_argument("--quick", action="store_true", help="256 MiB, 3 reps, 500 files (under a minute)")
     p.add_argument("--size", type=parse_size, help="bytes per file (suffixes ok: 2GiB); default 2 GiB")
-    p.add_argument("--reps", type=int, help="repetitions per measure (default 5, quick 3)")
+    p.add_argument("--reps", type=int, help="repetitions per measure (default 7, quick 3)")
     p.add_argument("--files", type=int, help="files for the metadata test (default 2000, quick 500)")
     p.add_argument("--block-size", type=parse_size, default=0, help="SDK block size (default: master's, 32 MiB)")
     p.add_argument("--mem-tier", type=parse_size, help="worker memory tier bytes (default: fits one file)")
@@ -460,7 +460,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.size is None:
         args.size = 256 * MiB if args.quick else 2 * GiB
     if args.reps is None:
-        args.reps = 3 if args.quick else 5
+        args.reps = 3 if args.quick else 7
     if args.files is None:
         args.files = 500 if args.quick else 2000
     if args.mem_tier is None:
@@ -475,12 +475,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     root = Path(tempfile.mkdtemp(prefix="pcache-bench-", dir=args.dir))
-    bench = Bench(args, root)
     started = time.perf_counter()
+    bench: Bench | None = None
     try:
+        bench = Bench(args, root)
         medians = bench.run()
     finally:
-        bench.cluster.stop()
+        if bench is not None:
+            bench.cluster.stop()
         if args.keep:
             log(f"scratch kept in {root}")
         else:

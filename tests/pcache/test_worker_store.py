@@ -1,0 +1,130 @@
+"""Worker block store and memory tier, without a network."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pcache.common import errors as E
+from pcache.common.checksum import CHUNK_SIZE, chunk_crcs, crc32c
+from pcache.worker.blockstore import FOOTER, DiskBlockStore
+from pcache.worker.memtier import MemoryTier
+
+MiB = 1 << 20
+
+
+def put(store: DiskBlockStore, block_id: int, data: bytes) -> None:
+    w = store.begin_write(block_id, len(data))
+    for i in range(0, len(data), 300_000):  # chunk boundaries unaligned on purpose
+        w.write(data[i : i + 300_000])
+    w.commit(crc32c(data))
+
+
+def test_write_read_ranges_and_record(tmp_path: Path) -> None:
+    store = DiskBlockStore(str(tmp_path), capacity_bytes=64 * MiB, reserve_bytes=0)
+    data = os.urandom(3 * MiB + 17)
+    put(store, 7, data)
+    info = store.info(7)
+    assert info.length == len(data)
+    assert list(info.chunk_crcs), info.crc32c == chunk_crcs(data)
+    for offset, length in [(0, 1), (CHUNK_SIZE - 5, 10), (2 * CHUNK_SIZE, MiB + 17), (0, len(data))]:
+        assert store.read(7, offset, length) == data[offset : offset + length]
+    path = Path(store.block_path(7))
+    assert path.stat().st_size == len(data) + 4 * len(info.chunk_crcs) + FOOTER.size
+    assert store.used_bytes == len(data)
+    with pytest.raises(E.InvalidArgument):
+        store.read(7, len(data) - 1, 2)
+    with pytest.raises(E.NotFound):
+        store.read(8, 0, 1)
+
+
+def test_flipped_byte_fails_only_its_chunk(tmp_path: Path) -> None:
+    store = DiskBlockStore(str(tmp_path), reserve_bytes=0)
+    data = os.urandom(3 * MiB)
+    put(store, 1, data)
+    path = Path(store.block_path(1))
+    raw = bytearray(path.read_bytes())
+    raw[CHUNK_SIZE + 10] ^= 0x01
+    path.write_bytes(bytes(raw))
+    assert store.read(1, 0, CHUNK_SIZE) == data[:CHUNK_SIZE]  # other chunks still verify
+    with pytest.raises(E.CorruptBlock):
+        store.read(1, CHUNK_SIZE, 100)
+    # a damaged footer is corruption too, not a crash
+    raw[-3] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    fresh = DiskBlockStore(str(tmp_path), reserve_bytes=0)
+    with pytest.raises(E.CorruptBlock):
+        fresh.info(1)
+
+
+def test_wrong_crc_and_short_write_are_rejected(tmp_path: Path) -> None:
+    store = DiskBlockStore(str(tmp_path), reserve_bytes=0)
+    w = store.begin_write(1, 10)
+    w.write(b"0123456789")
+    with pytest.raises(E.CorruptBlock):
+        w.commit(crc32c(b"something else"))
+    w = store.begin_write(2, 10)
+    w.write(b"01234")
+    with pytest.raises(E.InvalidArgument):
+        w.commit(None)
+    w = store.begin_write(3, 4)
+    with pytest.raises(E.InvalidArgument):
+        w.write(b"too long")
+    w.abort()
+    assert store.block_ids() == [] and os.listdir(store.tmp_dir) == []
+
+
+def test_quota_gives_enospc_and_releases_reservations(tmp_path: Path) -> None:
+    store = DiskBlockStore(str(tmp_path), capacity_bytes=4 * MiB, reserve_bytes=0)
+    put(store, 1, os.urandom(3 * MiB))
+    with pytest.raises(E.NoSpace) as info:
+        store.begin_write(2, 2 * MiB)
+    assert info.value.errno == 28
+    w = store.begin_write(3, MiB)  # what fits still fits
+    w.abort()
+    assert store.free_bytes == MiB
+    store.delete(1)
+    assert store.free_bytes == 4 * MiB
+
+
+def test_restart_recovers_blocks_and_drops_partial_writes(tmp_path: Path) -> None:
+    store = DiskBlockStore(str(tmp_path), reserve_bytes=0)
+    data = os.urandom(MiB + 3)
+    put(store, 5, data)
+    partial = store.begin_write(6, 100)
+    partial.write(b"x" * 50)  # process "dies" here
+    again = DiskBlockStore(str(tmp_path), reserve_bytes=0)
+    assert again.block_ids() == [5]
+    assert again.used_bytes == len(data)
+    assert again.read(5, 0, len(data)) == data
+    assert os.listdir(again.tmp_dir) == []
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo"])
+def test_memory_tier_is_bounded(policy: str) -> None:
+    tier = MemoryTier(3 * MiB, policy)
+    for i in range(10):
+        tier.put(1, i, bytes(MiB))
+    assert tier.size <= 3 * MiB
+    assert tier.get(1, 9) is not None  # the newest survives every policy
+    assert tier.get(1, 0) is None
+    tier.drop(1)
+    assert tier.size == 0
+    assert 0 < tier.hit_ratio < 1
+
+
+def test_memory_tier_lru_keeps_hot_chunk() -> None:
+    tier = MemoryTier(3 * MiB, "lru")
+    for i in range(3):
+        tier.put(1, i, bytes(MiB))
+    for i in range(3, 8):
+        assert tier.get(1, 0) is not None  # touch chunk 0: stays hot
+        tier.put(1, i, bytes(MiB))
+    assert tier.get(1, 0) is not None
+    with pytest.raises(E.InvalidArgument):
+        MemoryTier(MiB, "random")
+    off = MemoryTier(0)
+    off.put(1, 0, b"x")
+    assert off.get(1, 0) is None
