@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 
 from pcache.common import framing, uds
 from pcache.common.checksum import CHUNK_SIZE, crc32c
@@ -22,6 +22,44 @@ from pcache.proto import pcache_pb2 as pb
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 POOL_PER_WORKER = 8
+MAX_SC_FDS = 256  # short-circuit block descriptors kept open per client
+
+
+class _ScBlock:
+    """An open short-circuit descriptor of one block and the chunks already verified through it."""
+
+    def __init__(self, fd: int, info: pb.DataHeader) -> None:
+        self.fd = fd
+        self.info = info
+        self.verified: set[int] = set()
+        self.users = 0
+        self.closed = False
+
+    def pread(self, offset: int, length: int, reverify: bool) -> bytes:
+        """Read ``length`` bytes at ``offset`` (blocking), checking chunks not yet verified."""
+        if length == 0:
+            return b""
+        info = self.info
+        first, last = offset // CHUNK_SIZE, (offset + length - 1) // CHUNK_SIZE
+        start = first * CHUNK_SIZE
+        end = min(info.block_length, (last + 1) * CHUNK_SIZE)
+        raw = os.pread(self.fd, end - start, start)
+        if len(raw) != end - start:
+            raise CorruptBlock(f"block {info.block_id}: file shorter than its record")
+        view = memoryview(raw)
+        for i, idx in enumerate(range(first, last + 1)):
+            if idx in self.verified and not reverify:
+                continue
+            if crc32c(view[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]) != info.chunk_crcs[idx]:
+                raise CorruptBlock(f"block {info.block_id}: chunk {idx} failed its CRC32C check")
+            self.verified.add(idx)
+        skip = offset - start
+        return raw if skip == 0 and length == len(raw) else raw[skip : skip + length]
+
+    def close_when_idle(self) -> None:
+        if not self.closed and self.users == 0:
+            self.closed = True
+            os.close(self.fd)
 
 
 class DataClient:
@@ -31,6 +69,7 @@ class DataClient:
         self.cfg = cfg
         self._idle: dict[tuple[str, int], list[Conn]] = defaultdict(list)
         self._sc_dead: set[str] = set()  # UNIX sockets that failed: use TCP
+        self._sc_open: OrderedDict[tuple[str, int], _ScBlock] = OrderedDict()
 
     # -------------------------------------------------------------- pool --
 
@@ -50,11 +89,14 @@ class DataClient:
             framing.close_writer(conn[1])
 
     async def close(self) -> None:
-        """Close every pooled connection."""
+        """Close every pooled connection and cached descriptor."""
         for conns in self._idle.values():
             for _, writer in conns:
                 framing.close_writer(writer)
         self._idle.clear()
+        for entry in self._sc_open.values():
+            entry.close_when_idle()
+        self._sc_open.clear()
 
     def can_short_circuit(self, addr: pb.WorkerAddr) -> bool:
         """Whether this worker's UNIX socket is reachable from here."""
@@ -111,27 +153,53 @@ class DataClient:
             raise Unavailable("short-circuit reply carried no descriptor")
         return fd, reply
 
-    @staticmethod
-    def pread_verified(fd: int, info: pb.DataHeader, offset: int, length: int) -> bytes:
-        """Read a range of a short-circuit fd, verifying the chunk CRCs it touches (blocking).
+    async def sc_read(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
+        """Short circuit: read a block range from its file on this host, CRC-checked.
+
+        Descriptors stay open in a client-wide LRU (block ids are never reused
+        for other bytes, so a cached descriptor is always right). Each chunk is
+        verified the first time this client reads it through that descriptor;
+        later reads of it are served from the page cache without a second
+        check unless ``reverify_reads`` is set (HDFS likewise skips checksums
+        on cached replicas).
 
         Raises:
             CorruptBlock: a chunk does not match the worker's CRC record.
+            Unavailable, Timeout, NotFound: the worker cannot hand out the block.
         """
-        if length == 0:
-            return b""
-        first, last = offset // CHUNK_SIZE, (offset + length - 1) // CHUNK_SIZE
-        start = first * CHUNK_SIZE
-        end = min(info.block_length, (last + 1) * CHUNK_SIZE)
-        raw = os.pread(fd, end - start, start)
-        if len(raw) != end - start:
-            raise CorruptBlock(f"block {info.block_id}: file shorter than its record")
-        view = memoryview(raw)
-        for i, idx in enumerate(range(first, last + 1)):
-            if crc32c(view[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]) != info.chunk_crcs[idx]:
-                raise CorruptBlock(f"block {info.block_id}: chunk {idx} failed its CRC32C check")
-        skip = offset - start
-        return raw[skip : skip + length]
+        key = (addr.uds_path, block_id)
+        entry = self._sc_open.get(key)
+        if entry is None:
+            fd, info = await self.sc_open_read(addr, block_id)
+            entry = self._sc_open.setdefault(key, _ScBlock(fd, info))
+            if entry.fd != fd:
+                os.close(fd)
+        self._sc_open.move_to_end(key)
+        entry.users += 1
+        try:
+            return await asyncio.to_thread(entry.pread, offset, length, self.cfg.reverify_reads)
+        except CorruptBlock:
+            self.sc_forget(addr, block_id)
+            raise
+        finally:
+            entry.users -= 1
+            if self._sc_open.get(key) is not entry:  # forgotten or evicted while in use
+                entry.close_when_idle()
+            self._sc_trim()
+
+    def sc_forget(self, addr: pb.WorkerAddr, block_id: int) -> None:
+        """Drop the cached descriptor of a block (after an error)."""
+        entry = self._sc_open.pop((addr.uds_path, block_id), None)
+        if entry is not None:
+            entry.close_when_idle()
+
+    def _sc_trim(self) -> None:
+        while len(self._sc_open) > MAX_SC_FDS:
+            key, entry = next(iter(self._sc_open.items()))
+            if entry.users:
+                return
+            del self._sc_open[key]
+            entry.close_when_idle()
 
     async def _sc_connect(self, addr: pb.WorkerAddr) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

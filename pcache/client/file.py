@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 READ_FAILOVER_ERRORS = (Unavailable, Timeout, CorruptBlock, NotFound)
-MAX_SC_FDS = 64
 
 
 @dataclass
@@ -95,7 +94,6 @@ class PCacheFile:
         self.dirty = False
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
-        self._sc_fds: OrderedDict[int, tuple[int, pb.DataHeader]] = OrderedDict()
         self._flush_slots = asyncio.Semaphore(max(1, self.cfg.max_inflight_blocks))
         self._error: BaseException | None = None
 
@@ -240,11 +238,12 @@ class PCacheFile:
                 short_circuit = self.client.data.can_short_circuit(addr)
                 try:
                     if short_circuit:
-                        return await self._sc_read(addr, slot.block_id, offset, length)
+                        return await self.client.data.sc_read(addr, slot.block_id, offset, length)
                     return await self.client.data.read(addr, slot.block_id, offset, length)
                 except READ_FAILOVER_ERRORS as exc:
                     errors.append(f"{addr.worker_id}: {exc}")
-                    self._drop_sc(slot.block_id)
+                    if short_circuit:
+                        self.client.data.sc_forget(addr, slot.block_id)
                     if short_circuit and isinstance(exc, CorruptBlock):
                         # over TCP the worker reports it; here only the client saw it
                         await self._report_bad(addr.worker_id, slot.block_id)
@@ -263,27 +262,11 @@ class PCacheFile:
             remote = remote[shift:] + remote[:shift]
         return local + remote
 
-    async def _sc_read(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
-        entry = self._sc_fds.get(block_id)
-        if entry is None:
-            entry = await self.client.data.sc_open_read(addr, block_id)
-            self._sc_fds[block_id] = entry
-            while len(self._sc_fds) > MAX_SC_FDS:
-                _, (fd, _) = self._sc_fds.popitem(last=False)
-                os.close(fd)
-        fd, info = entry
-        return await asyncio.to_thread(self.client.data.pread_verified, fd, info, offset, length)
-
     async def _report_bad(self, worker_id: str, block_id: int) -> None:
         try:
             await self.client.master.report_bad_block(worker_id, block_id)
         except PCacheError as exc:
             logger.warning("cannot report corrupt block %d on %s: %s", block_id, worker_id, exc)
-
-    def _drop_sc(self, block_id: int) -> None:
-        entry = self._sc_fds.pop(block_id, None)
-        if entry is not None:
-            os.close(entry[0])
 
     async def _refresh_locations(self) -> None:
         try:
@@ -446,9 +429,6 @@ class PCacheFile:
             for task in self._units.values():
                 task.cancel()
             self._units.clear()
-            for fd, _ in self._sc_fds.values():
-                os.close(fd)
-            self._sc_fds.clear()
         if self._error is not None:
             raise self._error
 

@@ -109,7 +109,7 @@ class ClientConfig:
     """Seconds a data-plane request may stall."""
     metadata_ttl: float = 1.0
     """Seconds a cached stat / block location stays valid (own writes invalidate at once)."""
-    read_unit: int = 4 * MiB
+    read_unit: int = 8 * MiB
     """Bytes fetched per data-plane read request."""
     readahead_units: int = 4
     """Read units prefetched ahead of a sequential reader."""
@@ -117,6 +117,8 @@ class ClientConfig:
     """Blocks a writer may have in flight (write-behind bound, memory = this x block size)."""
     short_circuit: bool = True
     """Use the same-host fd path when the worker is local."""
+    reverify_reads: bool = False
+    """Re-check chunk CRC32Cs on every short-circuit read, not only the first read of a chunk per descriptor."""
     node_id: str = ""
     """Node of this client for placement; empty means $PCACHE_NODE_ID or the host name."""
     block_size: int = 0
@@ -180,6 +182,9 @@ def parse_size(text: str | int) -> int:
 def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:
     type_name = ftype if isinstance(ftype, str) else getattr(ftype, "__name__", str(ftype))
     try:
+        # TOML arrays and tables fit no field, and a TOML bool is no number (int(True) == 1)
+        if isinstance(value, list | dict) or (isinstance(value, bool) and type_name != "bool"):
+            raise ValueError(value)
         if type_name == "bool":
             if isinstance(value, bool):
                 return value
@@ -194,7 +199,7 @@ def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:
         if type_name == "float":
             return float(value)
         return str(value)
-    except (ValueError, InvalidArgument):
+    except (TypeError, ValueError, InvalidArgument):  # TypeError: e.g. int() of a TOML date
         raise InvalidArgument(f"{section}.{name}: expected {type_name}, got {value!r}") from None
 
 

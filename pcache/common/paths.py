@@ -28,7 +28,11 @@ def split_path(path: str) -> list[str]:
         raise InvalidPath("path contains a NUL byte", path=repr(path))
     if not path.startswith("/"):
         raise InvalidPath("path must be absolute", path=path)
-    if len(path.encode("utf-8", "surrogateescape")) > PATH_MAX:
+    try:
+        size = len(path.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # a lone surrogate that no byte string decodes to
+        raise InvalidPath("path is not encodable as UTF-8", path=repr(path)) from None
+    if size > PATH_MAX:
         raise NameTooLong(f"path longer than {PATH_MAX} bytes", path=path[:64] + "...")
     trimmed = path.strip("/")
     if not trimmed:

@@ -31,6 +31,7 @@ class BlockManager:
         self.by_worker: dict[str, set[int]] = {}
         self.under: set[int] = set()
         self.inflight: dict[int, float] = {}  # block -> time a REPLICATE was issued
+        self.corrupt: dict[int, set[str]] = {}  # block -> workers told to delete a bad copy
         for meta in ns.iter_blocks():
             self._track(meta.block_id, set(meta.replicas), meta.replication or 1)
         # until workers report in, every replica is unconfirmed
@@ -59,7 +60,8 @@ class BlockManager:
             if blk.block_id in self.locations:
                 continue
             self._track(blk.block_id, set(blk.replicas), replication)
-            if len(blk.replicas) < replication:
+            # count live holders: a replica's worker may have died (and been handled) before the commit
+            if len(self.live_replicas(blk.block_id)) < replication:
                 self.under.add(blk.block_id)
 
     def freed(self, freed: Freed) -> None:
@@ -69,6 +71,7 @@ class BlockManager:
             self.target.pop(meta.block_id, None)
             self.under.discard(meta.block_id)
             self.inflight.pop(meta.block_id, None)
+            self.corrupt.pop(meta.block_id, None)
             for wid in replicas:
                 self.by_worker.get(wid, set()).discard(meta.block_id)
                 self._command(wid, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=meta.block_id))
@@ -111,6 +114,7 @@ class BlockManager:
         logger.warning("corrupt replica of block %d on %s: repairing", block_id, worker_id)
         if block_id in self.locations:
             self._drop_replica(block_id, worker_id)
+            self.corrupt.setdefault(block_id, set()).add(worker_id)
         self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
 
     # ------------------------------------------------------------- work --
@@ -137,9 +141,8 @@ class BlockManager:
                 continue
             meta = self.ns.get_block(block_id)
             size = meta.length if meta else 0
-            targets = self.registry.choose(
-                want - len(live), size=size, exclude=[w.worker_id for w in live] + list(self.locations[block_id])
-            )
+            holders = [w.worker_id for w in live] + list(self.locations[block_id])
+            targets = self.registry.choose(want - len(live), size=size, exclude=holders + self._deleting(block_id))
             if not targets:
                 continue
             source = min(live, key=lambda w: w.load())
@@ -170,6 +173,23 @@ class BlockManager:
         self.by_worker.get(worker_id, set()).discard(block_id)
         self.under.add(block_id)
         self._persist(block_id)
+
+    def _deleting(self, block_id: int) -> list[str]:
+        """Workers whose DELETE of a bad copy of ``block_id`` is still queued.
+
+        They are no target yet: a worker runs its commands concurrently, so a DELETE
+        received after the new copy arrived would drop that copy.
+        """
+        waiting = []
+        for wid in self.corrupt.get(block_id, ()):
+            state = self.registry.get_alive(wid)
+            if state is not None and any(
+                c.kind == pb.WorkerCommand.DELETE and c.block_id == block_id for c in state.commands
+            ):
+                waiting.append(wid)
+        if not waiting:
+            self.corrupt.pop(block_id, None)
+        return waiting
 
     def _check(self, block_id: int) -> None:
         if len(self.live_replicas(block_id)) >= self.target.get(block_id, 1):

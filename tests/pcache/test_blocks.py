@@ -1,0 +1,299 @@
+"""BlockManager: replica tracking, re-replication, repair and deletion commands."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pcache.master.blocks import BlockManager
+from pcache.master.metastore import open_metastore
+from pcache.master.namespace import Namespace
+from pcache.master.registry import WorkerRegistry
+from pcache.proto import pcache_pb2 as pb
+
+GiB = 1 << 30
+DELETE = pb.WorkerCommand.DELETE
+REPLICATE = pb.WorkerCommand.REPLICATE
+
+
+def info(wid: str, *, free: int = 100 * GiB, draining: bool = False) -> pb.WorkerInfo:
+    return pb.WorkerInfo(
+        addr=pb.WorkerAddr(worker_id=wid, host="127.0.0.1", port=7000 + int(wid[1:]), node_id=f"node-{wid}"),
+        free_bytes=free,
+        draining=draining,
+    )
+
+
+class Cluster:
+    """A Namespace, a WorkerRegistry and a BlockManager wired as the master wires them."""
+
+    def __init__(self, workers: int = 4, seed: int = 0) -> None:
+        self.ns = Namespace(open_metastore("memory://"), default_block_size=1 << 20, default_replication=2)
+        self.reg = WorkerRegistry(dead_after=5.0, rng=random.Random(seed))
+        for i in range(1, workers + 1):
+            self.reg.register(info(f"w{i}"))
+        self.bm = BlockManager(self.ns, self.reg, replication_timeout=30.0)
+
+    def write(self, path: str, replicas: list[list[str]], replication: int = 2) -> list[int]:
+        """Commit a file with one block per replica list, as CommitFile does."""
+        node, _ = self.ns.create(path, replication=replication)
+        blocks = [
+            pb.CommittedBlock(block_id=self.ns.allocate_block(node.id)[0], length=100 + n, replicas=r)
+            for n, r in enumerate(replicas)
+        ]
+        node, freed = self.ns.commit_file(node.id, sum(b.length for b in blocks), blocks)
+        self.bm.committed(blocks, node.replication)
+        self.bm.freed(freed)
+        return [b.block_id for b in blocks]
+
+    def kill(self, wid: str) -> None:
+        self.reg.workers[wid].last_seen -= 10
+        for state in self.reg.expire():
+            self.bm.worker_died(state.worker_id)
+
+    def register(self, wid: str, blocks: list[int]) -> None:
+        state = self.reg.register(info(wid))
+        self.bm.worker_registered(state.worker_id, blocks)
+
+    def take(self, wid: str) -> list[tuple[int, int, list[str]]]:
+        """Drain a worker's queued commands as a heartbeat reply does: (kind, block, target ids)."""
+        state = self.reg.workers[wid]
+        cmds, state.commands = state.commands, []
+        return [(c.kind, c.block_id, [t.worker_id for t in c.targets]) for c in cmds]
+
+    def take_all(self) -> dict[str, list[tuple[int, int, list[str]]]]:
+        return {wid: cmds for wid in sorted(self.reg.workers) if (cmds := self.take(wid))}
+
+    def stored_replicas(self, block_id: int) -> list[str]:
+        return list(self.ns.get_block(block_id).replicas)
+
+
+@pytest.fixture
+def c() -> Cluster:
+    return Cluster()
+
+
+def test_fully_replicated_commit_needs_nothing(c: Cluster) -> None:
+    (b,) = c.write("/f", [["w1", "w2"]])
+    assert c.bm.locations[b] == {"w1", "w2"}
+    assert c.bm.by_worker == {"w1": {b}, "w2": {b}}
+    assert c.bm.under == set() and c.bm.under_replicated() == 0 and c.bm.missing() == 0
+    assert c.bm.schedule() == 0
+    assert c.take_all() == {}
+    assert sorted(w.worker_id for w in c.bm.live_replicas(b)) == ["w1", "w2"]
+
+
+def test_short_commit_is_re_replicated(c: Cluster) -> None:
+    (b,) = c.write("/f", [["w1"]], replication=3)
+    assert c.bm.under == {b} and c.bm.under_replicated() == 1
+    assert c.bm.schedule() == 1
+    cmds = c.take_all()
+    assert list(cmds) == ["w1"]
+    ((kind, block, targets),) = cmds["w1"]
+    assert kind == REPLICATE and block == b
+    assert len(targets) == 2 and "w1" not in targets and len(set(targets)) == 2
+    for t in targets:
+        c.bm.block_received(t, b)
+    assert c.bm.under == set() and b not in c.bm.inflight
+    assert c.stored_replicas(b) == sorted(["w1", *targets])
+
+
+def test_commit_naming_a_worker_that_died_meanwhile(c: Cluster) -> None:
+    c.kill("w2")  # dies while the client still writes; its death was handled before the commit
+    (b,) = c.write("/f", [["w1", "w2"]])
+    assert c.bm.under == {b} and c.bm.under_replicated() == 1
+    assert c.bm.schedule() == 1
+    ((kind, block, targets),) = c.take("w1")
+    assert (kind, block) == (REPLICATE, b) and targets[0] in ("w3", "w4")
+
+
+def test_worker_death_re_replicates_from_a_live_source(c: Cluster) -> None:
+    blocks = c.write("/f", [["w1", "w2"], ["w1", "w3"], ["w2", "w3"]])
+    c.kill("w1")
+    assert c.bm.under == set(blocks[:2])
+    assert c.bm.under_replicated() == 2 and c.bm.missing() == 0
+    assert "w1" not in c.bm.by_worker or c.bm.by_worker["w1"] == set()
+    # the stored replica sets forget the dead worker
+    assert c.stored_replicas(blocks[0]) == ["w2"] and c.stored_replicas(blocks[1]) == ["w3"]
+    assert c.bm.schedule() == 2
+    cmds = c.take_all()
+    assert "w1" not in cmds  # a dead worker gets nothing
+    issued = {block: (src, targets) for src, lst in cmds.items() for kind, block, targets in lst if kind == REPLICATE}
+    assert issued[blocks[0]][0] == "w2" and issued[blocks[1]][0] == "w3"
+    for block, (_src, targets) in issued.items():
+        assert len(targets) == 1
+        assert targets[0] not in c.bm.locations[block] and targets[0] != "w1"
+        assert c.reg.get_alive(targets[0]) is not None
+    # until the copies are confirmed nothing is issued twice
+    assert c.bm.schedule() == 0 and c.take_all() == {}
+    for block, (_, targets) in issued.items():
+        c.bm.block_received(targets[0], block)
+    assert c.bm.under == set() and c.bm.inflight == {}
+    assert all(len(c.stored_replicas(b)) == 2 for b in blocks)
+    assert c.bm.schedule() == 0
+
+
+def test_unconfirmed_replication_is_issued_again_after_the_timeout(c: Cluster) -> None:
+    (b,) = c.write("/f", [["w1", "w2"]])
+    c.kill("w2")
+    assert c.bm.schedule() == 1
+    c.take_all()
+    assert c.bm.schedule() == 0
+    c.bm.inflight[b] -= 31
+    assert c.bm.schedule() == 1
+    ((kind, block, _),) = c.take("w1")
+    assert (kind, block) == (REPLICATE, b)
+
+
+def test_block_received_for_unknown_block_is_deleted(c: Cluster) -> None:
+    c.bm.block_received("w3", 98765)
+    assert c.take_all() == {"w3": [(DELETE, 98765, [])]}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_bad_block_deletes_the_replica_and_repairs(seed: int) -> None:
+    c = Cluster(seed=seed)
+    (b,) = c.write("/f", [["w1", "w2"]])
+    c.bm.bad_block("w1", b)
+    assert c.bm.locations[b] == {"w2"} and c.stored_replicas(b) == ["w2"]
+    assert c.bm.under == {b}
+    assert c.reg.workers["w1"].commands == [pb.WorkerCommand(kind=DELETE, block_id=b)]
+    assert c.bm.schedule() == 1
+    ((kind, block, targets),) = c.take("w2")
+    assert (kind, block) == (REPLICATE, b)
+    # not onto the worker whose corrupt copy is about to be deleted: that DELETE could land after the copy
+    assert targets[0] in ("w3", "w4")
+    assert c.take("w1") == [(DELETE, b, [])]
+    c.bm.block_received(targets[0], b)
+    assert c.bm.under == set() and c.stored_replicas(b) == sorted(["w2", targets[0]])
+
+
+def test_bad_block_target_waits_for_the_delete_to_be_sent() -> None:
+    """With only two workers the repaired copy must go back to the bad one, after its DELETE left."""
+    c = Cluster(workers=2)
+    (b,) = c.write("/f", [["w1", "w2"]])
+    c.bm.bad_block("w1", b)
+    assert c.bm.schedule() == 0  # the DELETE is still queued on w1
+    assert c.take("w1") == [(DELETE, b, [])]
+    assert c.bm.schedule() == 1
+    assert c.take("w2") == [(REPLICATE, b, ["w1"])]
+
+
+def test_bad_block_of_the_last_replica(c: Cluster) -> None:
+    (b,) = c.write("/f", [["w1"]], replication=1)
+    c.bm.bad_block("w1", b)
+    assert c.bm.missing() == 1 and c.bm.under_replicated() == 1
+    assert c.bm.schedule() == 0  # nothing to copy from
+    assert c.take_all() == {"w1": [(DELETE, b, [])]}
+
+
+def test_bad_block_of_unknown_block_only_deletes(c: Cluster) -> None:
+    c.bm.bad_block("w2", 5555)
+    assert c.bm.under == set()
+    assert c.take_all() == {"w2": [(DELETE, 5555, [])]}
+
+
+def test_worker_registered_deletes_orphans_and_adopts_known_blocks(c: Cluster) -> None:
+    (b,) = c.write("/f", [["w1"]])
+    node = c.ns.resolve("/f")
+    pending, _ = c.ns.allocate_block(node.id)  # being written right now: not an orphan
+    c.register("w3", [b, 4242, pending, 4343])
+    cmds = c.take_all()
+    assert list(cmds) == ["w3"]
+    assert sorted(cmds["w3"]) == [(DELETE, 4242, []), (DELETE, 4343, [])]
+    assert c.bm.locations[b] == {"w1", "w3"}
+    assert c.stored_replicas(b) == ["w1", "w3"]
+    assert c.bm.under == set()
+
+
+def test_worker_registered_without_a_replica_it_had(c: Cluster) -> None:
+    b1, b2 = c.write("/f", [["w1", "w2"], ["w1", "w2"]])
+    c.register("w1", [b2])  # restarted and lost b1
+    assert c.bm.locations[b1] == {"w2"} and c.bm.under == {b1}
+    assert c.stored_replicas(b1) == ["w2"]
+    assert c.bm.schedule() == 1
+    ((kind, block, targets),) = c.take("w2")
+    assert (kind, block) == (REPLICATE, b1) and targets[0] != "w2"
+
+
+def test_dead_worker_returns_with_its_blocks(c: Cluster) -> None:
+    (b,) = c.write("/f", [["w1"]], replication=1)
+    c.kill("w1")
+    assert c.bm.missing() == 1
+    assert c.bm.schedule() == 0 and c.take_all() == {}
+    c.register("w1", [b])
+    assert c.bm.missing() == 0 and c.bm.under == set()
+    assert c.stored_replicas(b) == ["w1"]
+
+
+def test_freed_blocks_are_deleted_everywhere(c: Cluster) -> None:
+    b1, b2 = c.write("/f", [["w1", "w2"], ["w3", "w4"]])
+    c.kill("w4")
+    c.bm.freed(c.ns.delete("/f"))
+    assert b1 not in c.bm.locations and b2 not in c.bm.locations
+    assert b1 not in c.bm.under and b2 not in c.bm.under and b2 not in c.bm.target
+    assert all(b1 not in s and b2 not in s for s in c.bm.by_worker.values())
+    assert c.take_all() == {"w1": [(DELETE, b1, [])], "w2": [(DELETE, b1, [])], "w3": [(DELETE, b2, [])]}
+    # the dead worker's copy goes when it comes back and reports it
+    c.register("w4", [b2])
+    assert c.take("w4") == [(DELETE, b2, [])]
+    assert c.bm.schedule() == 0
+
+
+def test_overwrite_frees_the_old_blocks(c: Cluster) -> None:
+    (old,) = c.write("/f", [["w1", "w2"]])
+    (new,) = c.write("/f", [["w3", "w4"]])
+    assert old not in c.bm.locations and c.bm.locations[new] == {"w3", "w4"}
+    assert c.take_all() == {"w1": [(DELETE, old, [])], "w2": [(DELETE, old, [])]}
+
+
+def test_target_capped_by_live_workers() -> None:
+    c = Cluster(workers=2)
+    (b,) = c.write("/f", [["w1"]], replication=3)
+    assert c.bm.schedule() == 1
+    assert c.take("w1") == [(REPLICATE, b, ["w2"])]
+    c.bm.block_received("w2", b)
+    # two copies on two workers: as good as it gets, but still short of 3
+    assert c.bm.under == {b} and c.bm.under_replicated() == 1
+    assert c.bm.schedule() == 0
+    c.register("w3", [])
+    assert c.bm.schedule() == 1
+    ((kind, block, targets),) = [cmd for cmds in c.take_all().values() for cmd in cmds]
+    assert (kind, block, targets) == (REPLICATE, b, ["w3"])
+
+
+def test_draining_worker_is_a_source_never_a_target() -> None:
+    c = Cluster(workers=3)
+    (b,) = c.write("/f", [["w1", "w2"]])
+    c.reg.register(info("w3", draining=True))
+    c.kill("w2")
+    assert c.bm.schedule() == 0  # the only other live worker is draining
+    c.reg.register(info("w1", draining=True))
+    c.register("w4", [])
+    assert c.bm.schedule() == 1
+    assert c.take("w1") == [(REPLICATE, b, ["w4"])]
+
+
+def test_full_workers_are_not_targets() -> None:
+    c = Cluster(workers=3)
+    (b,) = c.write("/f", [["w1", "w2"]])
+    c.reg.register(info("w3", free=10))  # block length is 100 bytes
+    c.kill("w2")
+    assert c.bm.schedule() == 0
+    c.reg.register(info("w3", free=1000))
+    assert c.bm.schedule() == 1
+    assert c.take("w1") == [(REPLICATE, b, ["w3"])]
+
+
+def test_restart_rebuilds_from_the_namespace(c: Cluster) -> None:
+    b1, b2 = c.write("/f", [["w1", "w2"], ["w2", "w3"]])
+    # a new master over the same metastore knows the blocks but trusts no replica yet
+    bm = BlockManager(c.ns, c.reg, replication_timeout=30.0)
+    assert bm.locations == {b1: {"w1", "w2"}, b2: {"w2", "w3"}}
+    assert bm.target == {b1: 2, b2: 2}
+    assert bm.under == {b1, b2}
+    for wid, have in (("w1", [b1]), ("w2", [b1, b2]), ("w3", [b2])):
+        bm.worker_registered(wid, have)
+    assert bm.under == set()
+    assert bm.schedule() == 0

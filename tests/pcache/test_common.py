@@ -1,0 +1,333 @@
+"""pcache.common: path validation, configuration, the error tree."""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import pickle
+from pathlib import Path
+
+import pytest
+
+from pcache.common import errors as E
+from pcache.common.config import (
+    ClientConfig,
+    MasterConfig,
+    PCacheConfig,
+    WorkerConfig,
+    describe,
+    load_config,
+    parse_size,
+    write_ready_file,
+)
+from pcache.common.paths import NAME_MAX, PATH_MAX, join, normalize, parent_and_name, split_path
+
+# --------------------------------------------------------------------- paths --
+
+
+@pytest.mark.parametrize(
+    ("path", "parts"),
+    [
+        ("/", []),
+        ("//", []),
+        ("/a", ["a"]),
+        ("/a/", ["a"]),
+        ("//a/b//", ["a", "b"]),
+        ("/a/b/c", ["a", "b", "c"]),
+        ("/.hidden/..dots/a.b", [".hidden", "..dots", "a.b"]),
+        ("/ spaced /日本", [" spaced ", "日本"]),
+        ("/a\\b", ["a\\b"]),
+    ],
+)
+def test_split_path(path: str, parts: list[str]) -> None:
+    assert split_path(path) == parts
+    assert normalize(path) == "/" + "/".join(parts)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["", "a", "a/b", "./a", "/a//b", "/a/./b", "/a/../b", "/..", "/.", "/a/.", "/a\x00", "\x00", None, b"/a", 5],
+)
+def test_split_path_rejects(path) -> None:
+    with pytest.raises(E.InvalidPath) as info:
+        split_path(path)
+    assert info.value.errno == errno.EINVAL
+    assert isinstance(info.value, ValueError)
+
+
+def test_name_and_path_limits() -> None:
+    assert split_path("/" + "x" * NAME_MAX) == ["x" * NAME_MAX]
+    with pytest.raises(E.NameTooLong) as info:
+        split_path("/" + "x" * (NAME_MAX + 1))
+    assert info.value.errno == errno.ENAMETOOLONG
+    # the limit is in UTF-8 bytes, not characters: 85 x 3 bytes fits, 86 x 3 does not
+    assert split_path("/" + "日" * 85) == ["日" * 85]
+    with pytest.raises(E.NameTooLong):
+        split_path("/" + "日" * 86)
+    deep = "/" + "/".join(["d" * 15] * 256)  # 4096 bytes exactly
+    assert len(deep) == PATH_MAX and len(split_path(deep)) == 256
+    with pytest.raises(E.NameTooLong):
+        split_path(deep + "x")
+    assert issubclass(E.NameTooLong, E.InvalidPath)
+
+
+def test_undecodable_names() -> None:
+    # FUSE hands over names that are not UTF-8 as surrogate escapes: they are valid
+    assert split_path("/caf\udce9") == ["caf\udce9"]
+    # lone surrogates that no encoding can produce are invalid paths, not a UnicodeEncodeError
+    with pytest.raises(E.InvalidPath):
+        split_path("/a\ud800b")
+
+
+def test_parent_and_name() -> None:
+    assert parent_and_name("/a") == ("/", "a")
+    assert parent_and_name("/a/b/c/") == ("/a/b", "c")
+    with pytest.raises(E.InvalidPath):
+        parent_and_name("/")
+    with pytest.raises(E.InvalidPath):
+        parent_and_name("rel/x")
+
+
+def test_join() -> None:
+    assert join("/", "a") == "/a"
+    assert join("/a", "b") == "/a/b"
+    assert join("/a/", "b") == "/a/b"
+
+
+# -------------------------------------------------------------------- config --
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("4096", 4096),
+        (4096, 4096),
+        ("64MiB", 64 << 20),
+        ("64mib", 64 << 20),
+        ("64M", 64 << 20),
+        ("64 MB", 64 << 20),
+        ("1g", 1 << 30),
+        ("1GiB", 1 << 30),
+        ("2t", 2 << 40),
+        ("1.5k", 1536),
+        ("10b", 10),
+        ("1_000", 1000),
+        ("  7KiB ", 7 << 10),
+        ("0", 0),
+        ("-1", -1),
+    ],
+)
+def test_parse_size(text, value: int) -> None:
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "MiB", "lots", "12 parsecs", "1x", "inf", "1.2.3k", "k5"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(E.InvalidArgument):
+        parse_size(text)
+
+
+def test_defaults() -> None:
+    cfg = load_config()
+    assert cfg == PCacheConfig()
+    assert cfg.master.default_block_size == 32 << 20 and cfg.master.default_replication == 2
+    assert cfg.worker.eviction == "lru" and cfg.worker.fsync is True
+    assert cfg.client.rpc_timeout == 10.0
+    assert cfg.cluster.workers == 3
+
+
+def test_every_field_has_a_docstring_default_and_is_described() -> None:
+    import dataclasses
+
+    for section in (MasterConfig(), WorkerConfig(), ClientConfig()):
+        line = describe(section)
+        for f in dataclasses.fields(section):
+            assert f"{f.name}=" in line
+
+
+def test_toml_file_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "pcache.toml"
+    path.write_text(
+        """
+[master]
+port = 0
+default_block_size = "8MiB"
+dead_after = 2
+sync_writes = true
+metastore = "rocksdb:///var/pcache"
+
+[worker]
+capacity_bytes = "1G"
+fsync = "off"
+eviction = "lfu"
+
+[client]
+metadata_ttl = 0.25
+"""
+    )
+    cfg = load_config(path, ["--master.port=19700", "worker.reserve_bytes=1k", "--client.short_circuit=no"])
+    assert cfg.master.port == 19700  # overrides win over the file
+    assert cfg.master.default_block_size == 8 << 20
+    assert cfg.master.dead_after == 2.0 and isinstance(cfg.master.dead_after, float)
+    assert cfg.master.sync_writes is True
+    assert cfg.master.metastore == "rocksdb:///var/pcache"
+    assert cfg.worker.capacity_bytes == 1 << 30 and cfg.worker.fsync is False
+    assert cfg.worker.eviction == "lfu" and cfg.worker.reserve_bytes == 1024
+    assert cfg.client.metadata_ttl == 0.25 and cfg.client.short_circuit is False
+    # untouched fields keep their defaults
+    assert cfg.master.host == "127.0.0.1" and cfg.cluster == PCacheConfig().cluster
+
+
+def test_override_values_are_coerced() -> None:
+    cfg = load_config(
+        overrides=[
+            "--master.heartbeat_interval=0.5",
+            "--master.default_replication=3",
+            "--worker.mem_tier_bytes=0",
+            "--worker.bandwidth_limit=1.5G",
+            "--worker.host=10.0.0.1",
+            "--client.tenant=a=b",  # only the first '=' splits
+            "--master.metrics_port=-1",
+        ]
+        + [f"--worker.fsync={v}" for v in ("1", "true", "YES", "on")]
+    )
+    assert cfg.master.heartbeat_interval == 0.5
+    assert cfg.master.default_replication == 3
+    assert cfg.worker.mem_tier_bytes == 0 and cfg.worker.bandwidth_limit == int(1.5 * (1 << 30))
+    assert cfg.worker.host == "10.0.0.1" and cfg.worker.fsync is True
+    assert cfg.client.tenant == "a=b"
+    assert cfg.master.metrics_port == -1
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "--master.nope=1",  # unknown key
+        "--nosuch.port=1",  # unknown section
+        "--master.port",  # no value
+        "--port=1",  # no section
+        "master",
+        "--master.port=abc",
+        "--master.port=12 parsecs",
+        "--master.dead_after=soon",
+        "--worker.fsync=maybe",
+        "--master.a.b=1",
+    ],
+)
+def test_bad_overrides(override: str) -> None:
+    with pytest.raises(E.InvalidArgument):
+        load_config(overrides=[override])
+
+
+@pytest.mark.parametrize(
+    "toml",
+    [
+        "[nosuch]\nx = 1\n",  # unknown section
+        "[master]\nnope = 1\n",  # unknown key
+        "master = 5\n",  # a section that is not a table
+        '[master]\nport = "x"\n',
+        '[master]\ndead_after = "soon"\n',
+        "[master]\nsync_writes = 3\n",
+        "[master]\nport = [1, 2]\n",  # wrong type: an InvalidArgument, never a TypeError
+        "[master]\nport = {a = 1}\n",
+        "[master]\ndead_after = [1]\n",
+        "[master]\nport = 1979-05-27\n",
+        "[master]\nport = true\n",  # a bool is no port number
+        '[worker]\nhost = ["a"]\n',  # a list is no host name
+        "[master\nport = 1\n",  # not TOML
+    ],
+)
+def test_bad_files(tmp_path: Path, toml: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    with pytest.raises(E.InvalidArgument):
+        load_config(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(E.InvalidArgument):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_describe_and_ready_file(tmp_path: Path) -> None:
+    line = describe(MasterConfig(port=5))
+    assert "port=5" in line and "host='127.0.0.1'" in line
+    target = tmp_path / "ready"
+    write_ready_file(str(target), "127.0.0.1:1234")
+    assert target.read_text() == "127.0.0.1:1234\n"
+    write_ready_file(str(target), "127.0.0.1:99")
+    assert target.read_text() == "127.0.0.1:99\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]
+
+
+# -------------------------------------------------------------------- errors --
+
+EXPECTED = {
+    "PCacheError": (errno.EIO, (OSError,), False),
+    "NotFound": (errno.ENOENT, (FileNotFoundError,), False),
+    "AlreadyExists": (errno.EEXIST, (FileExistsError,), False),
+    "NotADirectory": (errno.ENOTDIR, (NotADirectoryError,), False),
+    "IsADirectory": (errno.EISDIR, (IsADirectoryError,), False),
+    "DirectoryNotEmpty": (errno.ENOTEMPTY, (OSError,), False),
+    "InvalidArgument": (errno.EINVAL, (ValueError,), False),
+    "InvalidPath": (errno.EINVAL, (ValueError,), False),
+    "NameTooLong": (errno.ENAMETOOLONG, (ValueError,), False),
+    "NoSpace": (errno.ENOSPC, (OSError,), False),
+    "PermissionDenied": (errno.EACCES, (PermissionError,), False),
+    "NotSupported": (errno.EOPNOTSUPP, (OSError,), False),
+    "Unavailable": (errno.EIO, (ConnectionError,), True),
+    "Timeout": (errno.ETIMEDOUT, (TimeoutError,), True),
+    "CorruptBlock": (errno.EIO, (OSError,), True),
+    "StaleEpoch": (errno.ESTALE, (OSError,), True),
+    "ProtocolError": (errno.EPROTO, (OSError,), False),
+}
+
+
+def test_every_error_is_listed() -> None:
+    assert set(E.ERRORS_BY_NAME) == set(EXPECTED)
+    defined = {name for name, obj in vars(E).items() if isinstance(obj, type) and issubclass(obj, E.PCacheError)}
+    assert defined == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_error_class(name: str) -> None:
+    code, builtin_bases, retryable = EXPECTED[name]
+    cls = E.ERRORS_BY_NAME[name]
+    err = cls("went wrong", path="/a/b")
+    assert isinstance(err, E.PCacheError) and isinstance(err, OSError)
+    for base in builtin_bases:
+        assert isinstance(err, base) and getattr(builtins, base.__name__) is base
+    assert err.errno == code and err.strerror == "went wrong"
+    assert err.filename == "/a/b" and err.message == "went wrong"
+    assert str(err) == "went wrong: /a/b"
+    assert err.retryable is retryable
+    plain = cls("no path")
+    assert plain.filename is None and str(plain) == "no path"
+    assert cls().errno == code
+    # caught by code that knows only the built-in
+    with pytest.raises(builtin_bases[0]):
+        raise cls("x")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("path", ["/p/q", None])
+def test_error_pickle_round_trip(name: str, path: str | None) -> None:
+    err = E.ERRORS_BY_NAME[name]("boom", path=path)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is type(err)
+    assert (back.errno, back.message, back.filename, str(back)) == (err.errno, "boom", path, str(err))
+
+
+def test_from_name() -> None:
+    err = E.from_name("NotFound", "gone", path="/x")
+    assert type(err) is E.NotFound and err.filename == "/x" and str(err) == "gone: /x"
+    unknown = E.from_name("SomethingNew", "??")
+    assert type(unknown) is E.PCacheError and unknown.errno == errno.EIO
+
+
+def test_specific_relations() -> None:
+    assert issubclass(E.InvalidPath, E.InvalidArgument)
+    assert issubclass(E.NameTooLong, E.InvalidPath)
+    assert not issubclass(E.DirectoryNotEmpty, FileExistsError)
+    assert not issubclass(E.Unavailable, TimeoutError)
+    assert not issubclass(E.Timeout, ConnectionError)
