@@ -70,7 +70,9 @@ def main() -> int:
         print("PCache demo summary")
         print(f"  source            {src}  ({files} files, {mb:.1f} MB)")
         print(f"  put               {put_s:6.2f}s  {mb / put_s:7.1f} MB/s  {files / put_s:7.0f} files/s")
-        print(f"  get               {get_s:6.2f}s  {got_bytes / 1e6 / get_s:7.1f} MB/s  {got_files / get_s:7.0f} files/s")
+        print(
+            f"  get               {get_s:6.2f}s  {got_bytes / 1e6 / get_s:7.1f} MB/s  {got_files / get_s:7.0f} files/s"
+        )
         print(f"  byte-identical    {'yes' if same else 'NO'}")
         print(f"  namespace         {status.inodes} inodes, {status.blocks} blocks, RF {status.default_replication}")
         print(f"  replication       {status.under_replicated_blocks} under-replicated, {status.missing_blocks} missing")

@@ -249,11 +249,3 @@ def load_config(
 def describe(section: Any) -> str:
     """One-line ``key=value`` rendering of a config section for the start-up log."""
     return " ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(section).items())
-
-
-def write_ready_file(path: str, address: str) -> None:
-    """Atomically write ``address`` to ``path``: tells a launcher the process is serving."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(address + "\n")
-    os.replace(tmp, path)

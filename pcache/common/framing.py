@@ -87,14 +87,9 @@ async def write_frame(
         writer.write(PREFIX.pack(len(raw), length) + raw)
         if body:
             writer.write(body)
-        async with asyncio.timeout(timeout):
-            await writer.drain()
-    except TimeoutError:
-        raise Timeout(f"peer did not accept data for {timeout:.1f}s") from None
     except (ConnectionError, OSError) as exc:
-        if isinstance(exc, PCacheError):
-            raise
         raise Unavailable(f"connection lost: {exc}") from None
+    await drain(writer, timeout)
 
 
 async def drain(writer: asyncio.StreamWriter, timeout: float) -> None:

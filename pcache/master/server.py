@@ -6,14 +6,14 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import struct
 import time
 
 import grpc
 
-from pcache.common.config import MasterConfig, describe, write_ready_file
+from pcache.common.config import MasterConfig, describe
 from pcache.common.metrics import MASTER_UNDER_REPLICATED, MASTER_WORKERS, serve_metrics
+from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import channel_options
 from pcache.master.blocks import BlockManager
 from pcache.master.metastore import MetaStore, open_metastore
@@ -112,12 +112,8 @@ async def serve(cfg: MasterConfig, *, ready_file: str | None = None) -> None:
     serve_metrics(cfg.metrics_port, cfg.host)
     if ready_file:
         write_ready_file(ready_file, f"{cfg.host}:{port}")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     upkeep = asyncio.create_task(master.upkeep())
-    await stop.wait()
+    await wait_for_stop_signal()
     logger.info("master stopping")
     upkeep.cancel()
     with contextlib.suppress(asyncio.CancelledError):

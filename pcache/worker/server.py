@@ -13,14 +13,14 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import uuid
 
 import grpc
 
-from pcache.common.config import WorkerConfig, default_node_id, describe, write_ready_file
+from pcache.common.config import WorkerConfig, default_node_id, describe
 from pcache.common.errors import InvalidArgument, NotFound, PCacheError
 from pcache.common.metrics import serve_metrics
+from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import call, channel_options
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
@@ -227,11 +227,7 @@ async def serve(cfg: WorkerConfig, *, ready_file: str | None = None) -> None:
         worker.metrics_addr = f"{cfg.host}:{bound}"
     if ready_file:
         write_ready_file(ready_file, f"{cfg.host}:{port}")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     logger.info("worker stopping")
     with contextlib.suppress(Exception):
         await worker.stop()

@@ -1,0 +1,24 @@
+"""Process lifecycle helpers shared by the master and worker entry points."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+
+def write_ready_file(path: str, address: str) -> None:
+    """Atomically write ``address`` to ``path``: tells a launcher the process is serving."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(address + "\n")
+    os.replace(tmp, path)
+
+
+async def wait_for_stop_signal() -> None:
+    """Return once the process gets SIGTERM or SIGINT (servers' graceful-stop hook)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
