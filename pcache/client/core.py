@@ -20,6 +20,8 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from cachetools import TTLCache
+
 from pcache.client.data import DataClient
 from pcache.client.file import PCacheFile, parse_mode
 from pcache.client.master import MasterClient
@@ -41,6 +43,8 @@ from pcache.proto import pcache_pb2 as pb
 logger = logging.getLogger(__name__)
 
 WRITE_RETRY_ERRORS = (Unavailable, Timeout, NoSpace)
+METADATA_CACHE_ENTRIES = 100_000
+LAYOUT_CACHE_ENTRIES = 10_000
 COPY_CONCURRENCY = 16
 COPY_BUFFER = 8 << 20
 
@@ -105,7 +109,9 @@ class PCacheClient:
         self.node_id = cfg.node_id or default_node_id()
         self.master = MasterClient(cfg, self.client_id)
         self.data = DataClient(cfg)
-        self._stat_cache: dict[str, tuple[float, pb.Inode]] = {}
+        ttl = max(cfg.metadata_ttl, 1e-9)
+        self._stat_cache: TTLCache[str, pb.Inode] = TTLCache(maxsize=METADATA_CACHE_ENTRIES, ttl=ttl)
+        self._layout_cache: TTLCache[str, pb.FileLayout] = TTLCache(maxsize=LAYOUT_CACHE_ENTRIES, ttl=ttl)
 
     async def close(self) -> None:
         """Close connections."""
@@ -120,11 +126,14 @@ class PCacheClient:
 
     # ------------------------------------------------------- metadata ---
 
-    def invalidate(self, path: str) -> None:
-        """Drop cached metadata of ``path`` and everything under it."""
-        prefix = path.rstrip("/") + "/"
-        for key in [k for k in self._stat_cache if k == path or k.startswith(prefix)]:
-            del self._stat_cache[key]
+    def invalidate(self, path: str, *, tree: bool = False) -> None:
+        """Drop cached metadata of ``path`` (and, with ``tree``, of everything under it)."""
+        for cache in (self._stat_cache, self._layout_cache):
+            cache.pop(path, None)
+            if tree:
+                prefix = path.rstrip("/") + "/"
+                for key in [k for k in cache if k.startswith(prefix)]:
+                    cache.pop(key, None)
 
     async def stat(self, path: str) -> FileStat:
         """Metadata of ``path`` (no symlink following); cached for ``metadata_ttl`` s.
@@ -133,12 +142,11 @@ class PCacheClient:
             NotFound, NotADirectory, InvalidPath.
         """
         path = normalize(path)
-        cached = self._stat_cache.get(path)
-        if cached is not None and cached[0] > time.monotonic():
-            return FileStat.from_inode(path, cached[1])
-        node = await self.master.stat(path)
-        if self.cfg.metadata_ttl > 0:
-            self._stat_cache[path] = (time.monotonic() + self.cfg.metadata_ttl, node)
+        node = self._stat_cache.get(path)
+        if node is None:
+            node = await self.master.stat(path)
+            if self.cfg.metadata_ttl > 0:
+                self._stat_cache[path] = node
         return FileStat.from_inode(path, node)
 
     async def exists(self, path: str) -> bool:
@@ -174,8 +182,8 @@ class PCacheClient:
     async def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
         """Atomically rename ``src`` to ``dst`` (replacing a file or empty directory)."""
         src, dst = normalize(src), normalize(dst)
-        self.invalidate(src)
-        self.invalidate(dst)
+        self.invalidate(src, tree=True)
+        self.invalidate(dst, tree=True)
         await self.master.rename(src, dst, no_replace)
 
     async def unlink(self, path: str) -> None:
@@ -193,7 +201,7 @@ class PCacheClient:
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove anything; a non-empty directory only with ``recursive`` (atomic in the master)."""
         path = normalize(path)
-        self.invalidate(path)
+        self.invalidate(path, tree=True)
         await self.master.delete(path, recursive=recursive)
 
     async def symlink(self, target: str, path: str) -> None:
@@ -275,7 +283,11 @@ class PCacheClient:
             )
             if kind in "wx" and node.type == pb.REGULAR:
                 return PCacheFile(self, path, mode, pb.FileLayout(inode=node))  # empty: no layout RPC
-        layout = await self.master.layout(path=path)
+        layout = self._layout_cache.get(path) if not writable else None
+        if layout is None:
+            layout = await self.master.layout(path=path)
+            if self.cfg.metadata_ttl > 0 and not writable:
+                self._layout_cache[path] = layout
         if layout.inode.type == pb.DIRECTORY:
             raise IsADirectory("is a directory", path=path)
         return PCacheFile(self, path, mode, layout)

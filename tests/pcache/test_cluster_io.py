@@ -219,3 +219,24 @@ def test_short_circuit_used_by_local_client_and_metrics(shared_cluster, client: 
     assert "pcache_worker_mem_tier_hit_ratio" in scraped
     log = (shared_cluster.root / "logs" / "master.log").read_text()
     assert log.count("master config:") == 1
+
+
+def test_layout_cache_saves_rpcs_and_own_writes_invalidate(client: Client) -> None:
+    client.write_file("/lay", b"v1")
+    calls: list[str] = []
+    master = client.aio.master
+    original = master._call
+
+    async def counting(name, request):
+        calls.append(name)
+        return await original(name, request)
+
+    master._call = counting
+    try:
+        for _ in range(5):
+            assert client.read_file("/lay") == b"v1"
+        assert calls.count("GetLayout") <= 1
+        client.write_file("/lay", b"v2")
+        assert client.read_file("/lay") == b"v2"  # own write: no stale layout
+    finally:
+        master._call = original

@@ -18,9 +18,9 @@ from pcache.common.config import (
     describe,
     load_config,
     parse_size,
-    write_ready_file,
 )
 from pcache.common.paths import NAME_MAX, PATH_MAX, join, normalize, parent_and_name, split_path
+from pcache.common.process import write_ready_file
 
 # --------------------------------------------------------------------- paths --
 

@@ -1,0 +1,59 @@
+"""`pcache up` as a user runs it: start, use, SIGTERM, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is gone for our purpose
+        return fh.read().split(")")[1].split()[0] != "Z"
+
+
+def test_pcache_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
+    data = tmp_path / "cluster"
+    up = subprocess.Popen(
+        [sys.executable, "-m", "pcache", "up", "--data-dir", str(data), "--workers", "2", "--port", "0",
+         "--worker.mem_tier_bytes=16MiB"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        manifest = data / "cluster.json"
+        deadline = time.monotonic() + 60
+        while not manifest.exists():
+            assert up.poll() is None, up.stderr.read()
+            assert time.monotonic() < deadline, "cluster.json never appeared"
+            time.sleep(0.1)
+        info = json.loads(manifest.read_text())
+        assert len(info["workers"]) == 2 and info["master"].startswith("127.0.0.1:")
+        pids = list(info["pids"].values())
+        assert all(pid_alive(p) for p in pids)
+        env = {**os.environ, "PCACHE_CLUSTER_DIR": str(data)}  # found through cluster.json
+        (tmp_path / "hello.txt").write_text("hello\n")
+        run = lambda *a: subprocess.run(
+            [sys.executable, "-m", "pcache", *a], env=env, capture_output=True, text=True, timeout=60
+        )  # noqa: E731
+        assert run("put", str(tmp_path / "hello.txt"), "/hello.txt").returncode == 0
+        assert run("cat", "/hello.txt").stdout == "hello\n"
+        status = run("status", "--json")
+        assert status.returncode == 0
+        assert sum(w["alive"] for w in json.loads(status.stdout)["workers"]) == 2
+        bad = run("--master", "127.0.0.1:1", "ls", "/")
+        assert bad.returncode == 2 and "unavailable" in bad.stderr.lower() and bad.stderr.count("\n") == 1
+    finally:
+        up.send_signal(signal.SIGTERM)
+        out, err = up.communicate(timeout=60)
+    assert up.returncode == 0, err
+    assert "cluster stopped" in err
+    assert not (data / "cluster.json").exists()
+    assert not any(pid_alive(p) for p in pids)
