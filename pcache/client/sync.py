@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from pcache.client.core import FileStat, PCacheClient
 from pcache.client.file import PCacheFile
 from pcache.common.config import ClientConfig
+from pcache.common.errors import Unavailable
 from pcache.proto import pcache_pb2 as pb
 
 T = TypeVar("T")
@@ -41,7 +42,11 @@ class _LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self.thread:
+            coro.close()
             raise RuntimeError("sync PCache call from inside its own event loop")
+        if not self.thread.is_alive() or self.loop.is_closed():
+            coro.close()  # a closed client: fail instead of waiting on a dead loop
+            raise Unavailable("the PCache client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def stop(self) -> None:

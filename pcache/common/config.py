@@ -89,6 +89,8 @@ class WorkerConfig:
     """Serve same-host clients through file descriptors over a UNIX socket."""
     io_timeout: float = 10.0
     """Seconds a data-plane peer may stall before the connection is dropped."""
+    block_report_interval: float = 600.0
+    """Seconds between full block reports (the master deletes blocks no file references)."""
     bandwidth_limit: int = 0
     """Bytes/s the TCP data plane may move (emulates a node NIC in benchmarks); 0 = unlimited."""
     metrics_port: int = -1

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 
 import grpc
@@ -162,11 +163,13 @@ class WorkerServer:
         """Register, then heartbeat and run commands, until cancelled."""
         assert self.stub is not None
         registered = False
+        last_report = 0.0
         while True:
             try:
-                if not registered:
-                    await self.register()
+                if not registered or time.monotonic() - last_report > self.cfg.block_report_interval:
+                    await self.register()  # registration carries the full block report
                     registered = True
+                    last_report = time.monotonic()
                 reply = await call(
                     self.stub.Heartbeat,
                     pb.HeartbeatRequest(header=self._header(), info=self.info()),

@@ -40,9 +40,11 @@ def test_pcache_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert all(pid_alive(p) for p in pids)
         env = {**os.environ, "PCACHE_CLUSTER_DIR": str(data)}  # found through cluster.json
         (tmp_path / "hello.txt").write_text("hello\n")
-        run = lambda *a: subprocess.run(
-            [sys.executable, "-m", "pcache", *a], env=env, capture_output=True, text=True, timeout=60
-        )  # noqa: E731
+
+        def run(*args: str) -> subprocess.CompletedProcess:
+            cmd = [sys.executable, "-m", "pcache", *args]
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+
         assert run("put", str(tmp_path / "hello.txt"), "/hello.txt").returncode == 0
         assert run("cat", "/hello.txt").stdout == "hello\n"
         status = run("status", "--json")

@@ -14,6 +14,7 @@ import pytest
 
 from pcache.client import Client
 from pcache.common import errors as E
+from pcache.common.checksum import crc32c
 from pcache.common.config import ClientConfig
 
 MiB = 1 << 20
@@ -174,3 +175,24 @@ def test_full_workers_spill_then_enospc_without_losing_data(make_cluster) -> Non
             assert w.info.used_bytes <= w.info.capacity_bytes
         for path, data in written.items():
             assert pc.read_file(path) == data
+
+
+def test_blocks_of_a_writer_that_never_committed_are_collected(make_cluster) -> None:
+    cluster = make_cluster(
+        workers=1,
+        master_args=["--master.orphan_grace=1", "--master.default_replication=1"],
+        worker_args=["--worker.block_report_interval=1"],
+    )
+    data = os.urandom(2 * MiB)
+    with Client(master=cluster.master_address) as pc:
+        pc.write_file("/kept", b"committed")
+        f = pc.open("/abandoned", "wb")
+        # the writer stores a block, then "dies" before close: nothing commits it
+        block_id, stored, _ = pc._run(pc.aio.write_block(f._f.inode, data, crc32c(data)))
+        assert stored
+        blocks_dir = cluster.root / "worker-0" / "blocks"
+        orphan = blocks_dir / f"{block_id & 0xFF:02x}" / f"{block_id}.blk"
+        assert orphan.exists()
+        wait_for(lambda: not orphan.exists(), 20, "the orphan block to be deleted")
+        assert pc.read_file("/kept") == b"committed"
+        assert pc.stat("/abandoned").size == 0
