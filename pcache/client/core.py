@@ -67,6 +67,8 @@ class FileStat:
     blocks: int
     version: int
     symlink_target: str = ""
+    uid: int = 0
+    gid: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -94,7 +96,14 @@ class FileStat:
             blocks=len(node.blocks),
             version=node.version,
             symlink_target=node.symlink_target,
+            uid=node.uid,
+            gid=node.gid,
         )
+
+
+def _owner(owner: tuple[int, int] | None) -> pb.Owner:
+    uid, gid = owner if owner is not None else (os.getuid(), os.getgid())
+    return pb.Owner(uid=uid, gid=gid)
 
 
 class PCacheClient:
@@ -157,11 +166,13 @@ class PCacheClient:
         except NotFound:
             return False
 
-    async def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False) -> FileStat:
-        """Create a directory (``parents``: like ``mkdir -p``)."""
+    async def mkdir(
+        self, path: str, mode: int = 0o755, *, parents: bool = False, owner: tuple[int, int] | None = None
+    ) -> FileStat:
+        """Create a directory (``parents``: like ``mkdir -p``), owned by ``owner`` (uid, gid; default: this process)."""
         path = normalize(path)
         self.invalidate(path)
-        return FileStat.from_inode(path, await self.master.mkdir(path, mode, parents))
+        return FileStat.from_inode(path, await self.master.mkdir(path, mode, parents, _owner(owner)))
 
     async def listdir(self, path: str) -> list[FileStat]:
         """Every entry of a directory, in name order (pages through large ones)."""
@@ -204,11 +215,11 @@ class PCacheClient:
         self.invalidate(path, tree=True)
         await self.master.delete(path, recursive=recursive)
 
-    async def symlink(self, target: str, path: str) -> None:
+    async def symlink(self, target: str, path: str, *, owner: tuple[int, int] | None = None) -> None:
         """Create symlink ``path`` -> ``target``."""
         path = normalize(path)
         self.invalidate(path)
-        await self.master.symlink(path, target)
+        await self.master.symlink(path, target, _owner(owner))
 
     async def readlink(self, path: str) -> str:
         """Target of a symlink. Raises InvalidArgument if not a symlink."""
@@ -226,8 +237,10 @@ class PCacheClient:
         atime: float | None = None,
         set_xattrs: dict[str, bytes] | None = None,
         remove_xattrs: list[str] | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> FileStat:
-        """Change permissions, times or extended attributes."""
+        """Change permissions, owner, times or extended attributes (times in seconds)."""
         path = normalize(path)
         self.invalidate(path)
         req = pb.SetAttrRequest(path=path, set_xattrs=set_xattrs or {}, remove_xattrs=remove_xattrs or [])
@@ -237,6 +250,10 @@ class PCacheClient:
             req.mtime = mtime
         if atime is not None:
             req.atime = atime
+        if uid is not None:
+            req.uid = uid
+        if gid is not None:
+            req.gid = gid
         return FileStat.from_inode(path, await self.master.setattr(req))
 
     async def getxattrs(self, path: str) -> dict[str, bytes]:
@@ -259,7 +276,14 @@ class PCacheClient:
     # ----------------------------------------------------------- files ---
 
     async def open(
-        self, path: str, mode: str = "rb", *, perm: int = 0o644, block_size: int = 0, replication: int = 0
+        self,
+        path: str,
+        mode: str = "rb",
+        *,
+        perm: int = 0o644,
+        block_size: int = 0,
+        replication: int = 0,
+        owner: tuple[int, int] | None = None,
     ) -> PCacheFile:
         """Open a file. Modes as Python's binary modes: r, w, a, x, with optional +.
 
@@ -280,6 +304,7 @@ class PCacheClient:
                 truncate=kind == "w",
                 block_size=block_size or self.cfg.block_size,
                 replication=replication or self.cfg.replication,
+                owner=_owner(owner),
             )
             if kind in "wx" and node.type == pb.REGULAR:
                 return PCacheFile(self, path, mode, pb.FileLayout(inode=node))  # empty: no layout RPC

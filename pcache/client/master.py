@@ -44,11 +44,21 @@ class MasterClient:
     async def stat(self, path: str) -> pb.Inode:
         return await self._call("Stat", pb.PathRequest(header=self.header(), path=path))
 
-    async def mkdir(self, path: str, mode: int, parents: bool) -> pb.Inode:
-        return await self._call("Mkdir", pb.MkdirRequest(header=self.header(), path=path, mode=mode, parents=parents))
+    async def mkdir(self, path: str, mode: int, parents: bool, owner: pb.Owner | None = None) -> pb.Inode:
+        return await self._call(
+            "Mkdir", pb.MkdirRequest(header=self.header(), path=path, mode=mode, parents=parents, owner=owner)
+        )
 
     async def create(
-        self, path: str, *, mode: int, exclusive: bool, truncate: bool, block_size: int, replication: int
+        self,
+        path: str,
+        *,
+        mode: int,
+        exclusive: bool,
+        truncate: bool,
+        block_size: int,
+        replication: int,
+        owner: pb.Owner | None = None,
     ) -> pb.Inode:
         return await self._call(
             "Create",
@@ -60,11 +70,14 @@ class MasterClient:
                 truncate=truncate,
                 block_size=block_size,
                 replication=replication,
+                owner=owner,
             ),
         )
 
-    async def symlink(self, path: str, target: str) -> pb.Inode:
-        return await self._call("Symlink", pb.SymlinkRequest(header=self.header(), path=path, target=target))
+    async def symlink(self, path: str, target: str, owner: pb.Owner | None = None) -> pb.Inode:
+        return await self._call(
+            "Symlink", pb.SymlinkRequest(header=self.header(), path=path, target=target, owner=owner)
+        )
 
     async def listdir(self, path: str, start_after: str = "", limit: int = 0) -> pb.ListDirResponse:
         return await self._call(

@@ -165,7 +165,7 @@ class Namespace:
         node.mtime = node.ctime = now
         return _record(node)
 
-    def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False) -> pb.Inode:
+    def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False, uid: int = 0, gid: int = 0) -> pb.Inode:
         """Create a directory (``mkdir -p`` with ``parents``).
 
         Raises:
@@ -183,7 +183,7 @@ class Namespace:
             for i, part in enumerate(parts):
                 child = self._lookup(node.id, part)
                 if child is None:
-                    node = self._mkdir_in(node, part, mode)
+                    node = self._mkdir_in(node, part, mode, uid, gid)
                 else:
                     node = self._get_inode(child)
                     if node.type != pb.DIRECTORY:
@@ -195,12 +195,12 @@ class Namespace:
         parent, name = self._resolve_parent(path)
         if self._lookup(parent.id, name) is not None:
             raise E.AlreadyExists("file exists", path=path)
-        node = self._mkdir_in(parent, name, mode)
+        node = self._mkdir_in(parent, name, mode, uid, gid)
         node.name = name
         return node
 
-    def _mkdir_in(self, parent: pb.Inode, name: str, mode: int) -> pb.Inode:
-        node = self._new_inode(pb.DIRECTORY, mode)
+    def _mkdir_in(self, parent: pb.Inode, name: str, mode: int, uid: int = 0, gid: int = 0) -> pb.Inode:
+        node = self._new_inode(pb.DIRECTORY, mode, uid=uid, gid=gid)
         now = node.mtime
         self.store.write(
             [
@@ -220,6 +220,8 @@ class Namespace:
         truncate: bool = False,
         block_size: int = 0,
         replication: int = 0,
+        uid: int = 0,
+        gid: int = 0,
     ) -> tuple[pb.Inode, Freed]:
         """Create (or open, or truncate) a regular file.
 
@@ -252,6 +254,8 @@ class Namespace:
             mode,
             block_size=block_size or self.default_block_size,
             replication=replication or self.default_replication,
+            uid=uid,
+            gid=gid,
         )
         self.store.write(
             [
@@ -263,7 +267,7 @@ class Namespace:
         node.name = name
         return node, Freed([])
 
-    def symlink(self, path: str, target: str) -> pb.Inode:
+    def symlink(self, path: str, target: str, *, uid: int = 0, gid: int = 0) -> pb.Inode:
         """Create a symbolic link at ``path`` pointing to ``target`` (not validated).
 
         Raises:
@@ -274,7 +278,14 @@ class Namespace:
         parent, name = self._resolve_parent(path)
         if self._lookup(parent.id, name) is not None:
             raise E.AlreadyExists("file exists", path=path)
-        node = self._new_inode(pb.SYMLINK, 0o777, symlink_target=target, size=len(target.encode()))
+        node = self._new_inode(
+            pb.SYMLINK,
+            0o777,
+            symlink_target=target,
+            size=len(target.encode("utf-8", "surrogateescape")),
+            uid=uid,
+            gid=gid,
+        )
         self.store.write(
             [
                 (_ikey(node.id), node.SerializeToString()),
@@ -422,6 +433,8 @@ class Namespace:
         atime: float | None = None,
         set_xattrs: dict[str, bytes] | None = None,
         remove_xattrs: Iterable[str] = (),
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> pb.Inode:
         """Change mode, times or extended attributes.
 
@@ -436,6 +449,10 @@ class Namespace:
             node.mtime = mtime
         if atime is not None:
             node.atime = atime
+        if uid is not None:
+            node.uid = uid
+        if gid is not None:
+            node.gid = gid
         for key, value in (set_xattrs or {}).items():
             node.xattrs[key] = value
         for key in remove_xattrs:

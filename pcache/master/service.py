@@ -58,7 +58,13 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def Mkdir(self, request: pb.MkdirRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
         self._check(request.header, "Mkdir")
         with RPC_SECONDS.labels("Mkdir").time():
-            return self.ns.mkdir(request.path, request.mode or 0o755, parents=request.parents)
+            return self.ns.mkdir(
+                request.path,
+                request.mode or 0o755,
+                parents=request.parents,
+                uid=request.owner.uid,
+                gid=request.owner.gid,
+            )
 
     @rpc_method
     async def Create(self, request: pb.CreateRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
@@ -71,6 +77,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                 truncate=request.truncate,
                 block_size=request.block_size,
                 replication=request.replication,
+                uid=request.owner.uid,
+                gid=request.owner.gid,
             )
             self.blocks.freed(freed)
             return node
@@ -79,7 +87,7 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def Symlink(self, request: pb.SymlinkRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
         self._check(request.header, "Symlink")
         with RPC_SECONDS.labels("Symlink").time():
-            return self.ns.symlink(request.path, request.target)
+            return self.ns.symlink(request.path, request.target, uid=request.owner.uid, gid=request.owner.gid)
 
     @rpc_method
     async def ListDir(self, request: pb.ListDirRequest, context: grpc.aio.ServicerContext) -> pb.ListDirResponse:
@@ -118,6 +126,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                 atime=request.atime if request.HasField("atime") else None,
                 set_xattrs=dict(request.set_xattrs),
                 remove_xattrs=list(request.remove_xattrs),
+                uid=request.uid if request.HasField("uid") else None,
+                gid=request.gid if request.HasField("gid") else None,
             )
 
     # ------------------------------------------------------------- blocks --

@@ -66,7 +66,7 @@ class WorkerAddr(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., uds_path: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name")
+    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid")
     class XattrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,8 @@ class Inode(_message.Message):
     XATTRS_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: FileType
     mode: int
@@ -104,7 +106,9 @@ class Inode(_message.Message):
     xattrs: _containers.ScalarMap[str, bytes]
     parent: int
     name: str
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+    uid: int
+    gid: int
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
 
 class BlockMeta(_message.Message):
     __slots__ = ("block_id", "inode", "length", "crc32c", "replicas", "replication")
@@ -146,20 +150,30 @@ class PathRequest(_message.Message):
     path: str
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
 
+class Owner(_message.Message):
+    __slots__ = ("uid", "gid")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    gid: int
+    def __init__(self, uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
+
 class MkdirRequest(_message.Message):
-    __slots__ = ("header", "path", "mode", "parents")
+    __slots__ = ("header", "path", "mode", "parents", "owner")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     path: str
     mode: int
     parents: bool
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., parents: _Optional[bool] = ...) -> None: ...
+    owner: Owner
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., parents: _Optional[bool] = ..., owner: _Optional[_Union[Owner, _Mapping]] = ...) -> None: ...
 
 class CreateRequest(_message.Message):
-    __slots__ = ("header", "path", "mode", "exclusive", "block_size", "replication", "truncate")
+    __slots__ = ("header", "path", "mode", "exclusive", "block_size", "replication", "truncate", "owner")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +181,7 @@ class CreateRequest(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     path: str
     mode: int
@@ -174,17 +189,20 @@ class CreateRequest(_message.Message):
     block_size: int
     replication: int
     truncate: bool
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., exclusive: _Optional[bool] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., truncate: _Optional[bool] = ...) -> None: ...
+    owner: Owner
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., exclusive: _Optional[bool] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., truncate: _Optional[bool] = ..., owner: _Optional[_Union[Owner, _Mapping]] = ...) -> None: ...
 
 class SymlinkRequest(_message.Message):
-    __slots__ = ("header", "path", "target")
+    __slots__ = ("header", "path", "target", "owner")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     path: str
     target: str
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+    owner: Owner
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., target: _Optional[str] = ..., owner: _Optional[_Union[Owner, _Mapping]] = ...) -> None: ...
 
 class ListDirRequest(_message.Message):
     __slots__ = ("header", "path", "start_after", "limit")
@@ -233,7 +251,7 @@ class DeleteRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ..., directory: _Optional[bool] = ..., file: _Optional[bool] = ...) -> None: ...
 
 class SetAttrRequest(_message.Message):
-    __slots__ = ("header", "path", "mode", "mtime", "atime", "set_xattrs", "remove_xattrs")
+    __slots__ = ("header", "path", "mode", "mtime", "atime", "set_xattrs", "remove_xattrs", "uid", "gid")
     class SetXattrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +266,8 @@ class SetAttrRequest(_message.Message):
     ATIME_FIELD_NUMBER: _ClassVar[int]
     SET_XATTRS_FIELD_NUMBER: _ClassVar[int]
     REMOVE_XATTRS_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     path: str
     mode: int
@@ -255,7 +275,9 @@ class SetAttrRequest(_message.Message):
     atime: float
     set_xattrs: _containers.ScalarMap[str, bytes]
     remove_xattrs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., mtime: _Optional[float] = ..., atime: _Optional[float] = ..., set_xattrs: _Optional[_Mapping[str, bytes]] = ..., remove_xattrs: _Optional[_Iterable[str]] = ...) -> None: ...
+    uid: int
+    gid: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., mtime: _Optional[float] = ..., atime: _Optional[float] = ..., set_xattrs: _Optional[_Mapping[str, bytes]] = ..., remove_xattrs: _Optional[_Iterable[str]] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
 
 class LayoutRequest(_message.Message):
     __slots__ = ("header", "path", "inode")
