@@ -97,8 +97,8 @@ class Client:
     def exists(self, path: str) -> bool:
         return self._run(self.aio.exists(path))
 
-    def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False) -> FileStat:
-        return self._run(self.aio.mkdir(path, mode, parents=parents))
+    def mkdir(self, path: str, mode: int = 0o755, **kwargs: Any) -> FileStat:
+        return self._run(self.aio.mkdir(path, mode, **kwargs))
 
     def listdir(self, path: str) -> list[FileStat]:
         return self._run(self.aio.listdir(path))
@@ -115,8 +115,8 @@ class Client:
     def remove(self, path: str, *, recursive: bool = False) -> None:
         self._run(self.aio.remove(path, recursive=recursive))
 
-    def symlink(self, target: str, path: str) -> None:
-        self._run(self.aio.symlink(target, path))
+    def symlink(self, target: str, path: str, **kwargs: Any) -> None:
+        self._run(self.aio.symlink(target, path, **kwargs))
 
     def readlink(self, path: str) -> str:
         return self._run(self.aio.readlink(path))
@@ -214,6 +214,10 @@ class File(io.RawIOBase):
     @property
     def size(self) -> int:
         return self._f.size
+
+    def moved(self, path: str) -> None:
+        """The file was renamed to ``path`` while open (its handle keeps working)."""
+        self.name = self._f.path = path
 
     def close(self) -> None:
         if not self.closed:

@@ -1,0 +1,5 @@
+import sys
+
+from fuse_client.cli import main
+
+sys.exit(main())

@@ -1,0 +1,84 @@
+"""``pcache-mount MOUNTPOINT --master ADDR``: mount PCache (wiring only)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from fuse_client.mount import MountOptions, mount, spawn_daemon
+from pcache.common.config import load_config
+from pcache.common.errors import InvalidArgument, PCacheError
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": ["-h", "--help"]},
+    epilog="Example: pcache-mount /mnt/pcache --master 10.0.0.1:19600 --attr-timeout 5 --daemon",
+)
+@click.argument("mountpoint", type=click.Path())
+@click.option("--master", envvar="PCACHE_MASTER", help="Master address host:port (env PCACHE_MASTER).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config ([client] section).")
+@click.option("--attr-timeout", type=float, default=1.0, show_default=True, help="Kernel attribute cache, seconds.")
+@click.option("--entry-timeout", type=float, default=1.0, show_default=True, help="Kernel name cache, seconds.")
+@click.option("--timeout", type=float, default=None, help="Seconds any operation may take (RPC and data I/O).")
+@click.option("--no-allow-other", is_flag=True, help="Only the mounting user may use the mount.")
+@click.option("--daemon", is_flag=True, help="Mount in the background and return once mounted.")
+@click.option("--log-file", type=click.Path(dir_okay=False), help="Log here (daemon mode).")
+@click.option("--debug", is_flag=True, help="libfuse debug output.")
+@click.pass_context
+def main_command(
+    ctx: click.Context,
+    mountpoint: str,
+    master: str | None,
+    config_path: str | None,
+    attr_timeout: float,
+    entry_timeout: float,
+    timeout: float | None,
+    no_allow_other: bool,
+    daemon: bool,
+    log_file: str | None,
+    debug: bool,
+) -> None:
+    """Mount a PCache cluster at MOUNTPOINT (extra --client.KEY=VALUE options tune the client)."""
+    from pcache.cli.main import setup_logging
+
+    cfg = load_config(config_path, ctx.args).client
+    if master:
+        cfg.master = master
+    if timeout is not None:
+        cfg.rpc_timeout = cfg.io_timeout = timeout
+        cfg.connect_timeout = min(cfg.connect_timeout, timeout)
+    if daemon:
+        argv = [a for a in sys.argv[1:] if a != "--daemon"]
+        pid = spawn_daemon(argv, mountpoint, log_file)
+        click.echo(f"mounted {cfg.master} at {mountpoint} (pid {pid})")
+        return
+    setup_logging("DEBUG" if debug else "INFO")
+    opts = MountOptions(
+        attr_timeout=attr_timeout, entry_timeout=entry_timeout, allow_other=not no_allow_other, debug=debug
+    )
+    mount(mountpoint, cfg, opts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit codes as ``pcache``: 0 ok, 2 fatal, 3 usage."""
+    try:
+        main_command.main(args=argv, prog_name="pcache-mount", standalone_mode=False)
+        return 0
+    except click.exceptions.UsageError as exc:
+        exc.show()
+        return 3
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except InvalidArgument as exc:
+        click.echo(f"pcache-mount: {exc}", err=True)
+        return 3
+    except PCacheError as exc:
+        click.echo(f"pcache-mount: {exc}", err=True)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

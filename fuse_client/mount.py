@@ -1,0 +1,153 @@
+"""Mount lifecycle: stale-mount cleanup, mount options, foreground or daemon, unmount."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from pcache.common.config import ClientConfig
+from pcache.common.errors import InvalidArgument, PCacheError, Timeout
+
+logger = logging.getLogger(__name__)
+
+MiB = 1 << 20
+
+
+@dataclass
+class MountOptions:
+    """How the kernel may cache and how long operations may take."""
+
+    attr_timeout: float = 1.0
+    """Seconds the kernel caches file attributes."""
+    entry_timeout: float = 1.0
+    """Seconds the kernel caches name lookups."""
+    negative_timeout: float = 0.0
+    """Seconds the kernel caches "no such file" (0: a file created elsewhere is seen at once)."""
+    allow_other: bool = True
+    """Let other users (training pods) use the mount; needs root or user_allow_other."""
+    max_request: int = MiB
+    """Bytes per read/write request to the kernel (libfuse3)."""
+    debug: bool = False
+    """libfuse debug output."""
+
+
+def mounted(mountpoint: str) -> str | None:
+    """The filesystem type mounted at ``mountpoint`` per /proc/self/mounts, or None."""
+    target = os.path.realpath(mountpoint)
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) >= 3 and parts[1].replace("\\040", " ") == target:
+                return parts[2]
+    return None
+
+
+def unmount(mountpoint: str, *, lazy: bool = False) -> bool:
+    """Unmount a FUSE mount with fusermount3/fusermount (or umount as root); True on success."""
+    for tool in ("fusermount3", "fusermount"):
+        if shutil.which(tool):
+            args = [tool, "-u", *(["-z"] if lazy else []), mountpoint]
+            if subprocess.run(args, capture_output=True, timeout=30).returncode == 0:
+                return True
+    if os.geteuid() == 0:
+        args = ["umount", *(["-l"] if lazy else []), mountpoint]
+        return subprocess.run(args, capture_output=True, timeout=30).returncode == 0
+    return False
+
+
+def prepare_mountpoint(mountpoint: str) -> None:
+    """Clean a stale mount left by a killed mount process, and check the directory.
+
+    Raises:
+        InvalidArgument: not a directory, or something is live-mounted there already.
+    """
+    try:
+        os.stat(mountpoint)
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise InvalidArgument(f"mountpoint {mountpoint}: {exc.strerror}") from None
+        logger.warning("%s: stale FUSE mount (transport endpoint is not connected); cleaning it", mountpoint)
+        if not unmount(mountpoint, lazy=True):
+            raise InvalidArgument(f"cannot clean the stale mount at {mountpoint}") from None
+    if not os.path.isdir(mountpoint):
+        raise InvalidArgument(f"mountpoint {mountpoint} is not a directory")
+    kind = mounted(mountpoint)
+    if kind is not None:
+        raise InvalidArgument(f"{mountpoint} is already mounted ({kind})")
+
+
+def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None = None) -> None:
+    """Mount PCache at ``mountpoint`` and serve until unmounted or signalled (blocks).
+
+    Raises:
+        InvalidArgument: bad mountpoint. PCacheError: the master cannot be reached.
+    """
+    import mfusepy
+
+    from fuse_client.ops import PCacheOperations
+    from pcache.client import Client
+
+    opts = opts or MountOptions()
+    prepare_mountpoint(mountpoint)
+    client = Client(client_cfg)
+    try:
+        client.status()  # fail before mounting when the master is unreachable
+        ops = PCacheOperations(client)
+        kwargs: dict = {
+            "foreground": True,
+            "nothreads": False,
+            "fsname": f"pcache:{client_cfg.master}",
+            "subtype": "pcache",
+            "default_permissions": True,
+            "attr_timeout": opts.attr_timeout,
+            "entry_timeout": opts.entry_timeout,
+            "negative_timeout": opts.negative_timeout,
+            "auto_cache": True,  # keep the page cache across opens unless mtime/size changed
+            "debug": opts.debug,
+        }
+        if opts.allow_other:
+            kwargs["allow_other"] = True
+        if mfusepy.fuse_version_major == 2:
+            kwargs["big_writes"] = True
+            kwargs["max_write"] = min(opts.max_request, 128 * 1024)
+        logger.info("mounting %s at %s (libfuse %d)", client_cfg.master, mountpoint, mfusepy.fuse_version_major)
+        mfusepy.FUSE(ops, mountpoint, **kwargs)
+    finally:
+        client.close()
+
+
+def wait_mounted(mountpoint: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until ``mountpoint`` is a live FUSE mount.
+
+    Raises:
+        Timeout: not mounted in time. PCacheError: the mount process exited.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (mounted(mountpoint) or "").startswith("fuse"):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise PCacheError(f"mount process exited with {proc.returncode}")
+        time.sleep(0.05)
+    raise Timeout(f"{mountpoint} was not mounted within {timeout:.0f}s")
+
+
+def spawn_daemon(argv: list[str], mountpoint: str, log_file: str | None, timeout: float = 30.0) -> int:
+    """Re-run ``pcache-mount`` in the background and wait for the mount; returns its pid."""
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fuse_client", *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    wait_mounted(mountpoint, timeout, proc)
+    return proc.pid

@@ -1,0 +1,337 @@
+"""FUSE operations over the PCache sync client: translate, delegate, map errors.
+
+Every method turns a kernel request into one call on :class:`pcache.client.Client`
+and a PCache error into ``FuseOSError(errno)`` (each ``PCacheError`` carries its
+errno), so a failure reaches the application as EIO, ENOENT, ENOSPC,
+ETIMEDOUT ... never as a traceback. Modelled on mfusepy's ``loopback.py``.
+
+Consistency is close-to-open: ``flush`` (called on every ``close(2)``) and
+``fsync`` commit a handle's writes, so another mount that opens the file
+afterwards sees them; ``release`` only drops the handle.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat as stat_mod
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import mfusepy
+from mfusepy import FuseOSError
+
+from pcache.client import Client, File
+from pcache.client.core import FileStat
+from pcache.common.errors import AlreadyExists, NotFound, PCacheError
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+BLOCK_REPORT = 512  # st_blocks unit
+IO_SIZE = 1 << 20  # st_blksize: what cp, tar and Python use as their buffer
+XATTR_PREFIX = "user."
+
+
+def translate_errors(func: F) -> F:
+    """Map PCache and OS errors to ``FuseOSError``; anything else to EIO (logged)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except FuseOSError:
+            raise
+        except PCacheError as exc:
+            raise FuseOSError(exc.errno or errno.EIO) from None
+        except OSError as exc:
+            raise FuseOSError(exc.errno or errno.EIO) from None
+        except Exception:
+            logger.exception("%s failed", func.__name__)
+            raise FuseOSError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _caller() -> tuple[int, int]:
+    uid, gid, _pid = mfusepy.fuse_get_context()
+    return uid, gid
+
+
+class PCacheOperations(mfusepy.Operations):
+    """The mount's operations table; ``client`` is a connected sync :class:`Client`."""
+
+    use_ns = True  # utimens gets nanoseconds
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._lock = threading.Lock()
+        self._handles: dict[int, File] = {}
+        self._appending: set[int] = set()
+        self._next_fh = 1
+
+    # ---------------------------------------------------------- handles --
+
+    def _add(self, f: File, append: bool = False) -> int:
+        with self._lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = f
+            if append:
+                self._appending.add(fh)
+        return fh
+
+    def _get(self, fh: int) -> File:
+        try:
+            return self._handles[fh]
+        except KeyError:
+            raise FuseOSError(errno.EBADF) from None
+
+    def _writer_of(self, path: str) -> File | None:
+        """An open writable handle of ``path`` in this mount (its size is the truth here)."""
+        with self._lock:
+            for f in self._handles.values():
+                if f.writable() and f.name == path and not f.closed:
+                    return f
+        return None
+
+    # ------------------------------------------------------------ attrs --
+
+    @staticmethod
+    def _attrs(st: FileStat, size: int | None = None) -> dict[str, Any]:
+        size = st.size if size is None else size
+        return {
+            "st_mode": st.mode,
+            "st_ino": st.inode,
+            "st_nlink": 2 if st.is_dir else 1,
+            "st_size": size if not st.is_dir else 4096,
+            "st_uid": st.uid,
+            "st_gid": st.gid,
+            "st_mtime": int(st.mtime * 1e9),
+            "st_ctime": int(st.ctime * 1e9),
+            "st_atime": int(st.atime * 1e9),
+            "st_blocks": (size + BLOCK_REPORT - 1) // BLOCK_REPORT,
+            "st_blksize": IO_SIZE,
+        }
+
+    @translate_errors
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        f = self._handles.get(fh) if fh is not None else self._writer_of(path)
+        st = self.client.stat(path) if f is None or f.closed else self.client.stat(f.name)
+        return self._attrs(st, f.size if f is not None and f.writable() else None)
+
+    @translate_errors
+    def chmod(self, path: str, mode: int) -> int:
+        self.client.setattr(path, mode=stat_mod.S_IMODE(mode))
+        return 0
+
+    @translate_errors
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        # -1 (as unsigned) means "leave unchanged"
+        self.client.setattr(
+            path, uid=None if uid in (-1, 0xFFFFFFFF) else uid, gid=None if gid in (-1, 0xFFFFFFFF) else gid
+        )
+        return 0
+
+    @translate_errors
+    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        if times is None:
+            now = _now_ns()
+            times = (now, now)
+        atime, mtime = times
+        self.client.setattr(path, atime=atime / 1e9, mtime=mtime / 1e9)
+        return 0
+
+    # ----------------------------------------------------------- xattrs --
+
+    @translate_errors
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        attrs = self.client.getxattrs(path)
+        if name not in attrs:
+            raise FuseOSError(mfusepy.ENOATTR)
+        return attrs[name]
+
+    @translate_errors
+    def listxattr(self, path: str) -> list[str]:
+        return list(self.client.getxattrs(path))
+
+    @translate_errors
+    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+        if not name.startswith(XATTR_PREFIX):
+            raise FuseOSError(errno.ENOTSUP)  # security.*, trusted.*, system.* are the kernel's
+        attrs = self.client.getxattrs(path)
+        if options & os.XATTR_CREATE and name in attrs:
+            raise FuseOSError(errno.EEXIST)
+        if options & os.XATTR_REPLACE and name not in attrs:
+            raise FuseOSError(mfusepy.ENOATTR)
+        self.client.setattr(path, set_xattrs={name: bytes(value)})
+        return 0
+
+    @translate_errors
+    def removexattr(self, path: str, name: str) -> int:
+        try:
+            self.client.setattr(path, remove_xattrs=[name])
+        except NotFound:
+            raise FuseOSError(mfusepy.ENOATTR) from None
+        return 0
+
+    # ------------------------------------------------------- namespace --
+
+    @translate_errors
+    def readdir(self, path: str, fh: int) -> Iterator[str]:
+        yield "."
+        yield ".."
+        for entry in self.client.listdir(path):
+            yield entry.name
+
+    @translate_errors
+    def mkdir(self, path: str, mode: int) -> int:
+        self.client.mkdir(path, stat_mod.S_IMODE(mode), owner=_caller())
+        return 0
+
+    @translate_errors
+    def rmdir(self, path: str) -> int:
+        self.client.rmdir(path)
+        return 0
+
+    @translate_errors
+    def unlink(self, path: str) -> int:
+        self.client.unlink(path)
+        return 0
+
+    @translate_errors
+    def rename(self, old: str, new: str) -> int:
+        self.client.rename(old, new)
+        with self._lock:  # open handles follow the file
+            for f in self._handles.values():
+                if f.name == old:
+                    f.moved(new)
+        return 0
+
+    @translate_errors
+    def symlink(self, target: str, source: str) -> int:
+        # mfusepy: symlink(link path, what it points to)
+        self.client.symlink(source, target, owner=_caller())
+        return 0
+
+    @translate_errors
+    def readlink(self, path: str) -> str:
+        return self.client.readlink(path)
+
+    @translate_errors
+    def link(self, target: str, source: str) -> int:
+        raise FuseOSError(errno.EPERM)  # no hard links: tools (git, cp) fall back to copies
+
+    @translate_errors
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        if stat_mod.S_ISREG(mode):
+            self.client.open(path, "xb", perm=stat_mod.S_IMODE(mode), owner=_caller()).close()
+            return 0
+        raise FuseOSError(errno.EPERM)  # no device nodes, FIFOs or sockets in a cache
+
+    @translate_errors
+    def statfs(self, path: str) -> dict[str, int]:
+        status = self.client.status()
+        alive = [w.info for w in status.workers if w.alive]
+        total = sum(w.capacity_bytes for w in alive)
+        free = sum(w.free_bytes for w in alive)
+        return {
+            "f_bsize": IO_SIZE,
+            "f_frsize": IO_SIZE,
+            "f_blocks": total // IO_SIZE,
+            "f_bfree": free // IO_SIZE,
+            "f_bavail": free // IO_SIZE,
+            "f_files": status.inodes + 1_000_000_000,
+            "f_ffree": 1_000_000_000,
+            "f_favail": 1_000_000_000,
+            "f_namemax": 255,
+        }
+
+    # ----------------------------------------------------------- files --
+
+    @translate_errors
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        flags = fi if isinstance(fi, int) else os.O_RDWR
+        kind = "xb" if flags & os.O_EXCL else "w+b"
+        try:
+            f = self.client.open(path, kind, perm=stat_mod.S_IMODE(mode), owner=_caller())
+        except AlreadyExists:
+            raise FuseOSError(errno.EEXIST) from None
+        return self._add(f, append=bool(flags & os.O_APPEND))
+
+    @translate_errors
+    def open(self, path: str, flags: int) -> int:
+        access = flags & os.O_ACCMODE
+        if access == os.O_RDONLY and not flags & os.O_TRUNC:
+            mode = "rb"
+        elif flags & os.O_TRUNC:
+            mode = "w+b"
+        else:
+            mode = "r+b"
+        return self._add(self.client.open(path, mode), append=bool(flags & os.O_APPEND))
+
+    @translate_errors
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        return self._get(fh).pread(offset, size)
+
+    @translate_errors
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        f = self._get(fh)
+        if fh in self._appending:
+            f.seek(0, os.SEEK_END)
+            return f.write(data)
+        return f.pwrite(data, offset)
+
+    @translate_errors
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        f = self._handles.get(fh) if fh is not None else self._writer_of(path)
+        if f is not None and f.writable():
+            f.truncate(length)
+            f.fsync()
+        else:
+            self.client.truncate(path, length)
+        return 0
+
+    @translate_errors
+    def flush(self, path: str, fh: int) -> int:
+        f = self._get(fh)
+        if f.writable():
+            f.fsync()  # close(2) returns after this: close-to-open
+        return 0
+
+    @translate_errors
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        f = self._get(fh)
+        if f.writable():
+            f.fsync()
+        return 0
+
+    @translate_errors
+    def release(self, path: str, fh: int) -> int:
+        with self._lock:
+            f = self._handles.pop(fh, None)
+            self._appending.discard(fh)
+        if f is not None:
+            f.close()
+        return 0
+
+    @translate_errors
+    def access(self, path: str, amode: int) -> int:
+        self.client.stat(path)  # existence; permission bits are checked by the kernel (default_permissions)
+        return 0
+
+    def destroy(self, path: str) -> None:
+        for fh in list(self._handles):
+            try:
+                self.release(path, fh)
+            except FuseOSError:
+                logger.warning("handle %d could not be committed at unmount", fh)
+
+
+def _now_ns() -> int:
+    import time
+
+    return time.time_ns()
