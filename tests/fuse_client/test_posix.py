@@ -1,0 +1,135 @@
+"""Shell tools and Python file patterns inside a real mount, compared with a local copy."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import stdlib_copy, tree_digest
+
+pytestmark = pytest.mark.fuse
+MiB = 1 << 20
+
+
+def sh(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    res = subprocess.run(cmd, shell=True, cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"{cmd}: {res.stderr}"
+    return res
+
+
+def test_shell_tools_on_the_stdlib_tree(mnt: Path, tmp_path: Path) -> None:
+    src = stdlib_copy(tmp_path / "stdlib")
+    sh(f"cp -r {src} {mnt}/stdlib", mnt)
+    sh(f"diff -r {src} {mnt}/stdlib", mnt)
+    assert tree_digest(mnt / "stdlib") == tree_digest(src)
+    local_find = sh("find . | sort", src).stdout
+    assert sh("find . | sort", mnt / "stdlib").stdout == local_find
+    # du counts st_blocks: equal up to rounding of the last block of each file
+    du_local = int(sh("du -s --apparent-size -B1 .", src).stdout.split()[0])
+    du_mnt = int(sh("du -s --apparent-size -B1 .", mnt / "stdlib").stdout.split()[0])
+    assert abs(du_mnt - du_local) < 4096 * 2000  # directories count 4096 on both sides
+    sh(f"tar cf {tmp_path}/t.tar -C {mnt} stdlib", mnt)
+    (mnt / "x").mkdir()
+    sh(f"tar xf {tmp_path}/t.tar -C {mnt}/x", mnt)
+    sh(f"diff -r {src} {mnt}/x/stdlib", mnt)
+    sh(f"mv {mnt}/x/stdlib {mnt}/moved", mnt)
+    assert not (mnt / "x" / "stdlib").exists() and (mnt / "moved" / "os.py").is_file()
+    sh(f"rm -r {mnt}/moved {mnt}/x {mnt}/stdlib", mnt)
+    assert list(mnt.iterdir()) == []
+
+
+def test_git_init_and_commit_inside_the_mount(mnt: Path) -> None:
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    repo = mnt / "repo"
+    repo.mkdir()
+    env = "GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@e GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t@e"
+    sh("git init -q .", repo)
+    (repo / "a.py").write_text("print('hello')\n")
+    (repo / "sub").mkdir()
+    (repo / "sub" / "b.txt").write_text("b\n" * 1000)
+    sh(f"git add -A && {env} git commit -q -m first", repo)
+    (repo / "a.py").write_text("print('changed')\n")
+    sh(f"{env} git commit -q -am second", repo)
+    log = sh("git log --oneline", repo).stdout.splitlines()
+    assert len(log) == 2
+    assert sh("git status --porcelain", repo).stdout == ""
+    sh("git fsck --strict", repo)
+
+
+def test_python_file_patterns_match_a_local_file(mnt: Path, tmp_path: Path) -> None:
+    local, remote = tmp_path / "f", mnt / "f"
+    data = os.urandom(3 * MiB + 1234)
+    for path in (local, remote):
+        with open(path, "wb") as f:
+            f.write(data)
+        with open(path, "r+b") as f:
+            f.seek(MiB - 7)
+            f.write(b"overwrite" * 100)
+            f.seek(0, os.SEEK_END)
+            f.write(b"appended")
+            f.truncate(2 * MiB + 5)
+        with open(path, "ab") as f:
+            f.write(b"tail")
+        with open(path, "r+b") as f:
+            f.seek(5 * MiB)  # a hole: reads as zeros
+            f.write(b"end")
+        os.truncate(path, 5 * MiB + 1)
+    assert remote.read_bytes() == local.read_bytes()
+    assert os.stat(remote).st_size == os.stat(local).st_size == 5 * MiB + 1
+    with open(remote, "rb") as f:
+        f.seek(3 * MiB)
+        assert f.read(10) == bytes(10)
+
+
+def test_metadata_operations_and_errors(mnt: Path) -> None:
+    (mnt / "a").write_text("x")
+    os.chmod(mnt / "a", 0o640)
+    assert os.stat(mnt / "a").st_mode & 0o777 == 0o640
+    os.utime(mnt / "a", (1_000_000_000, 1_500_000_000))
+    assert int(os.stat(mnt / "a").st_mtime) == 1_500_000_000
+    os.symlink("a", mnt / "link")
+    assert os.readlink(mnt / "link") == "a" and (mnt / "link").read_text() == "x"
+    os.setxattr(mnt / "a", "user.tag", b"v1")
+    assert os.getxattr(mnt / "a", "user.tag") == b"v1"
+    assert "user.tag" in os.listxattr(mnt / "a")
+    os.removexattr(mnt / "a", "user.tag")
+    (mnt / "b").write_text("y")
+    os.rename(mnt / "a", mnt / "b")  # replaces
+    assert (mnt / "b").read_text() == "x" and not (mnt / "a").exists()
+    (mnt / "d").mkdir()
+    (mnt / "d" / "f").write_text("z")
+    with pytest.raises(OSError) as info:
+        os.rmdir(mnt / "d")
+    assert info.value.errno == errno.ENOTEMPTY
+    with pytest.raises(FileExistsError):
+        os.open(mnt / "b", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    with pytest.raises(FileNotFoundError):
+        (mnt / "nope").read_text()
+    with pytest.raises(OSError) as info:
+        os.link(mnt / "b", mnt / "hard")
+    assert info.value.errno == errno.EPERM
+    st = os.statvfs(mnt)
+    assert st.f_blocks > 0 and st.f_bavail > 0 and st.f_namemax == 255
+    names = sorted(os.listdir(mnt))
+    assert names == ["b", "d", "link"]
+
+
+def test_large_directory_listing(mnt: Path) -> None:
+    for i in range(2300):
+        (mnt / f"f{i:05d}").touch()
+    assert sorted(os.listdir(mnt)) == [f"f{i:05d}" for i in range(2300)]
+
+
+def test_torch_save_and_load_through_the_mount(mnt: Path) -> None:
+    torch = pytest.importorskip("torch")
+    state = {"w": torch.randn(256, 128), "b": torch.arange(1000), "nested": {"x": torch.ones(3, dtype=torch.bfloat16)}}
+    torch.save(state, mnt / "state.pt")
+    back = torch.load(mnt / "state.pt")
+    assert torch.equal(back["w"], state["w"]) and torch.equal(back["b"], state["b"])
+    assert torch.equal(back["nested"]["x"], state["nested"]["x"])
