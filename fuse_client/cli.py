@@ -43,6 +43,10 @@ def main_command(
     from pcache.cli.main import setup_logging
 
     cfg = load_config(config_path, ctx.args).client
+    if not any(a.startswith("--client.metadata_ttl") for a in ctx.args):
+        # the kernel caches attributes (--attr-timeout); a second cache here would only
+        # delay close-to-open visibility, so the mount asks the master at every open
+        cfg.metadata_ttl = 0.0
     if master:
         cfg.master = master
     if timeout is not None:

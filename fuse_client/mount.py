@@ -123,6 +123,15 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
         client.close()
 
 
+def _answers(mountpoint: str) -> bool:
+    """Whether the mount serves requests (a stale one says ENOTCONN)."""
+    try:
+        os.stat(mountpoint)
+        return True
+    except OSError:
+        return False
+
+
 def wait_mounted(mountpoint: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
     """Block until ``mountpoint`` is a live FUSE mount.
 
@@ -131,7 +140,7 @@ def wait_mounted(mountpoint: str, timeout: float, proc: subprocess.Popen | None 
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (mounted(mountpoint) or "").startswith("fuse"):
+        if (mounted(mountpoint) or "").startswith("fuse") and _answers(mountpoint):
             return
         if proc is not None and proc.poll() is not None:
             raise PCacheError(f"mount process exited with {proc.returncode}")

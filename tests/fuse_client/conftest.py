@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -41,7 +42,11 @@ class Mount:
         self.log = path.parent / f"{path.name}.log"
 
     def start(self) -> Mount:
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a stale mount is pcache-mount's to clean
+            if exc.errno != errno.ENOTCONN:
+                raise
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "fuse_client", str(self.path), "--master", self.master, *self.args],

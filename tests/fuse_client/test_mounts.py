@@ -1,0 +1,225 @@
+"""Two mounts of one cluster, a randomized sequence against a local directory, and faults."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from pcache.client import Client
+from tests.fuse_client.conftest import Mount
+
+pytestmark = pytest.mark.fuse
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def second_mount(mounted_cluster, tmp_path_factory):
+    cluster, _ = mounted_cluster
+    mnt = Mount(cluster.master_address, tmp_path_factory.mktemp("second") / "mnt", "--attr-timeout", "0.5").start()
+    yield mnt
+    mnt.stop()
+
+
+def test_close_to_open_between_two_mounts(mounted_cluster, second_mount, mnt: Path) -> None:
+    _, first = mounted_cluster
+    other = second_mount.path / mnt.relative_to(first.path)
+    (mnt / "f").write_bytes(b"version-1")
+    assert (other / "f").read_bytes() == b"version-1"
+    with open(mnt / "f", "r+b") as f:
+        f.write(b"VERSION-2 longer")
+    assert (other / "f").read_bytes() == b"VERSION-2 longer"  # seen at the next open
+    os.unlink(mnt / "f")  # delete and recreate the same name
+    (mnt / "f").write_bytes(b"new file")
+    assert (other / "f").read_bytes() == b"new file"
+    time.sleep(0.6)  # past the attribute cache
+    assert os.stat(other / "f").st_size == 8
+
+
+def test_rename_is_atomic_for_the_other_mount(mounted_cluster, second_mount, mnt: Path) -> None:
+    _, first = mounted_cluster
+    other = second_mount.path / mnt.relative_to(first.path)
+    versions = {bytes([65 + i]) * (100_000 + i) for i in range(10)}
+    (mnt / "current").write_bytes(bytes([65]) * 100_000)
+    seen: list[bytes] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                seen.append((other / "current").read_bytes())
+            except OSError as exc:
+                errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for i in range(1, 10):
+        tmp = mnt / f"tmp{i}"
+        tmp.write_bytes(bytes([65 + i]) * (100_000 + i))
+        os.rename(tmp, mnt / "current")
+        time.sleep(0.05)
+    stop.set()
+    thread.join(30)
+    assert not errors
+    assert seen and all(s in versions for s in seen)  # never a mix, never torn
+
+
+class MountVsLocal(RuleBasedStateMachine):
+    """The same operations on the mount and on a local directory give the same results."""
+
+    names = st.sampled_from(["a", "b", "c", "d/x", "d/y"])
+    datas = st.binary(max_size=3000) | st.builds(
+        lambda n, b: bytes([b]) * n, st.integers(0, 3 * 65536), st.integers(0, 255)
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.roots = (MountVsLocal.mount_root, MountVsLocal.local_root)
+        MountVsLocal.counter += 1
+        self.roots = tuple(r / f"case{MountVsLocal.counter}" for r in self.roots)
+        for r in self.roots:
+            r.mkdir()
+            (r / "d").mkdir()
+
+    def both(self, fn):
+        results = []
+        for root in self.roots:
+            try:
+                results.append(("ok", fn(root)))
+            except OSError as exc:
+                results.append(("err", exc.errno))
+        assert results[0] == results[1], results
+        return results[0]
+
+    @rule(name=names, data=datas)
+    def write(self, name, data):
+        self.both(lambda r: (r / name).write_bytes(data))
+
+    @rule(name=names, data=st.binary(min_size=1, max_size=5000), offset=st.integers(0, 200_000))
+    def pwrite(self, name, data, offset):
+        def op(r):
+            fd = os.open(r / name, os.O_WRONLY)
+            try:
+                return os.pwrite(fd, data, offset)
+            finally:
+                os.close(fd)
+
+        self.both(op)
+
+    @rule(name=names, data=st.binary(max_size=500))
+    def append(self, name, data):
+        def op(r):
+            with open(r / name, "ab") as f:
+                f.write(data)
+
+        self.both(op)
+
+    @rule(name=names, size=st.integers(0, 200_000))
+    def truncate(self, name, size):
+        self.both(lambda r: os.truncate(r / name, size))
+
+    @rule(src=names, dst=names)
+    def rename(self, src, dst):
+        self.both(lambda r: os.rename(r / src, r / dst))
+
+    @rule(name=names)
+    def unlink(self, name):
+        self.both(lambda r: os.unlink(r / name))
+
+    @rule(name=names)
+    def read(self, name):
+        self.both(lambda r: hashlib.sha256((r / name).read_bytes()).hexdigest())
+
+    @invariant()
+    def same_tree(self):
+        def listing(r):
+            return sorted(
+                (str(p.relative_to(r)), p.is_dir(), 0 if p.is_dir() else p.stat().st_size) for p in r.rglob("*")
+            )
+
+        self.both(listing)
+
+
+MountVsLocal.counter = 0
+
+
+def test_random_operations_match_a_local_directory(mnt: Path, tmp_path: Path) -> None:
+    MountVsLocal.mount_root = mnt
+    MountVsLocal.local_root = tmp_path
+    run = settings(max_examples=12, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck))(
+        MountVsLocal
+    ).TestCase
+    run().runTest()
+
+
+def test_worker_killed_during_a_large_read(fuse_ready, make_cluster, tmp_path: Path) -> None:
+    cluster = make_cluster(workers=3)
+    data = os.urandom(8 * MiB) * 24  # 192 MiB
+    with Client(master=cluster.master_address) as pc:
+        pc.write_file("/big", data, replication=2, block_size=16 * MiB)
+    mount = Mount(cluster.master_address, tmp_path / "mnt", "--timeout", "5", "--client.short_circuit=false").start()
+    try:
+        digest = hashlib.sha256()
+        with open(mount.path / "big", "rb") as f:
+            done = 0
+            while chunk := f.read(MiB):
+                digest.update(chunk)
+                done += len(chunk)
+                if done == 48 * MiB:
+                    cluster.kill(cluster.worker_procs[0], signal.SIGKILL)
+        assert digest.digest() == hashlib.sha256(data).digest()
+    finally:
+        mount.stop()
+
+
+def test_master_down_fails_fast_then_recovers(fuse_ready, make_cluster, tmp_path: Path) -> None:
+    cluster = make_cluster(workers=1)
+    mount = Mount(
+        cluster.master_address, tmp_path / "mnt", "--timeout", "3", "--attr-timeout", "0", "--entry-timeout", "0"
+    ).start()
+    try:
+        (mount.path / "before").write_text("x")
+        os.kill(cluster.master.pid, signal.SIGSTOP)  # a hung master: the worst case for timeouts
+        try:
+            for op in (lambda: os.stat(mount.path / "before"), lambda: (mount.path / "new").write_text("y"),
+                       lambda: os.listdir(mount.path)):  # fmt: skip
+                start = time.monotonic()
+                with pytest.raises(OSError) as info:
+                    op()
+                assert info.value.errno in (errno.EIO, errno.ETIMEDOUT), info.value
+                assert time.monotonic() - start < 15
+        finally:
+            os.kill(cluster.master.pid, signal.SIGCONT)
+        assert (mount.path / "before").read_text() == "x"  # and it works again
+    finally:
+        mount.stop()
+
+
+def test_killed_mount_process_is_recovered_by_the_next_mount(fuse_ready, make_cluster, tmp_path: Path) -> None:
+    cluster = make_cluster(workers=1)
+    mount = Mount(cluster.master_address, tmp_path / "mnt").start()
+    (mount.path / "f").write_text("kept")
+    mount.proc.kill()
+    mount.proc.wait(10)
+    with pytest.raises(OSError) as info:
+        os.stat(mount.path / "f")
+    assert info.value.errno == errno.ENOTCONN  # "Transport endpoint is not connected"
+    again = Mount(cluster.master_address, tmp_path / "mnt").start()
+    try:
+        assert (again.path / "f").read_text() == "kept"
+        assert "stale FUSE mount" in again.log.read_text()
+    finally:
+        again.stop()
+    res = subprocess.run(["mountpoint", "-q", str(tmp_path / "mnt")], timeout=10)
+    assert res.returncode != 0  # unmounted cleanly on SIGTERM
