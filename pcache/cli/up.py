@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 
 import click
@@ -12,15 +15,21 @@ from pcache.common.config import load_config
 
 @click.command(
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-    epilog="Example: pcache up --data-dir ./pcache-data --workers 3  (Ctrl-C stops it)",
+    epilog="Example: pcache up --data-dir ./pcache-data --workers 3 --mount /mnt/pcache  (Ctrl-C stops it)",
 )
 @click.option("--data-dir", default=None, help="Root of the cluster's data (default from [cluster]).")
 @click.option("--workers", type=int, default=None, help="Worker processes to start.")
 @click.option("--port", type=int, default=None, help="Master port (default 19600; 0 picks a free one).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config for every process.")
+@click.option("--mount", "mount_dir", type=click.Path(file_okay=False), help="Also mount the cluster here (FUSE).")
 @click.pass_context
 def up(
-    ctx: click.Context, data_dir: str | None, workers: int | None, port: int | None, config_path: str | None
+    ctx: click.Context,
+    data_dir: str | None,
+    workers: int | None,
+    port: int | None,
+    config_path: str | None,
+    mount_dir: str | None,
 ) -> None:
     """Start a local cluster; extra --master.K=V / --worker.K=V go to the processes."""
     from pcache.local import LocalCluster
@@ -43,8 +52,12 @@ def up(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    mount_proc: subprocess.Popen | None = None
     try:
         cluster.start()
+        if mount_dir:
+            mount_proc = _mount(cluster, mount_dir)
+            click.echo(f"mount    {mount_dir}  (log {cluster.root / 'logs' / 'mount.log'})")
         click.echo(f"master   {cluster.master_address}")
         for proc in cluster.worker_procs:
             click.echo(f"{proc.name:<8} {proc.address}  (data {cluster.root / proc.name})")
@@ -57,8 +70,38 @@ def up(
                     reported.add(proc.name)
                     click.echo(f"pcache up: {proc.name} exited; see {proc.log}", err=True)
     finally:
+        if mount_proc is not None:
+            _unmount(mount_proc, mount_dir)
         cluster.stop()
         click.echo("cluster stopped", err=True)
+
+
+def _mount(cluster, mount_dir: str) -> subprocess.Popen:
+    from fuse_client.mount import wait_mounted
+
+    os.makedirs(mount_dir, exist_ok=True)
+    with open(cluster.root / "logs" / "mount.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fuse_client", mount_dir, "--master", cluster.master_address],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    wait_mounted(mount_dir, 30, proc)
+    return proc
+
+
+def _unmount(proc: subprocess.Popen, mount_dir: str | None) -> None:
+    from fuse_client.mount import mounted, unmount
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    if mount_dir and mounted(mount_dir):
+        unmount(mount_dir, lazy=True)
 
 
 COMMANDS = [up]
