@@ -134,13 +134,14 @@ class LocalCluster:
             self.worker_procs.append(proc)
         return proc
 
-    def start(self) -> LocalCluster:
-        """Start everything and wait until every worker has registered."""
+    def start(self, *, manifest: bool = True) -> LocalCluster:
+        """Start everything, wait until every worker has registered, write ``cluster.json``."""
         self.start_master()
         for i in range(self.workers):
             self.start_worker(i)
         self.wait_workers(self.workers)
-        self.write_manifest()
+        if manifest:
+            self.write_manifest()
         return self
 
     @property
@@ -169,8 +170,8 @@ class LocalCluster:
                     raise Timeout(f"fewer than {count} workers registered within the timeout")
                 time.sleep(0.1)
 
-    def write_manifest(self) -> Path:
-        """Write ``cluster.json`` (addresses, pids, data dirs)."""
+    def write_manifest(self, **extra: object) -> Path:
+        """Write ``cluster.json`` (addresses, pids, data dirs, and ``extra`` keys)."""
         assert self.master is not None
         manifest = {
             "master": self.master.address,
@@ -179,6 +180,7 @@ class LocalCluster:
             "workers": [
                 {"name": p.name, "address": p.address, "data_dir": str(self.root / p.name)} for p in self.worker_procs
             ],
+            **extra,
         }
         path = self.root / "cluster.json"
         tmp = path.with_suffix(".tmp")

@@ -54,10 +54,11 @@ def up(
         signal.signal(sig, lambda *_: stop.set())
     mount_proc: subprocess.Popen | None = None
     try:
-        cluster.start()
+        cluster.start(manifest=False)
         if mount_dir:
             mount_proc = _mount(cluster, mount_dir)
             click.echo(f"mount    {mount_dir}  (log {cluster.root / 'logs' / 'mount.log'})")
+        cluster.write_manifest(**({"mount": os.path.abspath(mount_dir)} if mount_dir else {}))
         click.echo(f"master   {cluster.master_address}")
         for proc in cluster.worker_procs:
             click.echo(f"{proc.name:<8} {proc.address}  (data {cluster.root / proc.name})")
