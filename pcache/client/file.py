@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from pcache.common.checksum import crc32c
 from pcache.common.errors import (
     CorruptBlock,
+    FileTooLarge,
     InvalidArgument,
     NotFound,
     PCacheError,
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 READ_FAILOVER_ERRORS = (Unavailable, Timeout, CorruptBlock, NotFound)
+HOLE = 0  # block id of a never-written block: reads as zeros, stores nothing
+MAX_FILE_SIZE = 1 << 42  # 4 TiB: keeps the per-handle slot list (one entry per block) small
 
 
 @dataclass
@@ -165,7 +168,7 @@ class PCacheFile:
         if slot.data is not None:
             chunk = bytes(slot.data[off : off + n])
             return chunk + bytes(n - len(chunk))  # holes inside a dirty block read as zeros
-        if off >= slot.length:
+        if off >= slot.length or slot.block_id == HOLE:
             return bytes(n)
         avail = min(n, slot.length - off)
         unit = self.cfg.read_unit
@@ -287,6 +290,8 @@ class PCacheFile:
         view = memoryview(data).cast("B")
         if self.append:
             self.pos = self.size
+        if self.pos + len(view) > MAX_FILE_SIZE:
+            raise FileTooLarge(f"writing past the {MAX_FILE_SIZE} byte file size limit", path=self.path)
         total = len(view)
         while view:
             idx, off = divmod(self.pos, self.block_size)
@@ -315,7 +320,7 @@ class PCacheFile:
 
     async def _dirty_slot(self, idx: int) -> Slot:
         while len(self.slots) <= idx:
-            self.slots.append(Slot(data=bytearray()))
+            self.slots.append(Slot())  # a hole until written
         slot = self.slots[idx]
         if slot.pending is not None:
             await self._settle(slot)
@@ -364,10 +369,15 @@ class PCacheFile:
         nslots = (self.size + self.block_size - 1) // self.block_size
         for idx in range(nslots):
             want = min(self.block_size, self.size - idx * self.block_size)
-            if idx >= len(self.slots) or (self.slots[idx].data is None and self.slots[idx].length != want):
+            if idx >= len(self.slots):
+                self.slots.append(Slot(length=want))  # zero-extension stays a hole: no bytes stored
+                continue
+            slot = self.slots[idx]
+            if slot.block_id == HOLE and slot.data is None and slot.pending is None:
+                slot.length = want
+                continue
+            if slot.data is None and slot.length != want:
                 slot = await self._dirty_slot(idx)
-            else:
-                slot = self.slots[idx]
             if slot.data is not None and len(slot.data) != want:
                 if len(slot.data) < want:
                     slot.data.extend(bytes(want - len(slot.data)))
@@ -381,6 +391,8 @@ class PCacheFile:
         size = self.pos if size is None else size
         if size < 0:
             raise InvalidArgument("negative size")
+        if size > MAX_FILE_SIZE:
+            raise FileTooLarge(f"{size} bytes is over the {MAX_FILE_SIZE} byte file size limit", path=self.path)
         for slot in self.slots:
             if slot.pending is not None:
                 await self._settle(slot)

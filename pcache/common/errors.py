@@ -94,6 +94,12 @@ class NoSpace(PCacheError):
     errno_code = _errno.ENOSPC
 
 
+class FileTooLarge(PCacheError):
+    """A size or offset beyond the largest file PCache stores."""
+
+    errno_code = _errno.EFBIG
+
+
 class PermissionDenied(PCacheError, PermissionError):
     """The tenant token or block token does not allow the operation."""
 
@@ -153,6 +159,7 @@ ERRORS_BY_NAME: dict[str, type[PCacheError]] = {
         InvalidPath,
         NameTooLong,
         NoSpace,
+        FileTooLarge,
         PermissionDenied,
         NotSupported,
         Unavailable,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pcache.master.namespace import Freed, Namespace
+from pcache.master.namespace import HOLE, Freed, Namespace
 from pcache.master.registry import WorkerRegistry, WorkerState
 from pcache.proto import pcache_pb2 as pb
 
@@ -57,7 +57,7 @@ class BlockManager:
     def committed(self, metas: list[pb.CommittedBlock], replication: int) -> None:
         """A file commit made these blocks part of the namespace."""
         for blk in metas:
-            if blk.block_id in self.locations:
+            if blk.block_id == HOLE or blk.block_id in self.locations:
                 continue
             self._track(blk.block_id, set(blk.replicas), replication)
             # count live holders: a replica's worker may have died (and been handled) before the commit

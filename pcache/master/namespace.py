@@ -26,6 +26,7 @@ from pcache.master.metastore import MetaStore
 from pcache.proto import pcache_pb2 as pb
 
 ROOT = 1
+HOLE = 0  # block id standing for a never-written (all-zero) block: nothing stored
 U64 = struct.Struct(">Q")
 ID_BATCH = 1024  # ids reserved per counter write
 
@@ -380,6 +381,8 @@ class Namespace:
         freed: list[pb.BlockMeta] = []
         for node in nodes:
             for block_id in node.blocks:
+                if block_id == HOLE:
+                    continue
                 meta = self.get_block(block_id)
                 if meta is not None:
                     freed.append(meta)
@@ -477,7 +480,11 @@ class Namespace:
         if node.type == pb.DIRECTORY:
             raise E.IsADirectory("is a directory", path=path or str(inode))
         metas = []
-        for block_id in node.blocks:
+        for index, block_id in enumerate(node.blocks):
+            if block_id == HOLE:  # never written: zeros, as long as its place in the file says
+                length = min(node.block_size, node.size - index * node.block_size)
+                metas.append(pb.BlockMeta(block_id=HOLE, inode=node.id, length=length))
+                continue
             meta = self.get_block(block_id)
             if meta is None:
                 raise E.PCacheError(f"block {block_id} of inode {node.id} has no record")
@@ -525,6 +532,10 @@ class Namespace:
         current = set(node.blocks)
         puts: list[tuple[bytes, bytes]] = []
         for blk in blocks:
+            if blk.block_id == HOLE:
+                if blk.length > node.block_size:
+                    raise E.InvalidArgument(f"a hole of {blk.length} bytes is longer than a block")
+                continue
             if blk.block_id in current:
                 continue
             owner = self.pending.get(blk.block_id)
@@ -545,7 +556,7 @@ class Namespace:
         deletes: list[bytes] = []
         freed: list[pb.BlockMeta] = []
         for block_id in node.blocks:
-            if block_id not in keep:
+            if block_id != HOLE and block_id not in keep:
                 meta = self.get_block(block_id)
                 if meta is not None:
                     freed.append(meta)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -240,3 +241,28 @@ def test_layout_cache_saves_rpcs_and_own_writes_invalidate(client: Client) -> No
         assert client.read_file("/lay") == b"v2"  # own write: no stale layout
     finally:
         master._call = original
+
+
+def test_sparse_files_store_no_zeros(client: Client) -> None:
+    GiB = 1 << 30
+    used_before = sum(w.info.used_bytes for w in client.status().workers)
+    client.write_file("/sparse", b"head")
+    client.truncate("/sparse", 100 * GiB)  # instant: holes, no bytes
+    with client.open("/sparse", "r+b") as f:
+        f.seek(50 * GiB + 3)
+        f.write(b"middle")
+    assert client.stat("/sparse").size == 100 * GiB
+    with client.open("/sparse", "rb") as f:
+        assert f.pread(0, 8) == b"head" + bytes(4)
+        assert f.pread(50 * GiB, 12) == bytes(3) + b"middle" + bytes(3)
+        assert f.pread(100 * GiB - 5, 100) == bytes(5)
+    layout = client._run(client.aio.master.layout(path="/sparse"))
+    stored = [b for b in layout.blocks if b.block_id]
+    assert len(stored) == 2 and len(layout.blocks) == 100 * GiB // (32 << 20)
+    with pytest.raises(E.FileTooLarge) as info:
+        client.truncate("/sparse", 1 << 50)
+    assert info.value.errno == errno.EFBIG
+    time.sleep(1.2)  # heartbeats carry the new usage
+    used_after = sum(w.info.used_bytes for w in client.status().workers)
+    assert used_after - used_before < 200 << 20  # two blocks x RF 2, not 100 GiB
+    client.unlink("/sparse")

@@ -275,6 +275,7 @@ EXPECTED = {
     "NoSpace": (errno.ENOSPC, (OSError,), False),
     "PermissionDenied": (errno.EACCES, (PermissionError,), False),
     "NotSupported": (errno.EOPNOTSUPP, (OSError,), False),
+    "FileTooLarge": (errno.EFBIG, (OSError,), False),
     "Unavailable": (errno.EIO, (ConnectionError,), True),
     "Timeout": (errno.ETIMEDOUT, (TimeoutError,), True),
     "CorruptBlock": (errno.EIO, (OSError,), True),
