@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pcache.common.errors import PCacheError, Timeout, Unavailable
+from pcache.common.errors import InvalidArgument, PCacheError, Timeout, Unavailable
 
 
 @dataclass
@@ -64,7 +64,11 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         self.root = Path(self.data_dir).resolve()
-        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        self._wrote_manifest = False
+        try:
+            (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot use {self.root} as the cluster directory: {exc.strerror}") from None
 
     # ------------------------------------------------------------ spawn --
 
@@ -186,6 +190,7 @@ class LocalCluster:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(manifest, indent=2) + "\n")
         os.replace(tmp, path)
+        self._wrote_manifest = True
         return path
 
     # ------------------------------------------------------------- stop --
@@ -207,8 +212,9 @@ class LocalCluster:
         for proc in [*self.worker_procs, self.master]:
             if proc is not None:
                 self.kill(proc, signal.SIGTERM)
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / "cluster.json").unlink()
+        if self._wrote_manifest:  # never another cluster's
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / "cluster.json").unlink()
 
     def __enter__(self) -> LocalCluster:
         return self.start()

@@ -88,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     except PCacheError as exc:
         click.echo(f"pcache: {exc}", err=True)
         return EXIT_FATAL
+    except BrokenPipeError:  # `pcache ls | head`
+        sys.stderr.close()
+        return EXIT_OK
+    except OSError as exc:  # the local side: a missing directory, an existing file, a full disk
+        where = f": {exc.filename}" if exc.filename else ""
+        click.echo(f"pcache: {exc.strerror or exc}{where}", err=True)
+        return EXIT_FATAL
     except KeyboardInterrupt:
         return EXIT_FATAL
 

@@ -11,6 +11,7 @@ import threading
 import click
 
 from pcache.common.config import load_config
+from pcache.common.errors import InvalidArgument
 
 
 @click.command(
@@ -18,7 +19,7 @@ from pcache.common.config import load_config
     epilog="Example: pcache up --data-dir ./pcache-data --workers 3 --mount /mnt/pcache  (Ctrl-C stops it)",
 )
 @click.option("--data-dir", default=None, help="Root of the cluster's data (default from [cluster]).")
-@click.option("--workers", type=int, default=None, help="Worker processes to start.")
+@click.option("--workers", type=click.IntRange(0, 256), default=None, help="Worker processes to start.")
 @click.option("--port", type=int, default=None, help="Master port (default 19600; 0 picks a free one).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config for every process.")
 @click.option("--mount", "mount_dir", type=click.Path(file_okay=False), help="Also mount the cluster here (FUSE).")
@@ -34,14 +35,19 @@ def up(
     """Start a local cluster; extra --master.K=V / --worker.K=V go to the processes."""
     from pcache.local import LocalCluster
 
+    load_config(config_path, ctx.args)  # every override valid (unknown sections too) before anything starts
     cfg = load_config(config_path, [a for a in ctx.args if a.startswith("--cluster.")])
     master_args = [a for a in ctx.args if a.startswith("--master.")]
     worker_args = [a for a in ctx.args if a.startswith("--worker.")]
     load_config(None, master_args + worker_args)  # validate before starting anything
     if cfg.cluster.worker_capacity_bytes:
         worker_args.append(f"--worker.capacity_bytes={cfg.cluster.worker_capacity_bytes}")
+    root = data_dir or cfg.cluster.data_dir
+    running = _running_master(root)
+    if running:
+        raise InvalidArgument(f"{root} is in use by a running cluster (master pid {running}); stop it first")
     cluster = LocalCluster(
-        data_dir=data_dir or cfg.cluster.data_dir,
+        data_dir=root,
         workers=workers if workers is not None else cfg.cluster.workers,
         master_port=port if port is not None else cfg.master.port,
         config=config_path,
@@ -75,6 +81,19 @@ def up(
             _unmount(mount_proc, mount_dir)
         cluster.stop()
         click.echo("cluster stopped", err=True)
+
+
+def _running_master(root: str) -> int | None:
+    """Pid of a live master recorded in ``root/cluster.json``, if any."""
+    from pcache.common.errors import PCacheError
+    from pcache.local import read_manifest
+
+    try:
+        pid = int(read_manifest(root)["pids"]["master"])
+        os.kill(pid, 0)
+        return pid
+    except (PCacheError, KeyError, ValueError, ProcessLookupError, PermissionError):
+        return None
 
 
 def _mount(cluster, mount_dir: str) -> subprocess.Popen:

@@ -12,8 +12,10 @@ target is dead or full.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import posixpath
 import stat as stat_mod
 import time
 import uuid
@@ -33,6 +35,7 @@ from pcache.common.errors import (
     NoSpace,
     NotFound,
     PCacheError,
+    SymlinkLoop,
     Timeout,
     Unavailable,
 )
@@ -44,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 WRITE_RETRY_ERRORS = (Unavailable, Timeout, NoSpace)
 METADATA_CACHE_ENTRIES = 100_000
+MAX_SYMLINK_HOPS = 40  # as Linux's MAXSYMLINKS
+MIN_BLOCK_SIZE = 64 << 10
+MAX_BLOCK_SIZE = 1 << 30
 LAYOUT_CACHE_ENTRIES = 10_000
 COPY_CONCURRENCY = 16
 COPY_BUFFER = 8 << 20
@@ -98,6 +104,19 @@ class FileStat:
             symlink_target=node.symlink_target,
             uid=node.uid,
             gid=node.gid,
+        )
+
+
+def _link_target(link: str, target: str) -> str:
+    """Absolute path a symlink at ``link`` points to (relative targets from its directory)."""
+    return normalize(posixpath.normpath(posixpath.join(posixpath.dirname(link), target)))
+
+
+def check_block_size(block_size: int) -> None:
+    """Raise InvalidArgument unless ``block_size`` is 0 (default) or within the allowed range."""
+    if block_size and not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
+        raise InvalidArgument(
+            f"block size must be 0 (default) or {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE} bytes, got {block_size}"
         )
 
 
@@ -295,27 +314,44 @@ class PCacheClient:
         """
         path = normalize(path)
         _readable, writable, kind = parse_mode(mode)
-        if writable and kind != "r":
-            self.invalidate(path)
-            node = await self.master.create(
-                path,
-                mode=perm,
-                exclusive=kind == "x",
-                truncate=kind == "w",
-                block_size=block_size or self.cfg.block_size,
-                replication=replication or self.cfg.replication,
-                owner=_owner(owner),
-            )
-            if kind in "wx" and node.type == pb.REGULAR:
-                return PCacheFile(self, path, mode, pb.FileLayout(inode=node))  # empty: no layout RPC
-        layout = self._layout_cache.get(path) if not writable else None
-        if layout is None:
-            layout = await self.master.layout(path=path)
-            if self.cfg.metadata_ttl > 0 and not writable:
-                self._layout_cache[path] = layout
-        if layout.inode.type == pb.DIRECTORY:
-            raise IsADirectory("is a directory", path=path)
-        return PCacheFile(self, path, mode, layout)
+        check_block_size(block_size)
+        if replication < 0:
+            raise InvalidArgument(f"replication must be >= 0, got {replication}")
+        for _hop in range(MAX_SYMLINK_HOPS):
+            layout = None
+            if writable and kind != "r":
+                self.invalidate(path)
+                node = await self.master.create(
+                    path,
+                    mode=perm,
+                    exclusive=kind == "x",
+                    truncate=False,  # 'w' empties the file at commit: a failed writer leaves the old bytes
+                    block_size=block_size or self.cfg.block_size,
+                    replication=replication or self.cfg.replication,
+                    owner=_owner(owner),
+                )
+                if node.type == pb.REGULAR and kind in "wx":
+                    del node.blocks[:]
+                    node.size = 0
+                    f = PCacheFile(self, path, mode, pb.FileLayout(inode=node))  # empty: no layout RPC
+                    f.dirty = True  # even with nothing written, close() commits the truncation
+                    return f
+                if node.type == pb.SYMLINK:
+                    path = _link_target(path, node.symlink_target)
+                    continue
+            if layout is None:
+                layout = self._layout_cache.get(path) if not writable else None
+            if layout is None:
+                layout = await self.master.layout(path=path)
+                if self.cfg.metadata_ttl > 0 and not writable:
+                    self._layout_cache[path] = layout
+            if layout.inode.type == pb.SYMLINK:
+                path = _link_target(path, layout.inode.symlink_target)
+                continue
+            if layout.inode.type == pb.DIRECTORY:
+                raise IsADirectory("is a directory", path=path)
+            return PCacheFile(self, path, mode, layout)
+        raise SymlinkLoop("too many levels of symbolic links", path=path)
 
     async def write_block(
         self, inode: int, data: bytes | bytearray, crc: int
@@ -392,7 +428,13 @@ class PCacheClient:
                         files.append((path, join(base, d)))
                     else:
                         await self.mkdir(join(base, d), parents=True)
-                files += [(os.path.join(root, n), join(base, n)) for n in names]
+                for n in names:
+                    path = os.path.join(root, n)
+                    mode = os.lstat(path).st_mode
+                    if stat_mod.S_ISREG(mode) or stat_mod.S_ISLNK(mode):
+                        files.append((path, join(base, n)))
+                    else:  # FIFOs, sockets, devices have no bytes to copy (and a FIFO would block)
+                        logger.warning("skipping %s: not a regular file", path)
             return await self._copy_many([(src, dst) for src, dst in files], self._put_file)
         try:
             if (await self.stat(remote)).is_dir:
@@ -411,14 +453,21 @@ class PCacheClient:
             return 0
         total = 0
         st = os.stat(local)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise InvalidArgument("not a regular file (FIFO, socket or device)", path=local)
         with open(local, "rb") as src:
-            async with await self.open(remote, "wb", perm=stat_mod.S_IMODE(st.st_mode)) as dst:
-                while True:
-                    buf = await asyncio.to_thread(src.read, COPY_BUFFER)
-                    if not buf:
-                        break
+            dst = await self.open(remote, "wb", perm=stat_mod.S_IMODE(st.st_mode))
+            try:
+                while buf := await asyncio.to_thread(src.read, COPY_BUFFER):
                     await dst.write(buf)
                     total += len(buf)
+                await dst.close()
+            except BaseException:
+                await dst.abort()  # an existing file keeps its old content
+                if dst.created:
+                    with contextlib.suppress(PCacheError):
+                        await self.unlink(remote)
+                raise
         return total
 
     async def get(self, remote: str, local: str) -> tuple[int, int]:

@@ -66,6 +66,8 @@ def parse_mode(mode: str) -> tuple[bool, bool, str]:
     Raises:
         InvalidArgument: unknown mode.
     """
+    if mode.count("b") + mode.count("t") > 1:
+        raise InvalidArgument(f"invalid mode {mode!r}")
     base = mode.replace("b", "").replace("t", "")
     table = {"r": (True, False), "w": (False, True), "a": (False, True), "x": (False, True),
              "r+": (True, True), "w+": (True, True), "a+": (True, True), "x+": (True, True)}  # fmt: skip
@@ -95,6 +97,7 @@ class PCacheFile:
         self.pos = self.size if self.append else 0
         self.closed = False
         self.dirty = False
+        self.created = layout.inode.version <= 1 and not layout.inode.blocks  # made by this open
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
         self._flush_slots = asyncio.Semaphore(max(1, self.cfg.max_inflight_blocks))
@@ -211,6 +214,8 @@ class PCacheFile:
             raise
 
     def _next_unit(self, idx: int, k: int) -> tuple[int, int] | None:
+        if idx >= len(self.slots):  # the file shrank since that unit was read
+            return None
         unit = self.cfg.read_unit
         if (k + 1) * unit < self.slots[idx].length:
             return idx, k + 1
@@ -373,6 +378,8 @@ class PCacheFile:
                 self.slots.append(Slot(length=want))  # zero-extension stays a hole: no bytes stored
                 continue
             slot = self.slots[idx]
+            if slot.pending is not None:
+                await self._settle(slot)  # its length is known only once stored
             if slot.block_id == HOLE and slot.data is None and slot.pending is None:
                 slot.length = want
                 continue
@@ -399,6 +406,7 @@ class PCacheFile:
         self.size = size
         await self._pad_slots()
         self.dirty = True
+        self._last_unit = None
         return size
 
     async def fsync(self) -> None:
@@ -444,11 +452,22 @@ class PCacheFile:
         if self._error is not None:
             raise self._error
 
+    async def abort(self) -> None:
+        """Drop the handle without committing: the file keeps its last committed content."""
+        if self.closed:
+            return
+        self.dirty = False
+        self._error = None
+        await self.close()
+
     async def __aenter__(self) -> PCacheFile:
         return self
 
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self.writable:
+            await self.abort()  # an exception inside ``async with``: publish nothing
+        else:
+            await self.close()
 
 
 def _consume_exception(task: asyncio.Task) -> None:

@@ -149,9 +149,22 @@ class Client:
         self._run(self.aio.write_file(path, data, **kwargs))
 
     # files
-    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> File:
-        """Open a file; binary modes as Python's (r, w, a, x, +). See :meth:`PCacheClient.open`."""
-        return File(self, self._run(self.aio.open(path, mode, **kwargs)))
+    def open(self, path: str, mode: str = "rb", *, encoding: str | None = None, **kwargs: Any) -> Any:
+        """Open a file with Python's modes (r, w, a, x, +; b for bytes, else text). See :meth:`PCacheClient.open`.
+
+        Binary modes return a :class:`File` (unbuffered, like ``buffering=0``); text
+        modes wrap it in ``io.TextIOWrapper`` over the matching buffered class.
+        """
+        raw = File(self, self._run(self.aio.open(path, mode.replace("t", ""), **kwargs)))
+        if "b" in mode:
+            return raw
+        if raw.readable() and raw.writable():
+            buffered: io.BufferedIOBase = io.BufferedRandom(raw, 1 << 20)
+        elif raw.writable():
+            buffered = io.BufferedWriter(raw, 1 << 20)
+        else:
+            buffered = io.BufferedReader(raw, 1 << 20)
+        return io.TextIOWrapper(buffered, encoding=encoding or "utf-8")
 
 
 class File(io.RawIOBase):
@@ -225,3 +238,17 @@ class File(io.RawIOBase):
                 self._client._run(self._f.close())
             finally:
                 super().close()
+
+    def abort(self) -> None:
+        """Close without committing: the file keeps its last committed content."""
+        if not self.closed:
+            try:
+                self._client._run(self._f.abort())
+            finally:
+                super().close()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self.writable():
+            self.abort()  # an exception inside ``with``: publish nothing (the old content stays)
+        else:
+            self.close()

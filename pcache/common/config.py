@@ -101,8 +101,8 @@ class WorkerConfig:
 
 @dataclass
 class ClientConfig:
-    master: str = f"127.0.0.1:{DEFAULT_MASTER_PORT}"
-    """Master address host:port."""
+    master: str = field(default_factory=lambda: os.environ.get("PCACHE_MASTER") or f"127.0.0.1:{DEFAULT_MASTER_PORT}")
+    """Master address host:port (default: $PCACHE_MASTER, else 127.0.0.1:19600)."""
     rpc_timeout: float = 10.0
     """Seconds any master RPC may take."""
     connect_timeout: float = 3.0
@@ -210,7 +210,39 @@ def _apply(section_obj: Any, section: str, values: dict[str, Any]) -> None:
     for key, value in values.items():
         if key not in fields:
             raise InvalidArgument(f"unknown option {section}.{key}")
-        setattr(section_obj, key, _coerce(section, key, fields[key].type, value))
+        coerced = _coerce(section, key, fields[key].type, value)
+        limits = LIMITS.get((section, key))
+        if limits is not None and not limits[0] <= coerced <= limits[1]:
+            raise InvalidArgument(f"{section}.{key}={value!r} is outside {limits[0]:g}..{limits[1]:g}")
+        setattr(section_obj, key, coerced)
+
+
+# (section, key) -> (lowest, highest) accepted value
+LIMITS: dict[tuple[str, str], tuple[float, float]] = {
+    ("master", "port"): (0, 65535),
+    ("worker", "port"): (0, 65535),
+    ("master", "default_block_size"): (64 * KiB, GiB),
+    ("master", "default_replication"): (1, 16),
+    ("master", "dead_after"): (0.1, 86400),
+    ("master", "heartbeat_interval"): (0.01, 3600),
+    ("master", "replication_check_interval"): (0.01, 3600),
+    ("master", "listdir_limit"): (1, 100_000),
+    ("worker", "capacity_bytes"): (0, 1 << 60),
+    ("worker", "reserve_bytes"): (0, 1 << 60),
+    ("worker", "mem_tier_bytes"): (0, 1 << 50),
+    ("worker", "io_timeout"): (0.1, 3600),
+    ("worker", "bandwidth_limit"): (0, 1 << 50),
+    ("client", "rpc_timeout"): (0.1, 3600),
+    ("client", "connect_timeout"): (0.05, 3600),
+    ("client", "io_timeout"): (0.1, 3600),
+    ("client", "metadata_ttl"): (0, 3600),
+    ("client", "read_unit"): (64 * KiB, GiB),
+    ("client", "readahead_units"): (0, 64),
+    ("client", "max_inflight_blocks"): (1, 64),
+    ("client", "block_size"): (0, GiB),
+    ("client", "replication"): (0, 16),
+    ("cluster", "workers"): (0, 256),
+}
 
 
 def load_config(

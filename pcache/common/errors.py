@@ -88,6 +88,18 @@ class NameTooLong(InvalidPath):
     errno_code = _errno.ENAMETOOLONG
 
 
+class SymlinkLoop(InvalidPath):
+    """Too many symbolic links were followed resolving a path."""
+
+    errno_code = _errno.ELOOP
+
+
+class Conflict(PCacheError):
+    """The file changed under a writer (another writer committed first); nothing was committed."""
+
+    errno_code = _errno.ESTALE
+
+
 class NoSpace(PCacheError):
     """No worker (or not this one) has room for the block."""
 
@@ -158,6 +170,8 @@ ERRORS_BY_NAME: dict[str, type[PCacheError]] = {
         InvalidArgument,
         InvalidPath,
         NameTooLong,
+        SymlinkLoop,
+        Conflict,
         NoSpace,
         FileTooLarge,
         PermissionDenied,

@@ -33,6 +33,8 @@ STATUS_BY_ERROR: dict[type[E.PCacheError], grpc.StatusCode] = {
     E.InvalidPath: grpc.StatusCode.INVALID_ARGUMENT,
     E.NameTooLong: grpc.StatusCode.INVALID_ARGUMENT,
     E.NoSpace: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.SymlinkLoop: grpc.StatusCode.INVALID_ARGUMENT,
+    E.Conflict: grpc.StatusCode.ABORTED,
     E.FileTooLarge: grpc.StatusCode.OUT_OF_RANGE,
     E.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     E.NotSupported: grpc.StatusCode.UNIMPLEMENTED,

@@ -160,10 +160,11 @@ class BlockManager:
         return sum(1 for b in self.under if b in self.locations and not self.live_replicas(b))
 
     def under_replicated(self) -> int:
-        """Blocks with fewer live replicas than their target."""
+        """Blocks with fewer live replicas than their target (capped by the live workers)."""
+        alive = len(self.registry.alive())
         return sum(
             1 for b in self.under
-            if b in self.locations and len(self.live_replicas(b)) < self.target.get(b, 1)
+            if b in self.locations and len(self.live_replicas(b)) < min(self.target.get(b, 1), alive)
         )  # fmt: skip
 
     # ---------------------------------------------------------- helpers --

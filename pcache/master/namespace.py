@@ -26,6 +26,7 @@ from pcache.master.metastore import MetaStore
 from pcache.proto import pcache_pb2 as pb
 
 ROOT = 1
+MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 64 << 10, 1 << 30
 HOLE = 0  # block id standing for a never-written (all-zero) block: nothing stored
 U64 = struct.Struct(">Q")
 ID_BATCH = 1024  # ids reserved per counter write
@@ -248,8 +249,10 @@ class Namespace:
                 freed = self._replace_blocks(node, [], 0, time.time())
             node.name = name
             return node, freed
-        if block_size < 0 or replication < 0:
-            raise E.InvalidArgument("block size and replication must be >= 0", path=path)
+        if block_size and not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
+            raise E.InvalidArgument(f"block size must be {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE} bytes", path=path)
+        if replication < 0 or replication > 16:
+            raise E.InvalidArgument("replication must be 0 (default) .. 16", path=path)
         node = self._new_inode(
             pb.REGULAR,
             mode,
@@ -540,7 +543,10 @@ class Namespace:
                 continue
             owner = self.pending.get(blk.block_id)
             if owner is None or owner[0] != node.id:
-                raise E.InvalidArgument(f"block {blk.block_id} was not allocated for inode {node.id}")
+                raise E.Conflict(
+                    f"inode {node.id} changed since this writer opened it (block {blk.block_id} is no longer"
+                    " its own): another writer committed first; this version was not committed"
+                )
             if not blk.replicas:
                 raise E.InvalidArgument(f"block {blk.block_id} has no replica")
             meta = pb.BlockMeta(

@@ -59,3 +59,21 @@ def test_pcache_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
     assert "cluster stopped" in err
     assert not (data / "cluster.json").exists()
     assert not any(pid_alive(p) for p in pids)
+
+
+def test_second_up_on_a_busy_dir_refuses_and_keeps_the_manifest(tmp_path: Path) -> None:
+    data = tmp_path / "cluster"
+    cmd = [sys.executable, "-m", "pcache", "up", "--data-dir", str(data), "--workers", "1", "--port", "0"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (data / "cluster.json").exists():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 3
+        assert "in use by a running cluster" in second.stderr and second.stderr.count("\n") == 1
+        assert (data / "cluster.json").exists()
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)

@@ -276,6 +276,8 @@ EXPECTED = {
     "PermissionDenied": (errno.EACCES, (PermissionError,), False),
     "NotSupported": (errno.EOPNOTSUPP, (OSError,), False),
     "FileTooLarge": (errno.EFBIG, (OSError,), False),
+    "SymlinkLoop": (errno.ELOOP, (OSError, ValueError), False),
+    "Conflict": (errno.ESTALE, (OSError,), False),
     "Unavailable": (errno.EIO, (ConnectionError,), True),
     "Timeout": (errno.ETIMEDOUT, (TimeoutError,), True),
     "CorruptBlock": (errno.EIO, (OSError,), True),

@@ -646,9 +646,9 @@ def test_commit_rejects_foreign_and_unknown_blocks(ns: Namespace) -> None:
     mine, _ = ns.allocate_block(f.id)
     theirs, _ = ns.allocate_block(g.id)
     good = pb.CommittedBlock(block_id=mine, length=1, replicas=["w1"])
-    with pytest.raises(E.InvalidArgument):
+    with pytest.raises(E.Conflict):
         ns.commit_file(f.id, 2, [good, pb.CommittedBlock(block_id=theirs, length=1, replicas=["w1"])])
-    with pytest.raises(E.InvalidArgument):
+    with pytest.raises(E.Conflict):
         ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=777777, length=1, replicas=["w1"])])
     with pytest.raises(E.InvalidArgument):
         ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=mine, length=1)])  # no replica
@@ -657,7 +657,7 @@ def test_commit_rejects_foreign_and_unknown_blocks(ns: Namespace) -> None:
     assert mine in ns.pending and theirs in ns.pending
     ns.commit_file(f.id, 1, [good])
     # a block committed once cannot be committed again by another file
-    with pytest.raises(E.InvalidArgument):
+    with pytest.raises(E.Conflict):
         ns.commit_file(g.id, 1, [good])
     assert ns.layout("/g")[1] == []
 

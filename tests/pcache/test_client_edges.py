@@ -1,0 +1,149 @@
+"""Edge cases a first user hit: write counts, failed writers, symlinks, conflicts, special files, text mode."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pcache.client import Client
+from pcache.common import errors as E
+from pcache.common.config import load_config
+
+MiB = 1 << 20
+
+
+def count_block_writes(client: Client) -> list[int]:
+    calls: list[int] = []
+    original = client.aio.write_block
+
+    async def counting(inode, data, crc):
+        calls.append(len(data))
+        return await original(inode, data, crc)
+
+    client.aio.write_block = counting
+    return calls
+
+
+def test_each_block_is_written_once(client: Client) -> None:
+    calls = count_block_writes(client)
+    try:
+        with client.open("/once", "wb", block_size=MiB) as f:
+            for _ in range(4):
+                f.write(os.urandom(MiB))
+            f.write(b"tail")
+    finally:
+        del client.aio.write_block
+    assert calls == [MiB] * 4 + [4]
+
+
+def test_shrink_then_grow_in_one_handle(client: Client) -> None:
+    bs = 65536
+    with client.open("/v2", "wb", block_size=bs) as f:
+        f.write(b"p" * (2 * bs + 3))
+    with client.open("/v2", "r+b") as f:
+        assert f.read(10) == b"p" * 10
+        f.seek(2 * bs + 3)
+        f.write(b"1")
+        f.truncate(0)
+        f.truncate(10)
+        f.seek(10)
+        f.write(b"y" * (bs + 1))
+    assert client.read_file("/v2") == bytes(10) + b"y" * (bs + 1)
+
+
+def test_a_failed_writer_leaves_the_old_content(client: Client) -> None:
+    client.write_file("/keep", b"precious")
+    with pytest.raises(RuntimeError), client.open("/keep", "wb") as f:
+        f.write(b"half-written")
+        raise RuntimeError("the writer dies")
+    assert client.read_file("/keep") == b"precious"
+    f = client.open("/keep", "wb")  # opening with 'w' empties nothing until close
+    assert client.read_file("/keep") == b"precious"
+    f.close()
+    assert client.read_file("/keep") == b""
+
+
+def test_symlinks_are_followed_by_open(client: Client) -> None:
+    client.mkdir("/ln/dir", parents=True)
+    client.write_file("/ln/dir/target", b"data")
+    client.symlink("dir/target", "/ln/rel")
+    client.symlink("/ln/rel", "/ln/abs-to-rel")
+    assert client.read_file("/ln/rel") == b"data"
+    assert client.read_file("/ln/abs-to-rel") == b"data"
+    with client.open("/ln/rel", "ab") as f:
+        f.write(b"+more")
+    assert client.read_file("/ln/dir/target") == b"data+more"
+    assert client.stat("/ln/rel").kind == "symlink"  # stat does not follow
+    client.symlink("/ln/loop2", "/ln/loop1")
+    client.symlink("/ln/loop1", "/ln/loop2")
+    with pytest.raises(E.SymlinkLoop) as info:
+        client.read_file("/ln/loop1")
+    assert info.value.errno == errno.ELOOP
+
+
+def test_two_writers_last_close_conflicts_instead_of_corrupting(client: Client) -> None:
+    with client.open("/two", "wb", block_size=MiB) as f:
+        f.write(b"a" * (2 * MiB))
+    w1, w2 = client.open("/two", "r+b"), client.open("/two", "r+b")
+    w1.write(b"1")
+    w2.seek(MiB)
+    w2.write(b"2")
+    w1.close()
+    with pytest.raises(E.Conflict) as info:
+        w2.close()
+    assert info.value.errno == errno.ESTALE
+    data = client.read_file("/two")
+    assert data[:1] == b"1" and data[MiB : MiB + 1] == b"a"  # the first close won, whole
+
+
+def test_put_skips_fifos_and_refuses_devices(shared_cluster, client: Client, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a")
+    os.mkfifo(src / "fifo")
+    files, _ = client.put(str(src), "/special")
+    assert files == 1 and client.read_file("/special/a.txt") == b"a"
+    assert not client.exists("/special/fifo")
+    with pytest.raises(E.InvalidArgument):
+        client.put("/dev/zero", "/zero")
+    assert not client.exists("/zero")
+
+
+def test_text_mode(client: Client) -> None:
+    with client.open("/text.txt", "w") as f:
+        f.write("héllo\nwörld\n")
+    with client.open("/text.txt", "r") as f:
+        assert f.readlines() == ["héllo\n", "wörld\n"]
+    with pytest.raises(E.InvalidArgument):
+        client.open("/text.txt", "rbb")
+
+
+def test_config_values_are_range_checked() -> None:
+    for bad in ("--master.default_replication=-1", "--master.default_block_size=0", "--client.read_unit=1"):
+        with pytest.raises(E.InvalidArgument):
+            load_config(None, [bad])
+    with pytest.raises(E.InvalidArgument):
+        load_config(None, ["--foo.bar=1"])
+
+
+def test_cli_local_errors_are_one_line(shared_cluster, client: Client, tmp_path: Path) -> None:
+    client.write_file("/one.txt", b"1")
+    res = subprocess.run(
+        [sys.executable, "-m", "pcache", "--master", shared_cluster.master_address, "get", "/one.txt",
+         str(tmp_path / "missing-dir" / "x")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "No such file or directory" in res.stderr
+
+
+def test_replication_above_the_worker_count_is_not_reported_forever(make_cluster) -> None:
+    cluster = make_cluster(workers=1)
+    with Client(master=cluster.master_address) as pc:
+        pc.write_file("/rf", b"x" * 1000, replication=2)
+        status = pc.status()
+        assert status.under_replicated_blocks == 0 and status.missing_blocks == 0
