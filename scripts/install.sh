@@ -3,4 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# FUSE for pcache-mount and its tests (Debian packages; needs root)
+if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p | grep -q libfuse3; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3 >/dev/null
+  else
+    echo "install.sh: fuse3 missing and cannot apt-get it; FUSE tests will be skipped" >&2
+  fi
+fi
+# PyTorch: the CPU build (2.13.0) first, so the range in pyproject.toml pulls nothing bigger
+"$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
 "$PY" -m pip install -q --disable-pip-version-check -e '.[test,dev]'
