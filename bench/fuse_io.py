@@ -38,7 +38,7 @@ metadata rates are files (operations) per second.
 Usage::
 
     python bench/fuse_io.py --quick             # 256 MiB, 3 reps, 5k files; under a minute
-    python bench/fuse_io.py                     # 1 GiB, 5 reps, 50k files; a few minutes
+    python bench/fuse_io.py                     # 1 GiB, 5 reps, 50k files (3 reps); ~10 minutes
     python bench/fuse_io.py --read-ahead-kb 1024 --dir /mnt/nvme --keep
 
 ``python bench/fuse_io.py --serve-memfs MOUNTPOINT`` serves only the memfs (foreground,
@@ -572,7 +572,7 @@ class Bench:
                 last[side] = time.monotonic()
 
         os.sync()
-        for rep in range(self.args.reps):
+        for rep in range(self.args.meta_reps):
             for side in SIDES:
                 got = measure(side, "find", lambda d=dirs[side]: find_count(d))
                 if got != n:
@@ -581,7 +581,7 @@ class Bench:
                 measure(side, "stat", lambda ps=paths[side]: [os.stat(p) for p in ps])
             s = self.samples
             log(
-                f"meta rep {rep + 1}/{self.args.reps} (files/s): "
+                f"meta rep {rep + 1}/{self.args.meta_reps} (files/s): "
                 + "; ".join(f"{side} find {n / s[f'{side}_find'][-1]:.0f} stat {n / s[f'{side}_stat'][-1]:.0f}" for side in SIDES)
             )  # fmt: skip
 
@@ -619,7 +619,7 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
     print()
     print(
         f"PCache FUSE benchmark: file {size / MiB:.0f} MiB in {IO // 1024} KiB requests, {n} files for find/stat, "
-        f"medians of {args.reps} reps; attr/entry timeout {args.attr_timeout}/{args.entry_timeout} s; "
+        f"medians of {args.reps} reps ({args.meta_reps} for find/stat); attr/entry timeout {args.attr_timeout}/{args.entry_timeout} s; "
         f"read_ahead_kb pcache {info['pcache_read_ahead_kb']} memfs {info['memfs_read_ahead_kb']}"
     )
     header = f"{'measure':<30}{'pcache':>10}{'memfs':>10}{'local':>10}{'vs memfs':>10}{'vs local':>10}  {'target':<16}"
@@ -649,9 +649,10 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
     print("cold = first read after posix_fadvise(DONTNEED) of the file (mount: every byte through FUSE,")
     print("  PCache's block files left in the host page cache; local: from the disk). warm = second read.")
     print("read cold from disk = PCache's block files dropped as well, against the local cold read.")
+    print(f"find/stat: {n} empty files, {PER_DIR} per directory; each mount pass starts after the attr/entry")
+    print("  timeouts of the previous one expired; memfs's readdir returns each entry's type (d_type).")
     print(
-        f"find/stat: {n} empty files, {PER_DIR} per directory; mount passes start after the attr/entry "
-        f"timeouts expired. Tree creation: SDK {info['sdk_create_ops']:.0f}/s, local {info['local_create_ops']:.0f}/s."
+        f"  Tree creation: SDK {info['sdk_create_ops']:.0f}/s ({CREATE_THREADS} threads), local {info['local_create_ops']:.0f}/s."
     )
     keys: dict[str, Any] = {k: round(v, 3) for k, v in res.items()}
     for side in SIDES:
@@ -666,6 +667,7 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
     keys["size_bytes"] = size
     keys["files"] = n
     keys["reps"] = args.reps
+    keys["meta_reps"] = args.meta_reps
     print("RESULT " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in keys.items()))
 
 
@@ -678,6 +680,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=parse_size, help="bytes of the I/O file (suffixes ok: 1GiB); default 1 GiB")
     p.add_argument("--reps", type=int, help="repetitions per measure (default 5, quick 3)")
     p.add_argument("--files", type=int, help="files for find/stat (default 50000, quick 5000)")
+    p.add_argument("--meta-reps", type=int, help="repetitions of find/stat (default: --reps, at most 3)")
     p.add_argument("--attr-timeout", type=float, default=1.0, help="both mounts' attribute cache, s (default 1)")
     p.add_argument("--entry-timeout", type=float, default=1.0, help="both mounts' name cache, s (default 1)")
     p.add_argument(
@@ -687,21 +690,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (cluster and mount logs)")
     p.add_argument("--serve-memfs", metavar="MOUNTPOINT", help="only serve the in-memory FS there (foreground)")
     args = p.parse_args(argv)
+    if args.serve_memfs:
+        args.files = args.files or 0  # files to pre-populate under /meta
+        return args
     if args.size is None:
         args.size = 256 * MiB if args.quick else GiB
     if args.reps is None:
         args.reps = 3 if args.quick else 5
     if args.files is None:
         args.files = 5000 if args.quick else 50_000
-    if args.serve_memfs:
-        return args
-    if args.size < IO or args.size % IO or args.reps < 1 or args.files < 1:
-        p.error("--size must be a positive multiple of 1 MiB, --reps and --files at least 1")
+    if args.meta_reps is None:
+        args.meta_reps = min(args.reps, 3)
+    if args.size < IO or args.size % IO or min(args.reps, args.meta_reps, args.files) < 1:
+        p.error("--size must be a positive multiple of 1 MiB, --reps, --meta-reps and --files at least 1")
     return args
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def own_children() -> list[int]:
+    """Pids of this process's live children (from /proc)."""
+    me, pids = os.getpid(), []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def reap_children(timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL, whatever this process started and is still running.
+
+    LocalCluster registers a process only once it is ready, so an interrupt during
+    ``start()`` would otherwise leave the one being started behind.
+    """
+    pids = own_children()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        for pid in list(pids):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            pids.remove(pid)
+        time.sleep(0.05)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def cleanup(bench: Bench | None, root: Path, keep: bool) -> None:
@@ -717,6 +762,7 @@ def cleanup(bench: Bench | None, root: Path, keep: bool) -> None:
             bench.cluster.stop()
         except Exception as exc:
             log(f"stopping the cluster: {exc}")
+    reap_children()
     still = [m for m in (root / "mnt-pcache", root / "mnt-memfs") if mounted(str(m))]
     if still:
         log(f"still mounted, scratch kept: {', '.join(map(str, still))}")
@@ -730,7 +776,7 @@ def cleanup(bench: Bench | None, root: Path, keep: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve_memfs:
-        return serve_memfs(args.serve_memfs, args.files or 0, args.attr_timeout, args.entry_timeout)
+        return serve_memfs(args.serve_memfs, args.files, args.attr_timeout, args.entry_timeout)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _interrupt)  # run the finally blocks on kill/timeout too
     signal.signal(signal.SIGHUP, _interrupt)
