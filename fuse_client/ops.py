@@ -184,7 +184,7 @@ class PCacheOperations(mfusepy.Operations):
     def readdir(self, path: str, fh: int) -> Iterator[str]:
         yield "."
         yield ".."
-        for entry in self.client.listdir(path):
+        for entry in self.client.scandir(path):  # page by page: memory flat for huge directories
             yield entry.name
 
     @translate_errors

@@ -12,5 +12,5 @@ if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p | grep -q libfuse3;
   fi
 fi
 # PyTorch: the CPU build (2.13.0) first, so the range in pyproject.toml pulls nothing bigger
-"$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
-"$PY" -m pip install -q --disable-pip-version-check -e '.[test,dev]'
+"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "torch==2.13.0"
+"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[test,dev]'

@@ -197,17 +197,22 @@ class PCacheClient:
         """Every entry of a directory, in name order (pages through large ones)."""
         return [entry async for entry in self.scandir(path)]
 
+    async def listdir_page(self, path: str, start_after: str = "") -> tuple[list[FileStat], bool]:
+        """One page of a directory after ``start_after``: (entries in name order, whether more follow)."""
+        path = normalize(path)
+        page = await self.master.listdir(path, start_after=start_after)
+        return [FileStat.from_inode(join(path, node.name), node) for node in page.entries], page.truncated
+
     async def scandir(self, path: str) -> AsyncIterator[FileStat]:
         """Stream a directory's entries page by page."""
-        path = normalize(path)
         after = ""
         while True:
-            page = await self.master.listdir(path, start_after=after)
-            for node in page.entries:
-                yield FileStat.from_inode(join(path, node.name), node)
-            if not page.truncated or not page.entries:
+            entries, more = await self.listdir_page(path, after)
+            for entry in entries:
+                yield entry
+            if not more or not entries:
                 return
-            after = page.entries[-1].name
+            after = entries[-1].name
 
     async def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
         """Atomically rename ``src`` to ``dst`` (replacing a file or empty directory)."""

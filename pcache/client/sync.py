@@ -12,7 +12,7 @@ import asyncio
 import io
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from pcache.client.core import FileStat, PCacheClient
@@ -102,6 +102,16 @@ class Client:
 
     def listdir(self, path: str) -> list[FileStat]:
         return self._run(self.aio.listdir(path))
+
+    def scandir(self, path: str) -> Iterator[FileStat]:
+        """Stream a directory one page (``master.listdir_limit`` entries) at a time."""
+        after = ""
+        while True:
+            entries, more = self._run(self.aio.listdir_page(path, after))
+            yield from entries
+            if not more or not entries:
+                return
+            after = entries[-1].name
 
     def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
         self._run(self.aio.rename(src, dst, no_replace=no_replace))
