@@ -115,6 +115,7 @@ class PCacheOperations(mfusepy.Operations):
             "st_atime": int(st.atime * 1e9),
             "st_blocks": (size + BLOCK_REPORT - 1) // BLOCK_REPORT,
             "st_blksize": IO_SIZE,
+            "st_rdev": st.rdev,
         }
 
     @translate_errors
@@ -229,8 +230,9 @@ class PCacheOperations(mfusepy.Operations):
     def mknod(self, path: str, mode: int, dev: int) -> int:
         if stat_mod.S_ISREG(mode):
             self.client.open(path, "xb", perm=stat_mod.S_IMODE(mode), owner=_caller()).close()
-            return 0
-        raise FuseOSError(errno.EPERM)  # no device nodes, FIFOs or sockets in a cache
+        else:  # FIFOs, sockets, device nodes: the inode is ours, their behaviour the kernel's
+            self.client.mknod(path, mode, dev, owner=_caller())
+        return 0
 
     @translate_errors
     def statfs(self, path: str) -> dict[str, int]:

@@ -39,7 +39,7 @@ from pcache.common.errors import (
     Timeout,
     Unavailable,
 )
-from pcache.common.inodes import file_mode
+from pcache.common.inodes import file_mode, type_of_mode
 from pcache.common.paths import join, normalize
 from pcache.proto import pcache_pb2 as pb
 
@@ -55,6 +55,17 @@ COPY_CONCURRENCY = 16
 COPY_BUFFER = 8 << 20
 
 
+KIND_NAMES = {
+    pb.REGULAR: "file",
+    pb.DIRECTORY: "dir",
+    pb.SYMLINK: "symlink",
+    pb.FIFO: "fifo",
+    pb.CHAR_DEVICE: "chardev",
+    pb.BLOCK_DEVICE: "blockdev",
+    pb.SOCKET: "socket",
+}
+
+
 @dataclass(frozen=True)
 class FileStat:
     """What ``stat`` returns: sizes in bytes, times in seconds since the epoch."""
@@ -62,7 +73,7 @@ class FileStat:
     path: str
     name: str
     inode: int
-    kind: str  # "file", "dir", "symlink"
+    kind: str  # "file", "dir", "symlink", "fifo", "chardev", "blockdev", "socket"
     mode: int  # st_mode: type bits | permissions
     size: int
     mtime: float
@@ -75,6 +86,7 @@ class FileStat:
     symlink_target: str = ""
     uid: int = 0
     gid: int = 0
+    rdev: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -86,7 +98,7 @@ class FileStat:
 
     @classmethod
     def from_inode(cls, path: str, node: pb.Inode) -> FileStat:
-        kind = {pb.DIRECTORY: "dir", pb.SYMLINK: "symlink"}.get(node.type, "file")
+        kind = KIND_NAMES.get(node.type, "file")
         return cls(
             path=path,
             name=node.name,
@@ -104,6 +116,7 @@ class FileStat:
             symlink_target=node.symlink_target,
             uid=node.uid,
             gid=node.gid,
+            rdev=node.rdev,
         )
 
 
@@ -245,6 +258,23 @@ class PCacheClient:
         self.invalidate(path)
         await self.master.symlink(path, target, _owner(owner))
 
+    async def mknod(self, path: str, mode: int, rdev: int = 0, *, owner: tuple[int, int] | None = None) -> FileStat:
+        """Create a FIFO, socket or device node (``mode`` carries the ``S_IF*`` type bits).
+
+        Raises:
+            AlreadyExists: the path exists. InvalidArgument: a regular-file or directory mode.
+        """
+        path = normalize(path)
+        kind = type_of_mode(mode)
+        if kind == pb.REGULAR or kind == pb.DIRECTORY or kind == pb.SYMLINK:
+            raise InvalidArgument("mknod makes FIFOs, sockets and device nodes", path=path)
+        self.invalidate(path)
+        node = await self.master.create(
+            path, mode=stat_mod.S_IMODE(mode), exclusive=True, truncate=False, block_size=0, replication=0,
+            owner=_owner(owner), kind=kind, rdev=rdev,
+        )  # fmt: skip
+        return FileStat.from_inode(path, node)
+
     async def readlink(self, path: str) -> str:
         """Target of a symlink. Raises InvalidArgument if not a symlink."""
         st = await self.stat(path)
@@ -355,6 +385,8 @@ class PCacheClient:
                 continue
             if layout.inode.type == pb.DIRECTORY:
                 raise IsADirectory("is a directory", path=path)
+            if layout.inode.type != pb.REGULAR:
+                raise InvalidArgument(f"not a regular file ({KIND_NAMES.get(layout.inode.type)})", path=path)
             return PCacheFile(self, path, mode, layout)
         raise SymlinkLoop("too many levels of symbolic links", path=path)
 

@@ -59,6 +59,8 @@ class MasterClient:
         block_size: int,
         replication: int,
         owner: pb.Owner | None = None,
+        kind: int = pb.REGULAR,
+        rdev: int = 0,
     ) -> pb.Inode:
         return await self._call(
             "Create",
@@ -71,6 +73,8 @@ class MasterClient:
                 block_size=block_size,
                 replication=replication,
                 owner=owner,
+                type=kind,
+                rdev=rdev,
             ),
         )
 

@@ -128,6 +128,9 @@ class Client:
     def symlink(self, target: str, path: str, **kwargs: Any) -> None:
         self._run(self.aio.symlink(target, path, **kwargs))
 
+    def mknod(self, path: str, mode: int, rdev: int = 0, **kwargs: Any) -> FileStat:
+        return self._run(self.aio.mknod(path, mode, rdev, **kwargs))
+
     def readlink(self, path: str) -> str:
         return self._run(self.aio.readlink(path))
 

@@ -27,6 +27,7 @@ from pcache.proto import pcache_pb2 as pb
 
 ROOT = 1
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 64 << 10, 1 << 30
+SPECIAL_TYPES = (pb.FIFO, pb.CHAR_DEVICE, pb.BLOCK_DEVICE, pb.SOCKET)
 HOLE = 0  # block id standing for a never-written (all-zero) block: nothing stored
 U64 = struct.Struct(">Q")
 ID_BATCH = 1024  # ids reserved per counter write
@@ -224,6 +225,8 @@ class Namespace:
         replication: int = 0,
         uid: int = 0,
         gid: int = 0,
+        kind: int = pb.REGULAR,
+        rdev: int = 0,
     ) -> tuple[pb.Inode, Freed]:
         """Create (or open, or truncate) a regular file.
 
@@ -237,8 +240,10 @@ class Namespace:
         """
         parent, name = self._resolve_parent(path)
         existing = self._lookup(parent.id, name)
+        if kind not in SPECIAL_TYPES and kind != pb.REGULAR:
+            raise E.InvalidArgument(f"create makes regular or special files, not type {kind}", path=path)
         if existing is not None:
-            if exclusive:
+            if exclusive or kind != pb.REGULAR:
                 raise E.AlreadyExists("file exists", path=path)
             node = self._get_inode(existing)
             if node.type == pb.DIRECTORY:
@@ -254,8 +259,9 @@ class Namespace:
         if replication < 0 or replication > 16:
             raise E.InvalidArgument("replication must be 0 (default) .. 16", path=path)
         node = self._new_inode(
-            pb.REGULAR,
+            kind,
             mode,
+            rdev=rdev,
             block_size=block_size or self.default_block_size,
             replication=replication or self.default_replication,
             uid=uid,

@@ -79,6 +79,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                 replication=request.replication,
                 uid=request.owner.uid,
                 gid=request.owner.gid,
+                kind=request.type or pb.REGULAR,
+                rdev=request.rdev,
             )
             self.blocks.freed(freed)
             return node

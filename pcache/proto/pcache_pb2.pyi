@@ -13,6 +13,10 @@ class FileType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REGULAR: _ClassVar[FileType]
     DIRECTORY: _ClassVar[FileType]
     SYMLINK: _ClassVar[FileType]
+    FIFO: _ClassVar[FileType]
+    CHAR_DEVICE: _ClassVar[FileType]
+    BLOCK_DEVICE: _ClassVar[FileType]
+    SOCKET: _ClassVar[FileType]
 
 class DataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -29,6 +33,10 @@ FILE_TYPE_UNSPECIFIED: FileType
 REGULAR: FileType
 DIRECTORY: FileType
 SYMLINK: FileType
+FIFO: FileType
+CHAR_DEVICE: FileType
+BLOCK_DEVICE: FileType
+SOCKET: FileType
 DATA_OP_UNSPECIFIED: DataOp
 WRITE_BLOCK: DataOp
 READ_BLOCK: DataOp
@@ -66,7 +74,7 @@ class WorkerAddr(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., uds_path: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid")
+    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev")
     class XattrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +99,7 @@ class Inode(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
+    RDEV_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: FileType
     mode: int
@@ -108,7 +117,8 @@ class Inode(_message.Message):
     name: str
     uid: int
     gid: int
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
+    rdev: int
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ...) -> None: ...
 
 class BlockMeta(_message.Message):
     __slots__ = ("block_id", "inode", "length", "crc32c", "replicas", "replication")
@@ -173,7 +183,7 @@ class MkdirRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., parents: _Optional[bool] = ..., owner: _Optional[_Union[Owner, _Mapping]] = ...) -> None: ...
 
 class CreateRequest(_message.Message):
-    __slots__ = ("header", "path", "mode", "exclusive", "block_size", "replication", "truncate", "owner")
+    __slots__ = ("header", "path", "mode", "exclusive", "block_size", "replication", "truncate", "owner", "type", "rdev")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +192,8 @@ class CreateRequest(_message.Message):
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    RDEV_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     path: str
     mode: int
@@ -190,7 +202,9 @@ class CreateRequest(_message.Message):
     replication: int
     truncate: bool
     owner: Owner
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., exclusive: _Optional[bool] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., truncate: _Optional[bool] = ..., owner: _Optional[_Union[Owner, _Mapping]] = ...) -> None: ...
+    type: FileType
+    rdev: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., exclusive: _Optional[bool] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., truncate: _Optional[bool] = ..., owner: _Optional[_Union[Owner, _Mapping]] = ..., type: _Optional[_Union[FileType, str]] = ..., rdev: _Optional[int] = ...) -> None: ...
 
 class SymlinkRequest(_message.Message):
     __slots__ = ("header", "path", "target", "owner")

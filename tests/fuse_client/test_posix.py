@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -114,6 +115,12 @@ def test_metadata_operations_and_errors(mnt: Path) -> None:
     with pytest.raises(OSError) as info:
         os.link(mnt / "b", mnt / "hard")
     assert info.value.errno == errno.EPERM
+    os.mkfifo(mnt / "fifo")  # special files are inodes; the kernel runs the pipe
+    assert stat.S_ISFIFO(os.stat(mnt / "fifo").st_mode)
+    os.mknod(mnt / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    assert stat.S_ISCHR(os.stat(mnt / "null").st_mode) and os.stat(mnt / "null").st_rdev == os.makedev(1, 3)
+    os.unlink(mnt / "fifo")
+    os.unlink(mnt / "null")
     st = os.statvfs(mnt)
     assert st.f_blocks > 0 and st.f_bavail > 0 and st.f_namemax == 255
     names = sorted(os.listdir(mnt))
