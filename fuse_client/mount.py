@@ -18,6 +18,7 @@ from pcache.common.errors import InvalidArgument, PCacheError, Timeout
 logger = logging.getLogger(__name__)
 
 MiB = 1 << 20
+LIBFUSE_STOPPED_BY_SIGNAL = 8  # fuse_main()'s status after a signal ended the loop (libfuse 3)
 
 
 @dataclass
@@ -155,7 +156,14 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
             kwargs["max_write"] = min(opts.max_request, 128 * 1024)
         logger.info("mounting %s at %s (libfuse %d)", client_cfg.master, mountpoint, mfusepy.fuse_version_major)
         raise_readahead(mountpoint, opts.max_request // 1024)
-        mfusepy.FUSE(ops, mountpoint, **kwargs)
+        try:
+            mfusepy.FUSE(ops, mountpoint, **kwargs)
+        except RuntimeError as exc:
+            # fuse_main() of libfuse3 returns 8 when a signal (SIGTERM, SIGINT) ended its loop;
+            # mfusepy raises on any non-zero status, but that is the normal way to stop a mount
+            if str(exc) != str(LIBFUSE_STOPPED_BY_SIGNAL):
+                raise
+            logger.info("unmounted %s", mountpoint)
     finally:
         client.close()
 

@@ -90,13 +90,17 @@ class LocalCluster:
                 start_new_session=True,
             )
         deadline = time.monotonic() + self.start_timeout
-        while not proc.ready_file.exists():
-            if proc.popen.poll() is not None:
-                tail = proc.log.read_text(errors="replace")[-2000:]
-                raise Unavailable(f"{proc.name} exited with {proc.popen.returncode} at start:\n{tail}")
-            if time.monotonic() > deadline:
-                raise Timeout(f"{proc.name} did not start within {self.start_timeout}s (log: {proc.log})")
-            time.sleep(0.05)
+        try:
+            while not proc.ready_file.exists():
+                if proc.popen.poll() is not None:
+                    tail = proc.log.read_text(errors="replace")[-2000:]
+                    raise Unavailable(f"{proc.name} exited with {proc.popen.returncode} at start:\n{tail}")
+                if time.monotonic() > deadline:
+                    raise Timeout(f"{proc.name} did not start within {self.start_timeout}s (log: {proc.log})")
+                time.sleep(0.05)
+        except BaseException:  # Ctrl-C or a failed start: leave no half-started process behind
+            self.kill(proc, signal.SIGKILL)
+            raise
         proc.address = proc.ready_file.read_text().strip()
 
     def start_master(self) -> Proc:
