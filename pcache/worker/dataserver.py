@@ -53,7 +53,7 @@ class DataServer:
         self._throttle_until = 0.0
         self.bandwidth_limit = bandwidth_limit  # bytes/s, 0 = unlimited
 
-    async def _throttle(self, nbytes: int) -> None:
+    async def throttle(self, nbytes: int) -> None:
         """Token-bucket-free pacing: emulate a NIC of ``bandwidth_limit`` bytes/s."""
         if self.bandwidth_limit <= 0:
             return
@@ -110,7 +110,7 @@ class DataServer:
         if header.op == pb.READ_BLOCK:
             data, info = await self.read_range(header.block_id, header.offset, header.length)
             DATA_BYTES.labels("read").inc(len(data))
-            await self._throttle(len(data))
+            await self.throttle(len(data))
             return (
                 pb.DataHeader(
                     op=pb.RESPONSE,
@@ -143,7 +143,7 @@ class DataServer:
                 remaining -= len(chunk)
                 if downstream is not None:
                     downstream = await self._forward(downstream, chunk)
-                await self._throttle(len(chunk))
+                await self.throttle(len(chunk))
                 await asyncio.to_thread(writer.write, chunk)
                 staged.append(chunk)
             await asyncio.to_thread(writer.commit, header.crc32c)
@@ -279,7 +279,7 @@ class DataServer:
             await framing.write_frame(writer, hdr, payload_len=length, timeout=self.io_timeout)
             for offset in range(0, length, CHUNK_SIZE):
                 data = await piece(offset, min(CHUNK_SIZE, length - offset))
-                await self._throttle(len(data))
+                await self.throttle(len(data))
                 writer.write(data)
                 await framing.drain(writer, self.io_timeout)
             reply, _ = await framing.read_header(reader, self.io_timeout * (1 + len(rest)))

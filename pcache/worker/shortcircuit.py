@@ -144,7 +144,8 @@ class ShortCircuitServer:
                     self._replicate_from(os.dup(writer.fd), writer, list(header.pipeline))
                 )
             try:
-                await asyncio.to_thread(writer.commit, header.crc32c)
+                await self.data.throttle(writer.length)  # a node's write budget covers local writers too
+            await asyncio.to_thread(writer.commit, header.crc32c)
             except BaseException:
                 if replication is not None:
                     replication.cancel()

@@ -1,0 +1,42 @@
+"""``torch.save`` / ``torch.load`` of one object to a ``pcache://`` URI, through the SDK."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+
+from ckpt_adapter.uri import client_for, split_uri
+
+BUFFER = 8 << 20
+
+
+def save(obj: Any, uri: str) -> None:
+    """``torch.save(obj)`` into ``pcache://MASTER/path`` (parents created; atomic at close).
+
+    Raises:
+        InvalidArgument: not a pcache:// URI. PCacheError: the cluster refused the write.
+    """
+    master, path = split_uri(uri)
+    client = client_for(master)
+    parent = path.rsplit("/", 1)[0] or "/"
+    client.mkdir(parent, parents=True)
+    raw = client.open(path, "wb")
+    try:
+        with io.BufferedWriter(raw, BUFFER) as f:
+            torch.save(obj, f)
+    except BaseException:
+        raw.abort()  # nothing half-written becomes visible
+        raise
+
+
+def load(uri: str, **kwargs: Any) -> Any:
+    """``torch.load`` from ``pcache://MASTER/path``; ``kwargs`` go to ``torch.load``.
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    master, path = split_uri(uri)
+    with io.BufferedReader(client_for(master).open(path, "rb"), BUFFER) as f:
+        return torch.load(f, **kwargs)

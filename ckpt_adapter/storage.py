@@ -1,0 +1,122 @@
+"""``torch.distributed.checkpoint`` storage plug-ins that write through the PCache SDK.
+
+The checkpoint layout is exactly torch's ``FileSystemWriter`` layout (one
+``__<rank>_<n>.distcp`` file per rank plus ``.metadata``), so a checkpoint saved
+here loads with stock ``FileSystemReader`` over the FUSE mount, and the other
+way round. Bytes go through :mod:`pcache.client` (the same-host short circuit
+when the worker is local), not through FUSE.
+
+Commit is atomic: every rank's shard files are closed (committed in the
+master) before the coordinator writes ``.metadata.tmp`` and renames it to
+``.metadata``; a checkpoint directory without ``.metadata`` is incomplete and
+is never loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Generator
+from contextlib import contextmanager
+from typing import Any
+
+from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, _FileSystemWriter
+
+from ckpt_adapter.uri import SCHEME, client_for, join_uri, split_uri
+from pcache.common.errors import AlreadyExists, NotFound
+
+METADATA = ".metadata"
+STREAM_BUFFER = 4 << 20
+
+
+class PCacheFileSystem(FileSystemBase):
+    """torch's checkpoint file-system interface over ``pcache://`` URIs."""
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
+        master, p = split_uri(path)
+        raw = client_for(master).open(p, mode)
+        # buffered: pickle and torch.save issue many small reads and writes
+        stream = io.BufferedWriter(raw, STREAM_BUFFER) if raw.writable() else io.BufferedReader(raw, STREAM_BUFFER)
+        try:
+            yield stream
+        except BaseException:
+            if raw.writable():
+                raw.abort()  # a failed shard commits nothing
+            else:
+                raw.close()
+            raise
+        stream.close()  # flush, then close the PCache file: the shard is committed
+
+    def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
+        return join_uri(os.fspath(path), suffix)
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        master, src = split_uri(path)
+        _, dst = split_uri(new_path)
+        client_for(master).rename(src, dst)
+
+    def init_path(self, path: str | os.PathLike) -> str:
+        split_uri(path)  # validate early
+        return os.fspath(path).rstrip("/")
+
+    def mkdir(self, path: str | os.PathLike) -> None:
+        master, p = split_uri(path)
+        try:
+            client_for(master).mkdir(p, parents=True)
+        except AlreadyExists:
+            pass
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return os.fspath(checkpoint_id).startswith(f"{SCHEME}://")
+
+    def exists(self, path: str | os.PathLike) -> bool:
+        master, p = split_uri(path)
+        return client_for(master).exists(p)
+
+    def rm_file(self, path: str | os.PathLike) -> None:
+        master, p = split_uri(path)
+        try:
+            client_for(master).unlink(p)
+        except NotFound:
+            pass
+
+
+class PCacheStorageWriter(_FileSystemWriter):
+    """DCP ``StorageWriter`` into ``pcache://MASTER/dir`` (torch's file layout).
+
+    Args:
+        path: checkpoint directory URI.
+        thread_count: parallel shard writers per rank.
+        overwrite: allow replacing an existing checkpoint at ``path``.
+
+    PCache fsyncs every block before a file's close returns, so torch's own
+    ``sync_files`` (an ``os.sync()`` here) is off.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, thread_count: int = 1, overwrite: bool = True, **kwargs: Any):
+        super().__init__(path, sync_files=False, thread_count=thread_count, overwrite=overwrite, **kwargs)
+        self.fs = PCacheFileSystem()
+        self.path = self.fs.init_path(path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return PCacheFileSystem.validate_checkpoint_id(checkpoint_id)
+
+
+class PCacheStorageReader(FileSystemReader):
+    """DCP ``StorageReader`` of ``pcache://MASTER/dir``; refuses an uncommitted checkpoint.
+
+    Raises (from ``read_metadata``):
+        FileNotFoundError: the directory has no ``.metadata`` (missing or incomplete checkpoint).
+    """
+
+    def __init__(self, path: str | os.PathLike, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.fs = PCacheFileSystem()
+        self.path = self.fs.init_path(path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return PCacheFileSystem.validate_checkpoint_id(checkpoint_id)
