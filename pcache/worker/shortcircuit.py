@@ -145,7 +145,7 @@ class ShortCircuitServer:
                 )
             try:
                 await self.data.throttle(writer.length)  # a node's write budget covers local writers too
-            await asyncio.to_thread(writer.commit, header.crc32c)
+                await asyncio.to_thread(writer.commit, header.crc32c)
             except BaseException:
                 if replication is not None:
                     replication.cancel()
