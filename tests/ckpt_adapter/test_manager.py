@@ -1,0 +1,135 @@
+"""CheckpointManager in one process (async staging, keep-last-N, helpers) and a rank killed mid-save."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from ckpt_adapter import CheckpointManager, load, save
+from pcache.client import Client
+from tests.ckpt_adapter.dist_worker import expected
+from tests.ckpt_adapter.test_dcp import REPO, free_port, run_ranks
+
+MiB = 1 << 20
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+class Counter:
+    """A Stateful with a tensor and a Python value."""
+
+    def __init__(self) -> None:
+        self.t = torch.zeros(4)
+        self.n = 0
+
+    def state_dict(self):
+        return {"t": self.t, "n": self.n}
+
+    def load_state_dict(self, sd):
+        self.t.copy_(sd["t"])
+        self.n = sd["n"]
+
+
+def test_sync_save_load_keep_last(shared_cluster) -> None:
+    root = f"pcache://{shared_cluster.master_address}/ckpt/keep"
+    counter = Counter()
+    weights = {"w": torch.arange(10.0)}
+    mgr = CheckpointManager(root, {"c": counter, "weights": weights}, keep_last=2, interval=10)
+    assert mgr.load() is False  # nothing yet: a fresh start
+    for step in range(1, 51):
+        counter.n = step
+        counter.t.fill_(step)
+        weights["w"].add_(1)
+        mgr.save(step)
+    assert [c.step for c in mgr.list()] == [40, 50] and all(c.complete for c in mgr.list())
+    counter.n, weights["w"] = -1, torch.zeros(10)
+    restore = CheckpointManager(root, {"c": counter, "weights": weights})
+    assert restore.load() and restore.loaded_step == 50
+    assert counter.n == 50 and torch.equal(counter.t, torch.full((4,), 50.0))
+    assert torch.equal(weights["w"], torch.arange(10.0) + 50)
+    assert restore.load(40) and counter.n == 40
+    with pytest.raises(FileNotFoundError):
+        restore.load(30)
+    mgr.close()
+    restore.close()
+
+
+def test_async_save_is_immune_to_later_updates_and_memory_stays_flat(shared_cluster) -> None:
+    root = f"pcache://{shared_cluster.master_address}/ckpt/async"
+    state = {"p": torch.randn(1024, 1024), "q": torch.randn(2 * MiB // 4)}  # 4 MiB + 2 MiB
+    staging = sum(t.numel() * t.element_size() for t in state.values())
+    mgr = CheckpointManager(root, {"model": state}, async_mode=True, keep_last=1)
+    before = {k: v.clone() for k, v in state.items()}
+    mgr.save(1, force=True)
+    for t in state.values():
+        t.add_(1000.0)  # training goes on right after save() returns
+    mgr.wait()
+    check = {"model": {k: torch.zeros_like(v) for k, v in state.items()}}
+    assert CheckpointManager(root, check).load(1)
+    for k in state:
+        assert torch.equal(check["model"][k], before[k])
+    rss_after_one = rss_bytes()
+    for step in range(2, 22):
+        mgr.save(step, force=True)
+        for t in state.values():
+            t.add_(1.0)
+    mgr.close()
+    assert rss_bytes() - rss_after_one < staging + 48 * MiB  # one staging buffer, not twenty
+    assert mgr.last_blocked_s < 5
+
+
+def test_torch_save_style_helpers(shared_cluster) -> None:
+    uri = f"pcache://{shared_cluster.master_address}/ckpt/single/model.pt"
+    obj = {"w": torch.randn(300, 300), "meta": {"epoch": 3}}
+    save(obj, uri)
+    back = load(uri)
+    assert torch.equal(back["w"], obj["w"]) and back["meta"] == {"epoch": 3}
+    with pytest.raises(FileNotFoundError):
+        load(f"pcache://{shared_cluster.master_address}/ckpt/single/missing.pt")
+
+
+@pytest.mark.slow
+def test_rank_killed_mid_save_leaves_the_last_complete_checkpoint(make_cluster) -> None:
+    cluster = make_cluster(workers=2, worker_args=["--worker.bandwidth_limit=24MiB"])
+    root = f"pcache://{cluster.master_address}/ckpt/crash"
+    run_ranks_big = [sys.executable, "-m", "tests.ckpt_adapter.dist_worker", "save", root]
+    run_ranks("save", root, world=2, tp=2, step=1)  # small and complete
+    port = free_port()
+    procs = [
+        subprocess.Popen([*run_ranks_big, str(r), "2", str(port), "2", "2", "96"], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        for r in range(2)
+    ]  # fmt: skip
+    with Client(master=cluster.master_address) as pc:
+        deadline = time.monotonic() + 60
+        while not pc.exists("/ckpt/crash/step-00000002"):
+            assert time.monotonic() < deadline, "the second save never started"
+            time.sleep(0.05)
+        time.sleep(0.5)  # in the middle of writing 96 MiB at 24 MiB/s
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait(10)
+        procs[0].kill()  # its peer is gone: the launcher tears the job down
+        procs[0].wait(10)
+        want = expected()
+        state = {"model": {k: torch.zeros_like(v) for k, v in want.items()}}
+        mgr = CheckpointManager(root, state, keep_last=2)
+        infos = {c.step: c.complete for c in mgr.list()}
+        assert infos == {1: True, 2: False}  # the partial one is reported as incomplete
+        assert mgr.load() and mgr.loaded_step == 1
+        assert all(torch.equal(state["model"][k], v) for k, v in want.items())
+        mgr.save(3, force=True)  # the next complete checkpoint garbage-collects the partial one
+        assert {c.step: c.complete for c in mgr.list()} == {1: True, 3: True}
+        mgr.close()
