@@ -34,6 +34,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 BLOCK_REPORT = 512  # st_blocks unit
 IO_SIZE = 1 << 20  # st_blksize: what cp, tar and Python use as their buffer
 XATTR_PREFIX = "user."
+UTIME_NOW = (1 << 30) - 1  # <sys/stat.h>
+UTIME_OMIT = (1 << 30) - 2
 
 
 def translate_errors(func: F) -> F:
@@ -139,11 +141,16 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
-        if times is None:
-            now = _now_ns()
-            times = (now, now)
-        atime, mtime = times
-        self.client.setattr(path, atime=atime / 1e9, mtime=mtime / 1e9)
+        now = _now_ns()
+        atime, mtime = times if times is not None else (now, now)
+        # libfuse passes utimensat's UTIME_NOW / UTIME_OMIT as a bare tv_nsec (tv_sec 0)
+        atime = now if atime == UTIME_NOW else atime
+        mtime = now if mtime == UTIME_NOW else mtime
+        self.client.setattr(
+            path,
+            atime=None if atime == UTIME_OMIT else atime / 1e9,
+            mtime=None if mtime == UTIME_OMIT else mtime / 1e9,
+        )
         return 0
 
     # ----------------------------------------------------------- xattrs --

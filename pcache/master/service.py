@@ -60,7 +60,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         with RPC_SECONDS.labels("Mkdir").time():
             return self.ns.mkdir(
                 request.path,
-                request.mode or 0o755,
+                request.mode,
                 parents=request.parents,
                 uid=request.owner.uid,
                 gid=request.owner.gid,
@@ -72,7 +72,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         with RPC_SECONDS.labels("Create").time():
             node, freed = self.ns.create(
                 request.path,
-                request.mode or 0o644,
+                request.mode,
                 exclusive=request.exclusive,
                 truncate=request.truncate,
                 block_size=request.block_size,
