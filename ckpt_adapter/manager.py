@@ -33,8 +33,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
 
-from ckpt_adapter.planner import NodeAwareSavePlanner
+from ckpt_adapter.planner import NodeAwareSavePlanner, gather_nodes
 from ckpt_adapter.storage import METADATA, PCacheStorageReader, PCacheStorageWriter
 from ckpt_adapter.uri import client_for, join_uri, split_uri
 from pcache.common.errors import NotFound
@@ -60,6 +61,11 @@ class _Stager:
         self._buffers: dict[str, torch.Tensor] = {}
 
     def stage(self, obj: Any, path: str = "") -> Any:
+        if isinstance(obj, DTensor):  # stage this rank's shard; keep mesh, placements, global shape
+            local = self.stage(obj.to_local(), path + ".local")
+            return DTensor.from_local(
+                local, obj.device_mesh, obj.placements, run_check=False, shape=obj.shape, stride=obj.stride()
+            )
         if isinstance(obj, torch.Tensor):
             buf = self._buffers.get(path)
             if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
@@ -119,6 +125,9 @@ class CheckpointManager:
         self._distributed = dist.is_available() and dist.is_initialized()
         self._rank = dist.get_rank() if self._distributed else 0
         self._pg = dist.new_group(backend="gloo") if (async_mode and self._distributed) else None
+        # node ids once, here on the caller's thread: a planner gathering them on the persist
+        # thread would run a collective on the default group next to the training's own
+        self.nodes = gather_nodes()
         self._stager = _Stager()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-persist") if async_mode else None
         self._pending: Future | None = None
@@ -182,7 +191,10 @@ class CheckpointManager:
     def _persist(self, state: dict[str, Any], step: int) -> None:
         uri = self.uri_of(step)
         writer = PCacheStorageWriter(uri, thread_count=self.thread_count)
-        dcp.save(state, storage_writer=writer, planner=self.planner_factory(), process_group=self._pg)
+        planner = self.planner_factory()
+        if isinstance(planner, NodeAwareSavePlanner):
+            planner.use_nodes(self.nodes)
+        dcp.save(state, storage_writer=writer, planner=planner, process_group=self._pg)
         logger.info("checkpoint step %d committed at %s", step, uri)
         if self._rank == 0:
             self.collect_garbage(keep_step=step)

@@ -78,13 +78,13 @@ def balance_plans(all_plans: Sequence[SavePlan], nodes: Sequence[str]) -> list[S
     ]
 
 
-def gather_nodes() -> list[str]:
-    """Node id of every rank (collective when a process group is up)."""
+def gather_nodes(group: dist.ProcessGroup | None = None) -> list[str]:
+    """Node id of every rank of ``group`` (a collective when a process group is up)."""
     mine = default_node_id()
     if not (dist.is_available() and dist.is_initialized()):
         return [mine]
-    nodes: list[str] = [""] * dist.get_world_size()
-    dist.all_gather_object(nodes, mine)
+    nodes: list[str] = [""] * dist.get_world_size(group)
+    dist.all_gather_object(nodes, mine, group=group)
     return nodes
 
 
@@ -94,6 +94,10 @@ class NodeAwareSavePlanner(DefaultSavePlanner):
     def __init__(self, *args, nodes: Sequence[str] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._nodes = list(nodes) if nodes is not None else None
+
+    def use_nodes(self, nodes: Sequence[str]) -> None:
+        """Node id of each rank, known in advance (no gather at set-up)."""
+        self._nodes = list(nodes)
 
     def set_up_planner(self, state_dict, storage_meta=None, is_coordinator: bool = False) -> None:
         super().set_up_planner(state_dict, storage_meta, is_coordinator)

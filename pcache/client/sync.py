@@ -189,6 +189,7 @@ class File(io.RawIOBase):
         self._f = afile
         self.name = afile.path
         self.mode = afile.mode
+        self._unit: tuple[int, bytes] | None = None
 
     def readable(self) -> bool:
         return self._f.readable
@@ -212,7 +213,26 @@ class File(io.RawIOBase):
         return len(data)
 
     def pread(self, offset: int, length: int) -> bytes:
-        return self._client._run(self._f.pread(offset, length))
+        """Read up to ``length`` bytes at ``offset``.
+
+        A read-only handle keeps the last read unit (``read_unit`` bytes, aligned):
+        small positional reads inside it (FUSE sends 128 KiB - 1 MiB) are served in
+        the caller's thread without a hop to the event loop.
+        """
+        if self._f.writable:
+            return self._client._run(self._f.pread(offset, length))
+        cached = self._unit  # one atomic read of the (start, bytes) pair: safe across threads
+        if cached is not None and cached[0] <= offset and offset + length <= cached[0] + len(cached[1]):
+            start = offset - cached[0]
+            return cached[1][start : start + length]
+        unit = self._f.cfg.read_unit
+        if length >= unit:
+            return self._client._run(self._f.pread(offset, length))
+        base = offset - offset % unit
+        data = self._client._run(self._f.pread(base, unit))
+        self._unit = (base, data)
+        start = offset - base
+        return data[start : start + length]
 
     def write(self, data) -> int:
         return self._client._run(self._f.write(data))

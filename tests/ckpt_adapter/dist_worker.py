@@ -44,10 +44,17 @@ def main() -> int:
     zero = scenario == "load"
     model = build(mesh, want, zero)
     optim = {"exp_avg": build(mesh, {k: v * 2 for k, v in want.items()}, zero), "step": 0 if zero else 7}
-    mgr = CheckpointManager(root, {"model": model, "optim": optim}, keep_last=2)
+    mgr = CheckpointManager(root, {"model": model, "optim": optim}, keep_last=2, async_mode=scenario == "save_async")
     result: dict = {"rank": rank}
     if scenario == "save":
         mgr.save(step, force=True)
+    elif scenario == "save_async":
+        mgr.save(step, force=True)  # returns after staging this rank's shards
+        for v in [*model.values(), *optim["exp_avg"].values()]:
+            v.to_local().add_(1000.0)  # training mutates in place right away
+        total = torch.zeros(1)
+        dist.all_reduce(total)  # and runs collectives on the default group meanwhile
+        mgr.wait()
     elif scenario == "load":
         assert mgr.load(step), "no checkpoint"
         for k, v in want.items():

@@ -101,3 +101,10 @@ def test_stock_filesystem_reader_over_the_fuse_mount(saved: str, shared_cluster,
         assert state["optim"]["step"] == 7
     finally:
         mount.stop()
+
+
+def test_async_save_of_sharded_state_next_to_training_collectives(shared_cluster) -> None:
+    root = f"pcache://{shared_cluster.master_address}/ckpt/run-async"
+    run_ranks("save_async", root, world=4, tp=2, step=5)
+    results = run_ranks("load", root, world=4, tp=2, step=5)  # the pre-mutation values
+    assert [r["loaded"] for r in results] == [5] * 4
