@@ -366,10 +366,11 @@ class PCacheClient:
                     owner=_owner(owner),
                 )
                 if node.type == pb.REGULAR and kind in "wx":
+                    had_content = bool(node.size or node.blocks)
                     del node.blocks[:]
                     node.size = 0
                     f = PCacheFile(self, path, mode, pb.FileLayout(inode=node))  # empty: no layout RPC
-                    f.dirty = True  # even with nothing written, close() commits the truncation
+                    f.dirty = had_content  # even with nothing written, close() commits the truncation
                     return f
                 if node.type == pb.SYMLINK:
                     path = _link_target(path, node.symlink_target)
