@@ -63,6 +63,8 @@ if (_REPO / "pcache" / "__init__.py").exists():
     sys.path.insert(0, str(_REPO))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))
 
+from benchlib import mbps, print_result  # noqa: E402
+
 from pcache.common.config import parse_size  # noqa: E402
 
 MiB = 1 << 20
@@ -81,12 +83,6 @@ VARIANTS = ("baseline", "node_aware", "async", "sdk", "local_fs")
 def log(msg: str) -> None:
     """Progress on stderr, so stdout holds only the report."""
     print(msg, file=sys.stderr, flush=True)
-
-
-def mbps(nbytes: int, seconds: float) -> float:
-    if math.isnan(seconds):
-        return math.nan
-    return nbytes / seconds / 1e6 if seconds > 0 else math.inf
 
 
 def free_port() -> int:
@@ -524,7 +520,7 @@ def report(m: dict[str, float], args: argparse.Namespace, async_error: str) -> N
         "tp": args.tp,
         "reps": args.reps,
     }
-    print("RESULT " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in keys.items()))
+    print_result(keys)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -77,6 +77,8 @@ if (_REPO / "pcache" / "__init__.py").exists():
     sys.path.insert(0, str(_REPO))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))
 
+from benchlib import block_files, drop_page_cache, mbps, print_result  # noqa: E402
+
 from fuse_client.mount import mounted, unmount, wait_mounted  # noqa: E402
 from pcache.client import Client  # noqa: E402
 from pcache.common.config import parse_size  # noqa: E402
@@ -96,10 +98,6 @@ SIDES = ("local", "memfs", "pcache")
 def log(msg: str) -> None:
     """Progress on stderr, so stdout holds only the report."""
     print(msg, file=sys.stderr, flush=True)
-
-
-def mbps(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / 1e6 if seconds > 0 else float("inf")
 
 
 def ratio(a: float, b: float) -> float:
@@ -393,25 +391,6 @@ def check_file(path: str, size: int, buf: bytearray) -> None:
         os.close(fd)
 
 
-def drop_page_cache(paths: list[str]) -> None:
-    """Ask the kernel to drop clean cached pages of ``paths`` (works on FUSE files too)."""
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-
-def block_files(cluster_dir: Path) -> list[str]:
-    return [str(p) for p in cluster_dir.glob("worker-*/blocks/*/*.blk")]
-
-
 def find_count(directory: str) -> int:
     out = subprocess.run(
         ["sh", "-c", 'find "$1" -type f | wc -l', "sh", directory], capture_output=True, text=True, check=True
@@ -686,7 +665,7 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
     keys["files"] = n
     keys["reps"] = args.reps
     keys["meta_reps"] = args.meta_reps
-    print("RESULT " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in keys.items()))
+    print_result(keys)
 
 
 # ------------------------------------------------------------------ main --

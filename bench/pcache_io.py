@@ -56,6 +56,8 @@ if (_REPO / "pcache" / "__init__.py").exists():
     sys.path.insert(0, str(_REPO))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))
 
+from benchlib import block_files, drop_page_cache, mbps, peak_rss_mib, print_result  # noqa: E402
+
 from pcache.client import Client  # noqa: E402
 from pcache.common.config import ClientConfig, parse_size  # noqa: E402
 from pcache.local import LocalCluster  # noqa: E402
@@ -72,40 +74,6 @@ CACHED_READ_TARGET = 0.7
 def log(msg: str) -> None:
     """Progress on stderr, so stdout holds only the report."""
     print(msg, file=sys.stderr, flush=True)
-
-
-def mbps(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / 1e6 if seconds > 0 else float("inf")
-
-
-def drop_page_cache(paths: list[str]) -> None:
-    """Ask the kernel to drop clean cached pages of ``paths`` (best effort)."""
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-
-def block_files(cluster_dir: Path) -> list[str]:
-    return [str(p) for p in cluster_dir.glob("worker-*/blocks/*/*.blk")]
-
-
-def peak_rss_mib(pid: int) -> float:
-    """VmHWM of a process in MiB (0 when it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def parallel(fns: list[Callable[[], None]]) -> float:
@@ -443,7 +411,7 @@ def report(m: dict[str, float], args: argparse.Namespace) -> None:
         "size_bytes": args.size,
         "reps": args.reps,
     }
-    print("RESULT " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in keys.items()))
+    print_result(keys)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -19,6 +20,24 @@ from pcache.common.config import ClientConfig
 from tests.conftest import stdlib_copy, tree_digest
 
 MiB = 1 << 20
+
+
+@contextlib.contextmanager
+def counted_rpcs(client: Client):
+    """Record the name of every master RPC the client makes inside the block."""
+    calls: list[str] = []
+    master = client.aio.master
+    original = master._call
+
+    async def counting(name, request):
+        calls.append(name)
+        return await original(name, request)
+
+    master._call = counting
+    try:
+        yield calls
+    finally:
+        master._call = original
 
 
 def run_cli(master: str, *args: str) -> subprocess.CompletedProcess:
@@ -167,21 +186,10 @@ def test_concurrent_writers_and_readers(client: Client) -> None:
 
 def test_cached_stat_makes_no_rpc(client: Client) -> None:
     client.write_file("/statme", b"abc")
-    calls: list[str] = []
-    master = client.aio.master
-    original = master._call
-
-    async def counting(name, request):
-        calls.append(name)
-        return await original(name, request)
-
-    master._call = counting
-    try:
+    with counted_rpcs(client) as calls:
         client.stat("/statme")
         client.stat("/statme")
         client.stat("/statme")
-    finally:
-        master._call = original
     assert calls.count("Stat") <= 1
     client.write_file("/statme", b"abcdef")  # own write invalidates
     assert client.stat("/statme").size == 6
@@ -224,23 +232,12 @@ def test_short_circuit_used_by_local_client_and_metrics(shared_cluster, client: 
 
 def test_layout_cache_saves_rpcs_and_own_writes_invalidate(client: Client) -> None:
     client.write_file("/lay", b"v1")
-    calls: list[str] = []
-    master = client.aio.master
-    original = master._call
-
-    async def counting(name, request):
-        calls.append(name)
-        return await original(name, request)
-
-    master._call = counting
-    try:
+    with counted_rpcs(client) as calls:
         for _ in range(5):
             assert client.read_file("/lay") == b"v1"
         assert calls.count("GetLayout") <= 1
         client.write_file("/lay", b"v2")
         assert client.read_file("/lay") == b"v2"  # own write: no stale layout
-    finally:
-        master._call = original
 
 
 def test_sparse_files_store_no_zeros(client: Client) -> None:
