@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import threading
 from collections import OrderedDict, defaultdict
 
 from pcache.common import framing, uds
@@ -34,6 +35,25 @@ class _ScBlock:
         self.verified: set[int] = set()
         self.users = 0
         self.closed = False
+        self.doomed = False  # evicted: close once the last reader releases it
+        self.lock = threading.Lock()  # users/closed: the loop and sync callers share descriptors
+
+    def acquire(self) -> bool:
+        """Pin the descriptor for a read; False once it is closed."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.users += 1
+            return True
+
+    def release(self) -> None:
+        with self.lock:
+            self.users -= 1
+            close = self.doomed and not self.users and not self.closed
+            if close:
+                self.closed = True
+        if close:
+            os.close(self.fd)
 
     def pread(self, offset: int, length: int, reverify: bool) -> bytes:
         """Read ``length`` bytes at ``offset`` (blocking), checking chunks not yet verified."""
@@ -57,9 +77,13 @@ class _ScBlock:
         return raw if skip == 0 and length == len(raw) else raw[skip : skip + length]
 
     def close_when_idle(self) -> None:
-        if not self.closed and self.users == 0:
+        """Close now, or when the last reader releases it."""
+        with self.lock:
+            self.doomed = True
+            if self.closed or self.users:
+                return
             self.closed = True
-            os.close(self.fd)
+        os.close(self.fd)
 
 
 class DataClient:
@@ -175,17 +199,37 @@ class DataClient:
             if entry.fd != fd:
                 os.close(fd)
         self._sc_open.move_to_end(key)
-        entry.users += 1
+        if not entry.acquire():  # closed by a concurrent eviction: open afresh
+            self._sc_open.pop(key, None)
+            return await self.sc_read(addr, block_id, offset, length)
         try:
             return await asyncio.to_thread(entry.pread, offset, length, self.cfg.reverify_reads)
         except CorruptBlock:
             self.sc_forget(addr, block_id)
             raise
         finally:
-            entry.users -= 1
+            entry.release()
             if self._sc_open.get(key) is not entry:  # forgotten or evicted while in use
                 entry.close_when_idle()
             self._sc_trim()
+
+    def sc_read_open(self, uds_path: str, block_id: int, offset: int, length: int) -> bytes | None:
+        """Blocking read through an already open short-circuit descriptor, from any thread.
+
+        The sync bridge's fast path for page-cache-resident blocks: no hop to the
+        event loop. Returns None when no descriptor is open for the block (the
+        caller then takes the async path, which opens one).
+
+        Raises:
+            CorruptBlock: a chunk failed its CRC32C check.
+        """
+        entry = self._sc_open.get((uds_path, block_id))
+        if entry is None or not entry.acquire():
+            return None
+        try:
+            return entry.pread(offset, length, self.cfg.reverify_reads)
+        finally:
+            entry.release()
 
     def sc_forget(self, addr: pb.WorkerAddr, block_id: int) -> None:
         """Drop the cached descriptor of a block (after an error)."""
@@ -199,7 +243,7 @@ class DataClient:
             if entry.users:
                 return
             del self._sc_open[key]
-            entry.close_when_idle()
+            entry.close_when_idle()  # a sync reader that pinned it meanwhile keeps it open
 
     async def _sc_connect(self, addr: pb.WorkerAddr) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

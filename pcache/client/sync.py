@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pcache.client.core import FileStat, PCacheClient
 from pcache.client.file import PCacheFile
 from pcache.common.config import ClientConfig
-from pcache.common.errors import Unavailable
+from pcache.common.errors import PCacheError, Unavailable
 from pcache.proto import pcache_pb2 as pb
 
 T = TypeVar("T")
@@ -201,7 +201,34 @@ class File(io.RawIOBase):
         return True
 
     def read(self, size: int = -1) -> bytes:
+        f = self._f
+        if not f.writable and size is not None and size > 0 and not f.closed:
+            direct = self._direct(f.pos, min(size, max(0, f.size - f.pos)))
+            if direct is not None:
+                f.pos += len(direct)
+                return direct
         return self._client._run(self._f.read(size))
+
+    def _direct(self, offset: int, length: int) -> bytes | None:
+        """Serve a read inside one stored block through an open short-circuit descriptor, in
+        this thread (no event-loop hop); None when that is not possible right now."""
+        f = self._f
+        if length <= 0 or offset >= f.size:
+            return None
+        idx, off = divmod(offset, f.block_size)
+        if idx >= len(f.slots):
+            return None
+        slot = f.slots[idx]
+        if not slot.block_id or slot.data is not None or slot.pending is not None or off + length > slot.length:
+            return None
+        data = self._client.aio.data
+        for addr in slot.locations:
+            if data.can_short_circuit(addr):
+                try:
+                    return data.sc_read_open(addr.uds_path, slot.block_id, off, length)
+                except PCacheError:
+                    return None  # the async path fails over and reports it
+        return None
 
     def readall(self) -> bytes:
         return self.read(-1)
@@ -221,6 +248,9 @@ class File(io.RawIOBase):
         """
         if self._f.writable:
             return self._client._run(self._f.pread(offset, length))
+        direct = self._direct(offset, length)
+        if direct is not None:
+            return direct
         cached = self._unit  # one atomic read of the (start, bytes) pair: safe across threads
         if cached is not None and cached[0] <= offset and offset + length <= cached[0] + len(cached[1]):
             start = offset - cached[0]
