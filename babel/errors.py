@@ -1,0 +1,57 @@
+"""Babel's error tree; S3 error codes are mapped to it by one table in :mod:`babel.backends.s3`."""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class BabelError(OSError):
+    """Base of every Babel error; ``retryable`` decides retries, never message text."""
+
+    errno_code = _errno.EIO
+    retryable = False
+
+    def __init__(self, message: str = "", *, uri: str | None = None) -> None:
+        super().__init__(self.errno_code, message)
+        self.message = message
+        self.uri = uri
+
+    def __str__(self) -> str:
+        return f"{self.message}: {self.uri}" if self.uri else self.message
+
+
+class BadURI(BabelError, ValueError):
+    """A source or destination URI Babel cannot parse or has no backend for."""
+
+    errno_code = _errno.EINVAL
+
+
+class NoSuchBucket(BabelError, FileNotFoundError):
+    """The bucket (or root directory) does not exist."""
+
+    errno_code = _errno.ENOENT
+
+
+class NoSuchKey(BabelError, FileNotFoundError):
+    """The object does not exist."""
+
+    errno_code = _errno.ENOENT
+
+
+class AccessDenied(BabelError, PermissionError):
+    """Wrong credentials or no permission."""
+
+    errno_code = _errno.EACCES
+
+
+class Throttled(BabelError):
+    """503 SlowDown / throttling: back off and retry."""
+
+    errno_code = _errno.EAGAIN
+    retryable = True
+
+
+class TransientError(BabelError, ConnectionError):
+    """A connection reset, timeout or 5xx: retry."""
+
+    retryable = True

@@ -1,0 +1,204 @@
+"""Parallel metadata prefetch vs serial ListObjectsV2 paging (Ling report §2.3.2: 36x).
+
+A key space is served by a store that answers each list request after a fixed latency
+(``--latency``, default 20 ms: a remote object store's round trip). ``--store memory`` (default)
+answers from a sorted in-memory key list, as a remote service does, so the measurement is the
+listing algorithm against latency; ``--store file`` uses Babel's real ``file://`` backend on a
+scratch directory, where this process also pays for the directory walks. The key space is
+listed serially and with ``babel.lister.list_parallel``; both are timed, peak RSS recorded.
+Layout: nested "dataset" directories plus one flat directory holding half of the keys, so both
+common-prefix fan-out and StartAfter range splitting are needed.
+
+Target: parallel / serial speed-up >= 36x (paper), aim 50x. Ends with ``RESULT key=value ...``.
+
+Usage: python bench/babel_list.py [--quick] [--keys N] [--latency S] [--concurrency N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(_REPO))
+
+from benchlib import print_result  # noqa: E402
+
+from babel import open_store  # noqa: E402
+from babel.lister import list_parallel_pages, list_serial_pages  # noqa: E402
+
+
+class Delayed:
+    """An ObjectStore wrapper that adds ``latency`` seconds to every list request."""
+
+    def __init__(self, store, latency: float) -> None:
+        self._store = store
+        self.latency = latency
+        self.requests = 0
+
+    async def list_page(self, *args, **kwargs):
+        self.requests += 1
+        await asyncio.sleep(self.latency)
+        return await self._store.list_page(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+class MemoryStore:
+    """ListObjectsV2 over a sorted key list (``/`` delimiter, start_after, pages)."""
+
+    def __init__(self, keys: list[str]) -> None:
+        from babel.backends.base import ObjectInfo
+
+        self.keys = sorted(keys)
+        self.infos = [ObjectInfo(k, 0, 0.0) for k in self.keys]  # the server's records, built once
+
+    async def list_page(self, prefix="", *, delimiter=None, start_after="", max_keys=1000):
+        from babel.backends.base import ListPage
+
+        keys = self.keys
+        i = (
+            bisect.bisect_right(keys, max(start_after, prefix))
+            if start_after >= prefix
+            else bisect.bisect_left(keys, prefix)
+        )
+        objects, prefixes = [], []
+        while i < len(keys) and len(objects) + len(prefixes) < max_keys:
+            key = keys[i]
+            if not key.startswith(prefix):
+                break
+            cut = key.find("/", len(prefix)) if delimiter == "/" else -1
+            if cut >= 0:
+                common = key[: cut + 1]
+                if common > start_after:
+                    prefixes.append(common)
+                i = bisect.bisect_left(keys, common + "\U0010ffff")
+                continue
+            objects.append(self.infos[i])
+            i += 1
+        truncated = i < len(keys) and keys[i].startswith(prefix)
+        return ListPage(objects, prefixes, truncated)
+
+    async def close(self):
+        pass
+
+
+def key_names(keys: int) -> list[str]:
+    """Half the keys flat in one prefix, the rest in a 3-level tree of 50-key leaves."""
+    names = [f"flat/{(i * 2654435761) % (1 << 32):08x}-{i}" for i in range(keys // 2)]
+    leaf = 0
+    while len(names) < keys:
+        names += [f"tree/d{leaf // 100:03d}/e{leaf % 100:03d}/f{j:04d}" for j in range(min(50, keys - len(names)))]
+        leaf += 1
+    return names
+
+
+def build(root: Path, keys: int) -> int:
+    """Half the keys flat in one directory, the rest in a 3-level tree; returns the count."""
+    flat = root / "flat"
+    flat.mkdir(parents=True)
+    made = 0
+    for i in range(keys // 2):
+        (flat / f"{(i * 2654435761) % (1 << 32):08x}-{i}").touch()
+        made += 1
+    per_leaf = 50
+    leaf = 0
+    while made < keys:
+        d = root / "tree" / f"d{leaf // 100:03d}" / f"e{leaf % 100:03d}"
+        d.mkdir(parents=True)
+        for j in range(min(per_leaf, keys - made)):
+            (d / f"f{j:04d}").touch()
+            made += 1
+        leaf += 1
+    return made
+
+
+async def timed(fn, make_store, latency: float, **kwargs) -> tuple[float, int, int]:
+    store = Delayed(make_store(), latency)
+    start = time.perf_counter()
+    count = 0
+    async for page in fn(store, **kwargs):
+        count += len(page)
+    return time.perf_counter() - start, count, store.requests
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="20k keys, 1 rep (under a minute)")
+    ap.add_argument("--keys", type=int, help="keys to list (default 200k, quick 20k)")
+    ap.add_argument("--latency", type=float, default=0.020, help="seconds added per list request")
+    ap.add_argument("--concurrency", type=int, default=64, help="parallel lister's requests in flight")
+    ap.add_argument("--reps", type=int, help="repetitions (default 3, quick 1)")
+    ap.add_argument("--store", choices=["memory", "file"], default="memory", help="what answers the list requests")
+    args = ap.parse_args()
+    keys = args.keys or (20_000 if args.quick else 200_000)
+    reps = args.reps or (1 if args.quick else 3)
+    scratch = Path(tempfile.mkdtemp(prefix="babel-list-"))
+    try:
+        t = time.perf_counter()
+        if args.store == "file":
+            made = build(scratch / "root", keys)
+            uri = f"file://{scratch}/root"
+
+            def make_store():
+                return open_store(uri)
+        else:
+            names = key_names(keys)
+            made = len(names)
+            memory = MemoryStore(names)
+
+            def make_store():
+                return memory
+
+        print(f"built {made} keys ({args.store}) in {time.perf_counter() - t:.1f}s", file=sys.stderr)
+        serial, parallel = [], []
+        for rep in range(reps):
+            s = asyncio.run(timed(list_serial_pages, make_store, args.latency))
+            p = asyncio.run(timed(list_parallel_pages, make_store, args.latency, concurrency=args.concurrency))
+            assert s[1] == p[1] == made, (s[1], p[1], made)
+            serial.append(s)
+            parallel.append(p)
+            print(
+                f"rep {rep + 1}/{reps}: serial {s[0]:.1f}s ({s[2]} requests), parallel {p[0]:.2f}s ({p[2]} requests)",
+                file=sys.stderr,
+            )
+        s_time = statistics.median(x[0] for x in serial)
+        p_time = statistics.median(x[0] for x in parallel)
+        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(
+            f"\nBabel listing: {made} keys ({args.store} store), {args.latency * 1000:.0f} ms per request, medians of {reps}"
+        )
+        print(f"  serial ListObjectsV2 paging   {s_time:8.2f} s  {made / s_time:10.0f} keys/s  {serial[0][2]} requests")
+        print(
+            f"  parallel (concurrency {args.concurrency:3d})  {p_time:8.2f} s  {made / p_time:10.0f} keys/s  {parallel[0][2]} requests"
+        )
+        print(f"  speed-up {s_time / p_time:.1f}x (target >= 36x, aim 50x); peak RSS {rss_mib:.0f} MiB")
+        print_result(
+            {
+                "speedup": s_time / p_time,
+                "serial_s": s_time,
+                "parallel_s": p_time,
+                "keys": made,
+                "latency_ms": args.latency * 1000,
+                "concurrency": args.concurrency,
+                "serial_requests": serial[0][2],
+                "parallel_requests": parallel[0][2],
+                "peak_rss_mib": rss_mib,
+            }
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
