@@ -27,10 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(_REPO))
-
-from benchlib import print_result  # noqa: E402
+from benchlib import print_result  # first: it puts the checkout on sys.path
 
 from babel import open_store  # noqa: E402
 from babel.lister import list_parallel_pages, list_serial_pages  # noqa: E402

@@ -1,9 +1,19 @@
-"""Helpers shared by the benchmark scripts (run as ``python bench/NAME.py``)."""
+"""Helpers shared by the benchmark scripts (run as ``python bench/NAME.py``).
+
+Importing it makes the checkout importable without an install: this process and its children
+(the cluster's ``python -m pcache ...``, ``python -m fuse_client``) all use the repository's code.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if (REPO / "pcache" / "__init__.py").exists():
+    sys.path.insert(0, str(REPO))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 def mbps(nbytes: int, seconds: float) -> float:

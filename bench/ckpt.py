@@ -56,14 +56,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-# Run from a checkout without installing: this process, the ranks and the cluster's children
-# (``python -m pcache ...``) all import the repository's pcache and ckpt_adapter.
-_REPO = Path(__file__).resolve().parent.parent
-if (_REPO / "pcache" / "__init__.py").exists():
-    sys.path.insert(0, str(_REPO))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))
-
-from benchlib import mbps, print_result  # noqa: E402
+from benchlib import REPO as _REPO  # noqa: E402
+from benchlib import mbps, print_result
 
 from pcache.common.config import parse_size  # noqa: E402
 

@@ -70,14 +70,9 @@ from typing import Any
 # Both mounts use libfuse3 (1 MiB requests); set before anything imports mfusepy.
 os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
 
-# Run from a checkout without installing: this process and its children (the cluster's
-# ``python -m pcache ...``, ``python -m fuse_client``) all import the repository's code.
-_REPO = Path(__file__).resolve().parent.parent
-if (_REPO / "pcache" / "__init__.py").exists():
-    sys.path.insert(0, str(_REPO))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))
 
-from benchlib import block_files, drop_page_cache, mbps, print_result  # noqa: E402
+from benchlib import REPO as _REPO  # noqa: E402
+from benchlib import block_files, drop_page_cache, mbps, print_result
 
 from fuse_client.mount import mounted, unmount, wait_mounted  # noqa: E402
 from pcache.client import Client  # noqa: E402

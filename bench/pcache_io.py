@@ -49,14 +49,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-# Run from a checkout without installing: this process and the cluster's children
-# (``python -m pcache ...``) both import the repository's pcache.
-_REPO = Path(__file__).resolve().parent.parent
-if (_REPO / "pcache" / "__init__.py").exists():
-    sys.path.insert(0, str(_REPO))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))
-
-from benchlib import block_files, drop_page_cache, mbps, peak_rss_mib, print_result  # noqa: E402
+from benchlib import block_files, drop_page_cache, mbps, peak_rss_mib, print_result
 
 from pcache.client import Client  # noqa: E402
 from pcache.common.config import ClientConfig, parse_size  # noqa: E402
