@@ -106,7 +106,7 @@ def prepare_mountpoint(mountpoint: str) -> None:
         InvalidArgument: not a directory, or something is live-mounted there already.
     """
     try:
-        os.stat(mountpoint)
+        os.listdir(mountpoint)  # readdir always reaches the daemon; stat may answer from cached attributes
     except OSError as exc:
         if exc.errno != errno.ENOTCONN:
             raise InvalidArgument(f"mountpoint {mountpoint}: {exc.strerror}") from None
@@ -171,7 +171,7 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
 def _answers(mountpoint: str) -> bool:
     """Whether the mount serves requests (a stale one says ENOTCONN)."""
     try:
-        os.stat(mountpoint)
+        os.listdir(mountpoint)  # not stat: the kernel may answer that from cached attributes
         return True
     except OSError:
         return False
