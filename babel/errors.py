@@ -38,6 +38,12 @@ class NoSuchKey(BabelError, FileNotFoundError):
     errno_code = _errno.ENOENT
 
 
+class NoSuchUpload(BabelError, FileNotFoundError):
+    """The multipart upload does not exist (completed, aborted or expired)."""
+
+    errno_code = _errno.ENOENT
+
+
 class AccessDenied(BabelError, PermissionError):
     """Wrong credentials or no permission."""
 

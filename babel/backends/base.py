@@ -4,6 +4,18 @@ Keys are ``/``-separated strings relative to the URI's prefix. Listing
 follows S3 ListObjectsV2: keys in byte order, ``start_after`` (exclusive),
 an optional ``delimiter`` that folds deeper keys into common prefixes, and
 pages of at most ``max_keys`` entries.
+
+Large objects are written as multipart uploads (S3 CreateMultipartUpload /
+UploadPart / CompleteMultipartUpload): parts of ``part_size`` bytes, numbered
+from 1, the last one shorter, uploaded in any order and concurrently. Stores
+without native multipart (``file://``, ``pcache://``) write parts at their
+offsets into a hidden temporary file that ``complete_multipart`` publishes by
+rename.
+
+Babel keeps its own facts about an object in user metadata (S3
+``x-amz-meta-*``; mtime and an extended attribute on file systems):
+:data:`META_MTIME` (the source's mtime, seconds since the epoch) and
+:data:`META_CRC32C` (the CRC32C of the whole object, 8 hex digits).
 """
 
 from __future__ import annotations
@@ -11,16 +23,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+META_MTIME = "babel-mtime"
+META_CRC32C = "babel-crc32c"
+
+MiB = 1 << 20
+GiB = 1 << 30
+
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """One object: ``size`` in bytes, ``mtime`` in seconds since the epoch."""
+    """One object: ``size`` in bytes, ``mtime`` in seconds since the epoch.
+
+    ``checksums`` are the store's own checksums of the whole object, by algorithm
+    (``{"crc64ecma": "1234..."}`` on OSS), when the store reports them.
+    """
 
     key: str
     size: int
     mtime: float
     etag: str = ""
     metadata: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    checksums: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -32,10 +55,31 @@ class ListPage:
     truncated: bool
 
 
+@dataclass(frozen=True)
+class PartInfo:
+    """One uploaded part: its 1-based ``number``, ``size`` in bytes, ETag and store checksums."""
+
+    number: int
+    size: int
+    etag: str = ""
+    checksums: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """What a store accepts: part sizes in bytes and the most parts per object (S3's by default)."""
+
+    min_part_size: int = 5 * MiB
+    max_part_size: int = 5 * GiB
+    max_parts: int = 10_000
+    resumable_uploads: bool = True  # parts of an unfinished upload survive the uploader's death
+
+
 class ObjectStore(Protocol):
     """What Babel needs from a storage system."""
 
     uri: str
+    limits: StoreLimits
 
     async def list_page(
         self, prefix: str = "", *, delimiter: str | None = None, start_after: str = "", max_keys: int = 1000
@@ -44,7 +88,7 @@ class ObjectStore(Protocol):
         ...
 
     async def head(self, key: str) -> ObjectInfo:
-        """Return an object's size, mtime, ETag and user metadata."""
+        """Return an object's size, mtime, ETag, user metadata and store checksums."""
         ...
 
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -52,7 +96,23 @@ class ObjectStore(Protocol):
         ...
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectInfo:
-        """Store a whole object."""
+        """Store a whole object with user metadata."""
+        ...
+
+    async def create_multipart(self, key: str, size: int, part_size: int, metadata: dict[str, str]) -> str:
+        """Start a multipart upload of ``size`` bytes in parts of ``part_size``; return its upload id."""
+        ...
+
+    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> PartInfo:
+        """Upload part ``number`` (1-based) of an upload."""
+        ...
+
+    async def complete_multipart(self, key: str, upload_id: str, parts: list[PartInfo]) -> ObjectInfo:
+        """Publish the object from its parts (in part-number order)."""
+        ...
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Drop an unfinished upload and its parts (an unknown upload is not an error)."""
         ...
 
     async def delete(self, keys: list[str]) -> None:
