@@ -1,0 +1,1 @@
+"""``babel`` command line: one module per command, wiring only."""

@@ -1,0 +1,150 @@
+"""Pieces the babel commands share: size options, the progress bar, the summary table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from babel.sync import Progress as ProgressSink
+from babel.sync import SyncReport
+from pcache.common.config import parse_size
+from pcache.common.errors import InvalidArgument
+
+
+class Size(click.ParamType):
+    """A byte size: ``4096``, ``64M``, ``1GiB`` (binary multiples)."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except InvalidArgument as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = Size()
+
+
+class RichProgress:
+    """A rich progress bar per phase: bytes, bytes/s, objects, objects/s and ETA (on stderr)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.console = Console(stderr=True)
+        self.enabled = enabled and self.console.is_terminal
+        self.bar = Progress(
+            TextColumn("[bold]{task.description:<10}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TextColumn("{task.fields[objects]} obj {task.fields[rate]:.0f} obj/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            disable=not self.enabled,
+        )
+        self.task: Any = None
+        self.objects = 0
+
+    def __enter__(self) -> RichProgress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.stop()
+
+    def sink(self) -> ProgressSink:
+        """The callbacks :func:`babel.sync.run_sync` drives."""
+        return ProgressSink(phase=self.phase, advance=self.advance)
+
+    def phase(self, name: str, total_bytes: int, total_objects: int) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, visible=True)
+            self.bar.stop_task(self.task)
+        self.objects = 0
+        self.task = self.bar.add_task(name, total=total_bytes or None, objects=0, rate=0.0)
+
+    def advance(self, nbytes: int, nobjects: int) -> None:
+        if self.task is None:
+            return
+        self.objects += nobjects
+        task = self.bar.tasks[-1]
+        elapsed = task.elapsed or 0.0
+        self.bar.update(
+            self.task, advance=nbytes, objects=self.objects, rate=self.objects / elapsed if elapsed > 0 else 0.0
+        )
+
+
+def human(n: float) -> str:
+    """Bytes as a short binary-unit string."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def print_report(report: SyncReport, *, as_json: bool) -> None:
+    """The final summary: a table on stderr, or the JSON report on stdout."""
+    doc = report.to_dict()
+    if as_json:
+        json.dump(doc, sys.stdout, indent=1, sort_keys=True)
+        sys.stdout.write("\n")
+        return
+    console = Console(stderr=True)
+    table = Table(title=f"babel job {report.job}: {report.state}", show_header=False)
+    table.add_column(justify="right", style="bold")
+    table.add_column()
+    table.add_row("source", f"{report.src} ({report.listed_src} objects)")
+    table.add_row("destination", f"{report.dst} ({report.listed_dst} objects)")
+    verb = "would copy" if report.dry_run else "copied"
+    table.add_row(verb, f"{report.copied} objects, {human(report.copied_bytes)}")
+    if report.already_done:
+        table.add_row("already done", f"{report.already_done} objects (resumed job)")
+    if report.parts_reused:
+        table.add_row("parts reused", str(report.parts_reused))
+    table.add_row("skipped", f"{report.skipped} (unchanged)")
+    if report.planned_delete:
+        table.add_row("deleted", f"{report.deleted} of {report.planned_delete} extraneous")
+    table.add_row("failed", str(report.failed))
+    table.add_row("time", f"{report.seconds:.1f} s, {human(doc['bytes_per_second'])}/s, {report.retries} retries")
+    v = report.verification
+    if v and not report.dry_run:
+        table.add_row(
+            "metadata check", f"{v['metadata']['checked'] - v['metadata']['failed']}/{v['metadata']['checked']} ok"
+        )
+        rt = v["runtime"]
+        table.add_row(
+            "runtime check",
+            f"CRC32C in-stream for {rt['crc32c_in_stream']} objects; "
+            f"store checksum compared for {rt['store_checksum_compared']}",
+        )
+        for mode in ("sample", "full"):
+            if v[mode]["checked"]:
+                ok = v[mode]["checked"] - v[mode]["failed"]
+                table.add_row(f"{mode} check", f"{ok}/{v[mode]['checked']} ok, {human(v[mode]['bytes_read'])} read")
+        for f in v["failures"][:10]:
+            table.add_row("[red]NOT VERIFIED", f"{f['key']}: {f['check']}: {f['detail']}")
+    for err in report.errors[:10]:
+        table.add_row("[red]error", f"{err['key']}: {err['error']}" if err["key"] else err["error"])
+    if report.fatal:
+        table.add_row("[red]fatal", report.fatal)
+    if report.state != "ok":
+        table.add_row("resume", f"babel sync --resume {report.job}")
+    console.print(table)

@@ -1,0 +1,94 @@
+"""``babel sync SRC DST``: make DST hold what SRC holds (wiring only)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from babel.cli.common import SIZE, RichProgress, print_report
+from babel.journal import default_state_dir
+from babel.sync import SyncOptions, run_sync
+
+
+@click.command(
+    "sync",
+    epilog="""Examples:
+
+\b
+  babel sync file:///data/shards s3://train-data/shards?endpoint_url=http://10.0.0.5:9000
+  babel sync s3://ckpt/run7/step-4000 pcache://10.0.0.2:7000/ckpt/step-4000 --verify full
+  babel sync --resume 20261129-133000-ab12cd
+""",
+)
+@click.argument("src", required=False)
+@click.argument("dst", required=False)
+@click.option("--include", multiple=True, help="Only keys matching this glob (repeatable; `*.pt`, `logs/**`).")
+@click.option("--exclude", multiple=True, help="Leave keys matching this glob alone (repeatable; wins over --include).")
+@click.option("--dry-run", "-n", is_flag=True, help="Plan and report, change nothing.")
+@click.option("--delete", is_flag=True, help="Delete destination objects missing from the source (after copies).")
+@click.option(
+    "--max-delete", type=int, default=-1, help="Refuse all deletions when more are planned. [default: no limit]"
+)
+@click.option(
+    "--checkers", type=click.IntRange(1, 1024), default=16, show_default=True, help="HEADs/verifications at once."
+)
+@click.option(
+    "--transfers", type=click.IntRange(1, 1024), default=16, show_default=True, help="Objects/parts copied at once."
+)
+@click.option(
+    "--list-concurrency",
+    type=click.IntRange(1, 1024),
+    default=32,
+    show_default=True,
+    help="Listing calls at once per side.",
+)
+@click.option("--bwlimit", type=SIZE, default=None, help="Bandwidth limit in bytes/s (e.g. 100M).")
+@click.option("--verify", "verify_mode", type=click.Choice(["none", "sample", "full"]), default="sample", show_default=True,
+              help="Content check after copying (metadata is always validated).")  # fmt: skip
+@click.option("--size-only", is_flag=True, help="Skip objects of equal size (ignore mtimes).")
+@click.option(
+    "--checksum", "-c", is_flag=True, help="Compare stored CRC32Cs instead of mtimes where both sides have one."
+)
+@click.option("--multipart-threshold", type=SIZE, default="64M", show_default=True, help="Multipart from this size.")
+@click.option("--part-size", type=SIZE, default=None, help="Fixed part size (default: chosen from the object size).")
+@click.option("--memory", type=SIZE, default="512M", show_default=True, help="Object bytes held in memory at once.")
+@click.option(
+    "--samples", type=click.IntRange(2, 100000), default=32, show_default=True, help="Sampled ranges per object."
+)
+@click.option(
+    "--state-dir", default=None, help="Where job journals live [default: $BABEL_STATE_DIR or ~/.local/state/babel]."
+)
+@click.option("--resume", "resume", metavar="JOB", default=None, help="Resume a killed or failed job by its id.")
+@click.option("--daemon", "daemon_addr", metavar="ADDR", default=None, help="Submit the job to `babel daemon` at ADDR.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (only on a terminal).")
+def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, transfers, list_concurrency, bwlimit,
+             verify_mode, size_only, checksum, multipart_threshold, part_size, memory, samples, state_dir, resume,
+             daemon_addr, as_json, progress) -> int:  # fmt: skip
+    """Copy new and changed objects from SRC to DST, verified; resumable after a crash."""
+    state_dir = state_dir or default_state_dir()
+    if resume is None and (not src or not dst):
+        raise click.UsageError("give SRC and DST, or --resume JOB")
+    if resume is not None and (src or dst):
+        raise click.UsageError("--resume takes its SRC and DST from the job; do not give them again")
+    options = SyncOptions(
+        include=tuple(include), exclude=tuple(exclude), dry_run=dry_run, delete=delete, max_delete=max_delete,
+        checkers=checkers, transfers=transfers, list_concurrency=list_concurrency, bwlimit=bwlimit,
+        verify=verify_mode, size_only=size_only, checksum=checksum, multipart_threshold=multipart_threshold,
+        part_size=part_size, memory=memory, samples=samples,
+    )  # fmt: skip
+    if daemon_addr:
+        from babel.daemon import submit
+
+        job = submit(daemon_addr, src, dst, options)
+        click.echo(job["id"])
+        return 0
+    with RichProgress(progress and not as_json) as bar:
+        report = asyncio.run(run_sync(src or "", dst or "", options, state_dir=state_dir, job_id=resume,
+                                      progress=bar.sink()))  # fmt: skip
+    print_report(report, as_json=as_json)
+    return report.exit_code
+
+
+COMMANDS = [sync_cmd]

@@ -1,0 +1,587 @@
+"""``babel sync`` and ``babel verify`` as resumable jobs: list, plan, copy, delete, verify.
+
+Each phase reads and writes the job's :class:`~babel.journal.Journal`, so a job killed
+at any point (even ``kill -9``) resumes with :func:`run_sync` on the same journal:
+
+1. **list** — both sides with the parallel lister (:mod:`babel.lister`) into RocksDB
+   (``s/`` and ``d/`` records); redone from scratch when it had not finished.
+2. **plan** — merge-join of the two sorted listings (:mod:`babel.planner`), with up to
+   ``checkers`` HEAD requests in flight for destination entries whose listing lacks
+   Babel's metadata; ``p/`` records; redone when it had not finished.
+3. **copy** — every planned copy without a ``c/`` record (:mod:`babel.transfer`);
+   multipart uploads resume from their recorded parts.
+4. **delete** — with ``delete=True``, after all copies succeeded and only within
+   ``max_delete`` (rclone's ``--delete-after`` and ``--max-delete``).
+5. **verify** — metadata validation of every copied object (always), plus sampled or
+   full content CRCs (:mod:`babel.verify`); ``v/`` records.
+
+Sources: Ling report (arXiv 2503.05139 §2.3.2) for the phases; rclone ``fs/sync`` for
+the copy/delete semantics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from babel.backends import open_store
+from babel.backends.base import META_CRC32C, MiB, ObjectInfo, ObjectStore
+from babel.errors import BabelError, NoSuchBucket
+from babel.journal import Journal, new_job_id
+from babel.lister import list_parallel_pages
+from babel.planner import Decision, Filters, decide, merge_join, needs_head
+from babel.transfer import DEFAULT_THRESHOLD, CopyResult, Transferer
+from babel.verify import VerifyResult, check_full, check_metadata, check_sample
+
+logger = logging.getLogger(__name__)
+
+VerifyMode = Literal["none", "sample", "full"]
+MAX_REPORTED = 50  # errors and verification failures listed in a report
+
+
+@dataclass
+class SyncOptions:
+    """How a sync runs (the ``babel sync`` flags)."""
+
+    include: tuple[str, ...] = ()
+    """Glob patterns of keys to sync (default: all); see :class:`babel.planner.Filters`."""
+    exclude: tuple[str, ...] = ()
+    """Glob patterns of keys to leave alone (they are neither copied nor deleted)."""
+    dry_run: bool = False
+    """Plan and report, change nothing."""
+    delete: bool = False
+    """Delete destination objects that are not in the source (after all copies succeed)."""
+    max_delete: int = -1
+    """Refuse to delete anything when more than this many deletions are planned (-1: no limit)."""
+    checkers: int = 16
+    """HEAD requests in flight while planning and objects verified at once."""
+    transfers: int = 16
+    """Units (small objects or parts) copied at once."""
+    list_concurrency: int = 32
+    """ListObjectsV2 calls in flight per side."""
+    bwlimit: float | None = None
+    """Bytes per second over all transfers (None: unlimited)."""
+    verify: VerifyMode = "sample"
+    """Content check after copying: none, sample (head, tail and strided 1 MiB ranges) or full."""
+    size_only: bool = False
+    """Skip objects whose sizes match (no mtime or checksum comparison)."""
+    checksum: bool = False
+    """Compare Babel's stored CRC32C instead of mtimes where both sides have one."""
+    multipart_threshold: int = DEFAULT_THRESHOLD
+    """Objects of at least this many bytes are copied as multipart uploads."""
+    part_size: int | None = None
+    """Fixed multipart part size in bytes (None: chosen from the object size)."""
+    memory: int = 512 * MiB
+    """Bytes of object data held in memory at once."""
+    samples: int = 32
+    """Sampled ranges per object in sample verification (head and tail included)."""
+    sample_size: int = MiB
+    """Bytes per sampled range."""
+
+    def filters(self) -> Filters:
+        """The include/exclude filters."""
+        return Filters(tuple(self.include), tuple(self.exclude))
+
+
+@dataclass
+class Progress:
+    """Callbacks a front end (the CLI's progress bar) receives; all optional."""
+
+    phase: Callable[[str, int, int], None] = lambda name, total_bytes, total_objects: None
+    advance: Callable[[int, int], None] = lambda nbytes, nobjects: None
+
+
+@dataclass
+class SyncReport:
+    """What a sync (or verify) did; ``state`` is ok, partial (some objects failed) or failed."""
+
+    job: str
+    src: str
+    dst: str
+    state: str = "running"
+    dry_run: bool = False
+    listed_src: int = 0
+    listed_dst: int = 0
+    copied: int = 0
+    copied_bytes: int = 0
+    skipped: int = 0
+    already_done: int = 0
+    deleted: int = 0
+    planned_delete: int = 0
+    failed: int = 0
+    retries: int = 0
+    parts_reused: int = 0
+    seconds: float = 0.0
+    verification: dict[str, Any] = field(default_factory=dict)
+    errors: list[dict[str, str]] = field(default_factory=list)
+    fatal: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the ``--json`` report)."""
+        doc = asdict(self)
+        doc["bytes_per_second"] = self.copied_bytes / self.seconds if self.seconds > 0 else 0.0
+        return doc
+
+    @property
+    def exit_code(self) -> int:
+        """0 ok, 1 partial, 2 fatal."""
+        return {"ok": 0, "partial": 1}.get(self.state, 2)
+
+
+def _new_verification(mode: str) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "metadata": {"checked": 0, "failed": 0, "proves": "size, and source mtime / CRC32C stored as metadata"},
+        "runtime": {
+            "crc32c_in_stream": 0,
+            "store_checksum_compared": 0,
+            "proves": "bytes read from the source hashed as they passed; the destination's own "
+            "checksum (OSS CRC64) compared per part and per object where it reports one",
+        },
+        "sample": {"checked": 0, "failed": 0, "bytes_read": 0, "proves": "sampled ranges (head, tail, strided) equal"},
+        "full": {"checked": 0, "failed": 0, "bytes_read": 0, "proves": "every destination byte matches the CRC32C"},
+        "failures": [],
+    }
+
+
+def _note_verify(report: SyncReport, kind: str, result: VerifyResult) -> None:
+    section = report.verification[kind]
+    section["checked"] += 1
+    if "bytes_read" in section:
+        section["bytes_read"] += result.bytes_read
+    if not result.ok:
+        section["failed"] += 1
+        if len(report.verification["failures"]) < MAX_REPORTED:
+            report.verification["failures"].append({"key": result.key, "check": kind, "detail": result.detail})
+
+
+def _is_filesystem(store: ObjectStore) -> bool:
+    return store.uri.startswith(("file:", "pcache:"))
+
+
+class SyncJob:
+    """One sync between two URIs, driven phase by phase through its journal."""
+
+    def __init__(
+        self, src_uri: str, dst_uri: str, options: SyncOptions, journal: Journal, progress: Progress | None = None
+    ) -> None:
+        self.src_uri = src_uri
+        self.dst_uri = dst_uri
+        self.opts = options
+        self.journal = journal
+        self.progress = progress or Progress()
+        self.filters = options.filters()
+        self.report = SyncReport(journal.job_id, src_uri, dst_uri, dry_run=options.dry_run)
+        self.report.verification = _new_verification(options.verify)
+        self.src: ObjectStore = open_store(src_uri)
+        self.dst: ObjectStore = open_store(dst_uri)
+
+    # ------------------------------------------------------------ phases --
+
+    async def _list_into(self, store: ObjectStore, kind: str, *, missing_ok: bool) -> int:
+        count = 0
+        try:
+            async for page in list_parallel_pages(store, concurrency=self.opts.list_concurrency):
+                self.journal.put_listing(kind, page)
+                count += len(page)
+                self.progress.advance(0, len(page))
+        except NoSuchBucket:
+            if not missing_ok:
+                raise
+        return count
+
+    async def list(self) -> None:
+        """Phase 1: both listings into the journal (skipped when a previous run finished it)."""
+        if self.journal.marked("listed"):
+            counts = self.journal.get("m", "listed")
+            self.report.listed_src, self.report.listed_dst = counts["src"], counts["dst"]
+            return
+        self.journal.clear("s")
+        self.journal.clear("d")
+        self._phase("listing", 0, 0)
+        src_n, dst_n = await asyncio.gather(
+            self._list_into(self.src, "s", missing_ok=False),
+            self._list_into(self.dst, "d", missing_ok=_is_filesystem(self.dst)),
+        )
+        self.report.listed_src, self.report.listed_dst = src_n, dst_n
+        self.journal.mark("listed", {"src": src_n, "dst": dst_n})
+
+    async def plan(self) -> None:
+        """Phase 2: copy/skip/delete decisions into ``p/`` records."""
+        if self.journal.marked("planned"):
+            return
+        self.journal.clear("p")
+        self._phase("planning", 0, self.report.listed_src)
+        checkers = asyncio.Semaphore(self.opts.checkers)
+        pending: set[asyncio.Task] = set()
+        counts = {"copy": 0, "skip": 0, "delete": 0, "copy_bytes": 0}
+
+        def record(src: ObjectInfo | None, dst: ObjectInfo | None, decision: Decision) -> None:
+            counts[decision.action] += 1
+            if decision.action == "copy":
+                assert src is not None
+                counts["copy_bytes"] += src.size
+                self.journal.put("p", src.key, {"a": "copy", "r": decision.reason})
+            elif decision.action == "delete":
+                assert dst is not None
+                self.journal.put("p", dst.key, {"a": "delete", "r": decision.reason})
+            self.progress.advance(0, 1 if src is not None else 0)
+
+        async def head_then_decide(src: ObjectInfo, dst: ObjectInfo) -> None:
+            try:
+                async with checkers:
+                    full = await self.dst.head(dst.key)
+            except FileNotFoundError:
+                full = None  # deleted since it was listed
+            record(src, full, decide(src, full, size_only=self.opts.size_only, checksum=self.opts.checksum))
+
+        for src, dst in merge_join(self.journal.scan_listing("s"), self.journal.scan_listing("d")):
+            key = (src or dst).key  # type: ignore[union-attr]
+            if not self.filters.admits(key):
+                continue
+            if src is None:
+                if self.opts.delete:
+                    record(None, dst, Decision("delete", "extraneous"))
+                continue
+            if src.key.endswith("/") and _is_filesystem(self.dst):
+                record(src, dst, Decision("skip", "directory marker"))
+                continue
+            if (
+                dst is not None
+                and dst.size == src.size
+                and needs_head(dst, size_only=self.opts.size_only)
+                and not self.opts.size_only
+            ):
+                task = asyncio.create_task(head_then_decide(src, dst))
+                pending.add(task)
+                if len(pending) >= 4 * self.opts.checkers:
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    pending.difference_update(done)
+                    for t in done:
+                        t.result()
+                continue
+            record(src, dst, decide(src, dst, size_only=self.opts.size_only, checksum=self.opts.checksum))
+        if pending:
+            for t in await asyncio.gather(*pending, return_exceptions=True):
+                if isinstance(t, BaseException):
+                    raise t
+        self.journal.mark("planned", counts)
+
+    async def copy(self) -> None:
+        """Phase 3: every planned copy not yet recorded as done."""
+        counts = self.journal.get("m", "planned")
+        self.report.skipped = counts["skip"]
+        self.report.planned_delete = counts["delete"]
+        todo_objects = todo_bytes = 0
+        for key in self._to_copy():
+            todo_objects += 1
+            todo_bytes += self._source(key).size
+        self.report.already_done = counts["copy"] - todo_objects
+        if self.opts.dry_run:
+            self.report.copied = todo_objects
+            self.report.copied_bytes = todo_bytes
+            return
+        self._phase("copying", todo_bytes, todo_objects)
+        xfer = Transferer(
+            self.src,
+            self.dst,
+            transfers=self.opts.transfers,
+            multipart_threshold=self.opts.multipart_threshold,
+            part_size=self.opts.part_size,
+            bwlimit=self.opts.bwlimit,
+            memory=self.opts.memory,
+            journal=self.journal,
+        )
+        xfer.stats.listeners.append(lambda n: self.progress.advance(n, 0))
+
+        async def one(info: ObjectInfo) -> None:
+            try:
+                result: CopyResult = await xfer.copy(info)
+            except (BabelError, OSError) as exc:
+                self.journal.put("e", info.key, str(exc))
+                self._error(info.key, str(exc))
+                return
+            self.journal.put(
+                "c",
+                info.key,
+                {"size": result.size, "crc32c": result.crc32c, "parts": result.parts, "store": result.store_checksum},
+            )
+            self.journal.delete("e", info.key)
+            self.report.copied += 1
+            self.report.copied_bytes += result.size
+            self.report.parts_reused += result.resumed_parts
+            self.progress.advance(0, 1)
+
+        await _bounded((one(self._source(k)) for k in self._to_copy()), max(2 * self.opts.transfers, 32))
+        self.report.retries = xfer.stats.retries
+
+    def _to_copy(self):
+        """Keys planned for copying that have no ``c/`` record yet, in key order (streamed)."""
+        for key, rec in self.journal.scan("p"):
+            if rec["a"] == "copy" and self.journal.get("c", key) is None:
+                yield key
+
+    def _source(self, key: str) -> ObjectInfo:
+        info = self.journal.get_listing("s", key)
+        if info is None:
+            raise BabelError(f"journal has a plan but no source entry for {key!r}", uri=self.journal.dir)
+        return info
+
+    async def delete(self) -> None:
+        """Phase 4: deletions, only when every copy succeeded and within ``max_delete``."""
+        if not self.opts.delete or self.report.planned_delete == 0:
+            return
+        if self.report.failed:
+            self._error("", f"not deleting {self.report.planned_delete} objects: some copies failed")
+            return
+        if 0 <= self.opts.max_delete < self.report.planned_delete:
+            self._error(
+                "",
+                f"refusing to delete {self.report.planned_delete} objects: more than --max-delete "
+                f"{self.opts.max_delete}",
+            )
+            return
+        if self.opts.dry_run:
+            self.report.deleted = self.report.planned_delete
+            return
+        self._phase("deleting", 0, self.report.planned_delete)
+        batch: list[str] = []
+        for key, rec in self.journal.scan("p"):
+            if rec["a"] == "delete":
+                batch.append(key)
+            if len(batch) >= 1000:
+                await self.dst.delete(batch)
+                self.report.deleted += len(batch)
+                self.progress.advance(0, len(batch))
+                batch = []
+        if batch:
+            await self.dst.delete(batch)
+            self.report.deleted += len(batch)
+            self.progress.advance(0, len(batch))
+
+    async def verify(self) -> None:
+        """Phase 5: metadata validation of every copied object, plus sample/full content checks."""
+        if self.opts.dry_run:
+            return
+        self._phase("verifying", 0, self.report.copied + self.report.already_done)
+        sem = asyncio.Semaphore(self.opts.checkers)
+
+        async def one(key: str, rec: dict[str, Any]) -> None:
+            previous = self.journal.get("v", key)
+            if previous is not None and previous.get("mode") == self.opts.verify:
+                results = [VerifyResult(**r) for r in previous["results"]]
+            else:
+                async with sem:
+                    try:
+                        results = await self._verify_one(key, rec)
+                    except (BabelError, OSError) as exc:
+                        results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
+                self.journal.put("v", key, {"mode": self.opts.verify, "results": [asdict(r) for r in results]})
+            runtime = self.report.verification["runtime"]
+            runtime["crc32c_in_stream"] += 1
+            if rec.get("store"):
+                runtime["store_checksum_compared"] += 1
+            for kind, result in zip(("metadata", self.opts.verify), results, strict=False):
+                _note_verify(self.report, kind, result)
+            self.progress.advance(0, 1)
+
+        await _bounded((one(k, r) for k, r in self.journal.scan("c")), 4 * self.opts.checkers)
+
+    async def _verify_one(self, key: str, rec: dict[str, Any]) -> list[VerifyResult]:
+        src = self._source(key)
+        try:
+            dst = await self.dst.head(key)
+        except FileNotFoundError:
+            return [VerifyResult(key, "metadata", False, "missing at the destination", 0, 0)]
+        meta = await check_metadata(src, dst)
+        if meta.ok and META_CRC32C in dst.metadata and int(dst.metadata[META_CRC32C], 16) != rec["crc32c"]:
+            meta = VerifyResult(key, "metadata", False, "stored crc32c differs from the in-stream crc32c", 0, 0)
+        results = [meta]
+        if self.opts.verify == "sample":
+            results.append(
+                await check_sample(
+                    self.src, self.dst, key, src.size, samples=self.opts.samples, sample_size=self.opts.sample_size
+                )
+            )
+        elif self.opts.verify == "full":
+            results.append(await check_full(self.dst, key, src.size, rec["crc32c"]))
+        return results
+
+    # ------------------------------------------------------------ driver --
+
+    def _phase(self, name: str, total_bytes: int, total_objects: int) -> None:
+        """Enter a phase: recorded in ``job.json`` (``babel jobs`` shows it) and shown by the progress bar."""
+        self.journal.update(phase=name)
+        self.progress.phase(name, total_bytes, total_objects)
+
+    def _error(self, key: str, message: str) -> None:
+        self.report.failed += 1
+        if len(self.report.errors) < MAX_REPORTED:
+            self.report.errors.append({"key": key, "error": message})
+
+    async def run(self) -> SyncReport:
+        """Run (or resume) every phase and return the report; fatal errors end in state ``failed``."""
+        start = time.monotonic()
+        self.journal.update(state="running", pid=os.getpid())
+        try:
+            await self.list()
+            await self.plan()
+            await self.copy()
+            await self.delete()
+            await self.verify()
+        except BabelError as exc:
+            self.report.fatal = f"{type(exc).__name__}: {exc}"
+            self.report.state = "failed"
+        finally:
+            await asyncio.gather(self.src.close(), self.dst.close(), return_exceptions=True)
+        self.report.seconds = time.monotonic() - start
+        if self.report.state != "failed":
+            v = self.report.verification
+            bad = v["metadata"]["failed"] + v["sample"]["failed"] + v["full"]["failed"]
+            self.report.state = "partial" if (self.report.failed or bad) else "ok"
+        self.journal.update(state=self.report.state, summary=self.report.to_dict(), pid=None)
+        return self.report
+
+
+async def _bounded(coros, limit: int) -> None:
+    """Run coroutines from a (lazy) iterable with at most ``limit`` alive; memory stays bounded."""
+    sem = asyncio.Semaphore(limit)
+    tasks: set[asyncio.Task] = set()
+    failure: list[BaseException] = []
+
+    async def guarded(coro) -> None:
+        try:
+            await coro
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            sem.release()
+
+    for coro in coros:
+        await sem.acquire()
+        if failure:
+            coro.close()
+            break
+        task = asyncio.create_task(guarded(coro))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.gather(*tasks)
+    if failure:
+        raise failure[0]
+
+
+async def run_sync(
+    src_uri: str,
+    dst_uri: str,
+    options: SyncOptions | None = None,
+    *,
+    state_dir: str,
+    job_id: str | None = None,
+    progress: Progress | None = None,
+) -> SyncReport:
+    """Sync ``src_uri`` to ``dst_uri`` as a new job, or resume ``job_id``.
+
+    A resumed job takes its URIs and options from its journal (``src_uri``/``dst_uri``
+    may then be empty).
+
+    Raises:
+        BadURI: an unknown scheme or malformed URI (before anything runs).
+        FileNotFoundError: ``job_id`` names no job in ``state_dir``.
+    """
+    if job_id is not None:
+        journal = Journal(state_dir, job_id)
+        desc = journal.describe()
+        src_uri, dst_uri = desc["src"], desc["dst"]
+        options = SyncOptions(**{**desc["options"], "include": tuple(desc["options"]["include"]),
+                                 "exclude": tuple(desc["options"]["exclude"])})  # fmt: skip
+    else:
+        options = options or SyncOptions()
+        open_store(src_uri), open_store(dst_uri)  # noqa: B018 - raises BadURI before a job exists
+        journal = Journal(state_dir, new_job_id(), create=True)
+        journal.update(src=src_uri, dst=dst_uri, options=asdict(options), created=time.time(), kind="sync")
+    try:
+        job = SyncJob(src_uri, dst_uri, options, journal, progress)
+        return await job.run()
+    finally:
+        journal.close()
+
+
+async def run_verify(
+    src_uri: str,
+    dst_uri: str,
+    options: SyncOptions | None = None,
+    *,
+    state_dir: str,
+    progress: Progress | None = None,
+) -> SyncReport:
+    """Compare two trees without copying: every key on both sides, sizes and stored metadata
+    always, content by ``options.verify`` (``sample`` or ``full``: CRC32C of both sides).
+
+    Keys missing on either side count as failures. Returns the report (state ok/partial/failed).
+    """
+    options = options or SyncOptions()
+    open_store(src_uri), open_store(dst_uri)  # noqa: B018 - raises BadURI first
+    journal = Journal(state_dir, new_job_id(), create=True)
+    journal.update(src=src_uri, dst=dst_uri, options=asdict(options), created=time.time(), kind="verify")
+    job = SyncJob(src_uri, dst_uri, options, journal, progress)
+    report = job.report
+    start = time.monotonic()
+    try:
+        await job.list()
+        job._phase("verifying", 0, report.listed_src)
+        sem = asyncio.Semaphore(options.checkers)
+
+        async def pair(src: ObjectInfo | None, dst: ObjectInfo | None) -> None:
+            key = (src or dst).key  # type: ignore[union-attr]
+            if src is None or dst is None:
+                side = "destination" if dst is None else "source"
+                _note_verify(report, "metadata", VerifyResult(key, "metadata", False, f"missing at the {side}", 0, 0))
+                return
+            async with sem:
+                try:
+                    if needs_head(dst):
+                        dst = await job.dst.head(key)
+                    results = [await check_metadata(src, dst)]
+                    if options.verify == "sample":
+                        results.append(await check_sample(job.src, job.dst, key, src.size, samples=options.samples,
+                                                          sample_size=options.sample_size))  # fmt: skip
+                    elif options.verify == "full":
+                        results.append(await check_full(job.dst, key, src.size, None, src=job.src))
+                except (BabelError, OSError) as exc:
+                    results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
+            for kind, result in zip(("metadata", options.verify), results, strict=False):
+                _note_verify(report, kind, result)
+            job.progress.advance(0, 1)
+
+        pairs = merge_join(journal.scan_listing("s"), journal.scan_listing("d"))
+        await _bounded(
+            (pair(s, d) for s, d in pairs if job.filters.admits((s or d).key)),  # type: ignore[union-attr]
+            4 * options.checkers,
+        )
+        v = report.verification
+        report.state = "partial" if v["metadata"]["failed"] + v["sample"]["failed"] + v["full"]["failed"] else "ok"
+    except BabelError as exc:
+        report.fatal = f"{type(exc).__name__}: {exc}"
+        report.state = "failed"
+    finally:
+        await asyncio.gather(job.src.close(), job.dst.close(), return_exceptions=True)
+        report.seconds = time.monotonic() - start
+        journal.update(state=report.state, summary=report.to_dict())
+        journal.close()
+    return report
+
+
+async def iter_listing(uri: str, *, concurrency: int = 32) -> AsyncIterator[list[ObjectInfo]]:
+    """Pages of a parallel listing of ``uri`` (``babel ls``)."""
+    store = open_store(uri)
+    try:
+        async for page in list_parallel_pages(store, concurrency=concurrency):
+            yield page
+    finally:
+        await store.close()

@@ -1,0 +1,315 @@
+"""``babel sync`` / ``babel verify`` end to end on real stores: file:// and moto's S3 server on loopback.
+
+The destination is always checked with an independent client (boto3, or the file system).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from babel.sync import SyncOptions, run_sync, run_verify
+from tests.conftest import stdlib_copy
+
+pytestmark = pytest.mark.s3
+
+_n = iter(range(1_000_000))
+
+
+@pytest.fixture
+def new_bucket(moto_endpoint):
+    """A factory of fresh buckets: returns (uri, bucket name)."""
+
+    def make(prefix: str = "data") -> tuple[str, str]:
+        bucket = f"sync-{next(_n)}"
+        boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+        uri = (
+            f"s3://{bucket}/{prefix}?endpoint_url={moto_endpoint}"
+            if prefix
+            else f"s3://{bucket}?endpoint_url={moto_endpoint}"
+        )
+        return uri, bucket
+
+    return make
+
+
+@pytest.fixture
+def s3(moto_endpoint):
+    return boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+
+
+def bucket_contents(s3, bucket: str, prefix: str = "data/") -> dict[str, bytes]:
+    """Every object under ``prefix`` by key (relative), read with boto3."""
+    out = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            out[obj["Key"][len(prefix) :]] = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+    return out
+
+
+def tree_contents(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink() and ".babel-" not in p.name
+    }
+
+
+def sync(src: str, dst: str, state: Path, **opts) -> dict:
+    report = asyncio.run(run_sync(src, dst, SyncOptions(**opts), state_dir=str(state)))
+    return report.to_dict()
+
+
+def babel(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "babel.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_stdlib_tree_to_s3_and_back_is_identical(tmp_path: Path, new_bucket, s3) -> None:
+    src = stdlib_copy(tmp_path / "stdlib")
+    want = tree_contents(src)
+    uri, bucket = new_bucket()
+    report = sync(f"file://{src}", uri, tmp_path / "state", transfers=32)
+    assert report["state"] == "ok", report["errors"]
+    assert report["copied"] == len(want) and report["failed"] == 0
+    assert report["verification"]["metadata"]["checked"] == len(want)
+    assert report["verification"]["sample"]["checked"] == len(want)
+    got = bucket_contents(s3, bucket)
+    assert got.keys() == want.keys()
+    assert all(got[k] == want[k] for k in want)
+
+    # a second run copies nothing; a changed file is copied alone
+    again = sync(f"file://{src}", uri, tmp_path / "state")
+    assert again["copied"] == 0 and again["skipped"] == len(want)
+    (src / "json" / "decoder.py").write_bytes(b"changed")
+    again = sync(f"file://{src}", uri, tmp_path / "state")
+    assert again["copied"] == 1 and bucket_contents(s3, bucket)["json/decoder.py"] == b"changed"
+
+    # and back to a new directory
+    back = tmp_path / "back"
+    report = sync(uri, f"file://{back}", tmp_path / "state", verify="full")
+    assert report["state"] == "ok", report["errors"]
+    assert report["verification"]["full"]["checked"] == len(want)
+    assert tree_contents(back) == {**want, "json/decoder.py": b"changed"}
+
+
+def test_large_file_multipart_s3_to_s3(tmp_path: Path, new_bucket, s3) -> None:
+    size = 200 * (1 << 20) + 12345  # not a multiple of the part size
+    blob = os.urandom(1 << 20) * 200 + os.urandom(12345)
+    src_uri, src_bucket = new_bucket()
+    s3.put_object(Bucket=src_bucket, Key="data/big.bin", Body=blob)
+    dst_uri, dst_bucket = new_bucket("copy/")
+    report = sync(src_uri, dst_uri, tmp_path / "state", verify="full", part_size=16 << 20)
+    assert report["state"] == "ok", report
+    assert report["copied_bytes"] == size
+    head = s3.head_object(Bucket=dst_bucket, Key="copy/big.bin")
+    assert head["ContentLength"] == size and head["ETag"].strip('"').endswith("-13")  # multipart, 13 parts
+    body = s3.get_object(Bucket=dst_bucket, Key="copy/big.bin")["Body"].read()
+    assert hashlib.sha256(body).digest() == hashlib.sha256(blob).digest()
+    assert report["verification"]["full"]["checked"] == 1 and report["verification"]["full"]["failed"] == 0
+
+
+HARD_KEYS = [
+    "plus+sign", "colon:name", "dollar$", "at@host", "hash#tag", "percent%20literal", "question?mark", "with space",
+    "trailing space ", "žluťoučký kůň.txt", "日本語/ファイル", "emoji-\U0001f600", "zero\u200bwidth", "bidi\u202eabc",
+    "caf\u00e9", "cafe\u0301", "dir/", "dir/a", "dir-1.txt", "deep/a/b/c/d/e/f.txt", "empty",
+]  # fmt: skip
+
+
+def test_keys_that_break_sync_tools(tmp_path: Path, new_bucket, s3) -> None:
+    src_uri, src_bucket = new_bucket()
+    for key in HARD_KEYS:
+        s3.put_object(Bucket=src_bucket, Key=f"data/{key}", Body=b"" if key in ("empty", "dir/") else key.encode() * 7)
+    dst_uri, dst_bucket = new_bucket()
+    report = sync(src_uri, dst_uri, tmp_path / "state")
+    assert report["state"] == "ok", report["errors"]
+    got = bucket_contents(s3, dst_bucket)
+    assert sorted(got) == sorted(HARD_KEYS)  # NFC café and NFD café stay two keys; dir/ marker kept
+    assert got["dir/"] == b"" and got["empty"] == b"" and got["caf\u00e9"] != got["cafe\u0301"]
+
+    # --delete: remove dir-1.txt at the source; dir/ and dir/a must stay, dir-1.txt must go
+    s3.delete_object(Bucket=src_bucket, Key="data/dir-1.txt")
+    report = sync(src_uri, dst_uri, tmp_path / "state", delete=True)
+    assert report["state"] == "ok" and report["deleted"] == 1
+    got = bucket_contents(s3, dst_bucket)
+    assert "dir-1.txt" not in got and {"dir/", "dir/a"} <= got.keys()
+
+    # to a file system: the directory marker is a directory, every other key a file
+    out = tmp_path / "fs"
+    report = sync(src_uri, f"file://{out}", tmp_path / "state", delete=True)
+    assert report["state"] == "ok", report["errors"]
+    files = tree_contents(out)
+    assert sorted(files) == sorted(k for k in HARD_KEYS if k not in ("dir/", "dir-1.txt"))
+
+
+def test_empty_source_and_mass_delete_guard(tmp_path: Path, new_bucket, s3) -> None:
+    src_uri, _ = new_bucket()
+    dst_uri, dst_bucket = new_bucket()
+    keys = [f"data/k{i:05d}" for i in range(1200)]
+    for key in keys:
+        s3.put_object(Bucket=dst_bucket, Key=key, Body=b"x")
+    # an empty source copies nothing and, without --delete, deletes nothing
+    report = sync(src_uri, dst_uri, tmp_path / "state")
+    assert report["state"] == "ok" and report["copied"] == 0 and report["deleted"] == 0
+    # --max-delete refuses the whole deletion
+    report = sync(src_uri, dst_uri, tmp_path / "state", delete=True, max_delete=1000)
+    assert report["state"] == "partial" and report["deleted"] == 0 and report["planned_delete"] == 1200
+    assert len(bucket_contents(s3, dst_bucket)) == 1200
+    # more than 1000 deletions (two DeleteObjects batches) when allowed
+    report = sync(src_uri, dst_uri, tmp_path / "state", delete=True)
+    assert report["state"] == "ok" and report["deleted"] == 1200
+    assert bucket_contents(s3, dst_bucket) == {}
+
+
+def test_filters_and_dry_run(tmp_path: Path, new_bucket, s3) -> None:
+    src = tmp_path / "src"
+    for rel in ("a.txt", "b.log", "logs/x.log", "logs/y.txt", "keep/z.txt"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(rel)
+    uri, bucket = new_bucket()
+    report = sync(f"file://{src}", uri, tmp_path / "state", dry_run=True)
+    assert report["copied"] == 5 and bucket_contents(s3, bucket) == {}
+    report = sync(f"file://{src}", uri, tmp_path / "state", exclude=("*.log",), include=("*.txt", "logs/**"))
+    assert sorted(bucket_contents(s3, bucket)) == ["a.txt", "keep/z.txt", "logs/y.txt"]
+
+
+def test_corruption_caught_by_full_and_by_sample_when_sampled(tmp_path: Path, new_bucket, s3) -> None:
+    from babel.checksum import sample_ranges
+
+    size = 64 << 20
+    blob = bytearray(os.urandom(size))
+    src_uri, src_bucket = new_bucket()
+    s3.put_object(Bucket=src_bucket, Key="data/obj", Body=bytes(blob))
+    dst_uri, dst_bucket = new_bucket()
+    assert sync(src_uri, dst_uri, tmp_path / "state")["state"] == "ok"
+
+    ranges = sample_ranges(size, seed="obj", samples=8, sample_size=1 << 20)
+    inside = ranges[len(ranges) // 2][0] + 100  # a byte inside a sampled range
+    outside = next(o for o in range(0, size, 1 << 20) if not any(s <= o < s + n for s, n in ranges)) + 5
+
+    def corrupt_at(offset: int) -> None:
+        bad = bytearray(blob)
+        bad[offset] ^= 0xFF
+        s3.put_object(Bucket=dst_bucket, Key="data/obj", Body=bytes(bad), Metadata=s3.head_object(
+            Bucket=dst_bucket, Key="data/obj")["Metadata"])  # fmt: skip
+
+    def verify(mode: str) -> dict:
+        return asyncio.run(
+            run_verify(src_uri, dst_uri, SyncOptions(verify=mode, samples=8), state_dir=str(tmp_path / "s"))
+        ).to_dict()
+
+    corrupt_at(inside)
+    for mode in ("sample", "full"):
+        report = verify(mode)
+        assert report["state"] == "partial"
+        assert [f["check"] for f in report["verification"]["failures"]] == [mode]
+    corrupt_at(outside)
+    assert verify("sample")["state"] == "ok"  # sampling is a pre-check: it missed this byte
+    report = verify("full")
+    assert report["state"] == "partial" and report["verification"]["failures"][0]["check"] == "full"
+
+
+def test_cli_exit_codes_and_clear_errors(tmp_path: Path, moto_endpoint, new_bucket) -> None:
+    env = {"BABEL_STATE_DIR": str(tmp_path / "state")}
+    r = babel("sync", "nope://x/y", "file:///tmp", env=env)
+    assert r.returncode == 3 and "no backend for scheme" in r.stderr and "Traceback" not in r.stderr
+    r = babel("sync", f"s3://missing-bucket/p?endpoint_url={moto_endpoint}", f"file://{tmp_path}/o", "--json", env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "NoSuchBucket" in json.loads(r.stdout)["fatal"]
+    r = babel("sync", "--resume", "no-such-job", env=env)
+    assert r.returncode == 2 and "no job" in r.stderr
+    r = babel("sync", "file:///only-one", env=env)
+    assert r.returncode == 3
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"1")
+    uri, _ = new_bucket()
+    r = babel("sync", f"file://{src}", uri, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["copied"] == 1
+    r = babel("ls", uri, "--summary")
+    assert r.returncode == 0 and r.stdout.startswith("1 objects")
+    r = babel("jobs", "--json", env=env)
+    jobs = json.loads(r.stdout)
+    assert r.returncode == 0 and jobs[0]["state"] == "ok" and jobs[0]["src"] == f"file://{src}"
+
+
+def _wait_phase(state: Path, phase: str, timeout: float = 60) -> str:
+    """Wait until the only job in ``state`` reports ``phase``; return its id."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for job in state.glob("*/job.json"):
+            try:
+                doc = json.loads(job.read_text())
+            except json.JSONDecodeError:
+                continue
+            if doc.get("phase") == phase:
+                return doc["id"]
+        time.sleep(0.02)
+    raise AssertionError(f"job never reached {phase}")
+
+
+def _start(args: list[str], state: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "babel.cli.main", "sync", *args, "--json", "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "BABEL_STATE_DIR": str(state)},
+    )
+
+
+@pytest.mark.parametrize("point", ["copying", "mid-multipart", "verifying"])
+def test_kill_9_then_resume_finishes_without_recopying(tmp_path: Path, new_bucket, s3, point: str) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    small = {f"small/{i:03d}.bin": os.urandom(50_000 + i) for i in range(120)}
+    for rel, data in small.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    big = os.urandom(48 << 20)
+    (src / "big.bin").write_bytes(big)
+    uri, bucket = new_bucket()
+    state = tmp_path / "state"
+    args = [f"file://{src}", uri, "--part-size", "5M", "--transfers", "4"]
+    if point == "mid-multipart":
+        args += ["--bwlimit", "12M", "--include", "big.bin"]
+    if point == "verifying":
+        args += ["--verify", "full", "--checkers", "1"]
+    proc = _start(args, state)
+    job = _wait_phase(state, "copying" if point != "verifying" else "verifying")
+    time.sleep(1.5 if point == "mid-multipart" else 0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    doc = json.loads((state / job / "job.json").read_text())
+    assert doc["state"] == "running"  # killed: never finished
+
+    r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    want = {"big.bin": big} if point == "mid-multipart" else {**small, "big.bin": big}
+    assert bucket_contents(s3, bucket) == want
+    if point == "mid-multipart":
+        assert report["parts_reused"] > 0  # the finished parts of the killed upload were not sent again
+        assert report["copied"] == 1
+    elif point == "copying":
+        assert report["already_done"] > 0 and report["copied"] + report["already_done"] == len(want)
+    else:
+        assert report["copied"] == 0 and report["already_done"] == len(want)
+        assert report["verification"]["full"]["checked"] == len(want)
+        assert report["verification"]["full"]["failed"] == 0
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
