@@ -24,6 +24,7 @@ holds only the queue of pending ranges, not the keys.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,8 +34,100 @@ from babel.errors import Throttled
 
 logger = logging.getLogger(__name__)
 
-ASCII_TOP = "\x7f"  # keys are mostly printable ASCII: split there, and keep the rest as one range
-MAX_CHAR = 0x10FFFF
+EMBED_DIGITS = 16  # characters of a key that its numeric position is computed from
+
+
+class _Embedding:
+    """Keys as integers in a mixed radix learned from a page: position ``j`` (after ``start``) has
+    the characters seen there (all ten digits once one is seen; a run of letters from the lowest
+    to the highest seen) plus 0 for "key ended". Key order is number order for keys made of those
+    characters, so distances between keys can be measured and extrapolated."""
+
+    def __init__(self, keys: list[str], start: int) -> None:
+        self.start = start
+        self.chars: list[str] = []
+        columns = [{k[j] for k in keys if j < len(k)} for j in range(start, start + EMBED_DIGITS)]
+        # letters that share a position with digits (hex names): every digit position may hold them
+        mixed = {c for col in columns if any(ch.isdigit() for ch in col) for c in col if c.isalpha() and c.isascii()}
+        for seen in columns:
+            if mixed and any(ch.isdigit() or ch in mixed for ch in seen):
+                seen |= mixed | set("0123456789")
+            for lo, hi in (("0", "9"), ("a", "z"), ("A", "Z")):
+                inside = [c for c in seen if lo <= c <= hi]
+                if inside:
+                    a, b = (lo, hi) if lo == "0" else (min(inside), max(inside))
+                    seen.update(chr(c) for c in range(ord(a), ord(b) + 1))
+            self.chars.append("".join(sorted(seen)))
+        self.top = 1
+        for chars in self.chars:
+            self.top *= len(chars) + 1
+
+    def __call__(self, key: str) -> int:
+        v = 0
+        for i, chars in enumerate(self.chars):
+            j = self.start + i
+            d = 0
+            if j < len(key):
+                d = min(bisect.bisect_left(chars, key[j]) + 1, len(chars))  # unseen characters round up
+            v = v * (len(chars) + 1) + d
+        return v
+
+    def key(self, head: str, v: int) -> str:
+        digits = []
+        for chars in reversed(self.chars):
+            v, d = divmod(v, len(chars) + 1)
+            digits.append(d)
+        digits.reverse()
+        while digits and digits[-1] == 0:  # "key ended"
+            digits.pop()
+        return head + "".join(self.chars[i][max(d, 1) - 1] for i, d in enumerate(digits) if self.chars[i])
+
+
+def split_points(
+    first: str,
+    low: str,
+    high: str | None,
+    pieces: int,
+    keys: list[str],
+    *,
+    page_keys: int,
+    page_size: int,
+    prefix: str = "",
+) -> list[str]:
+    """Up to ``pieces - 1`` increasing keys strictly between ``low`` and ``high`` (None: unbounded)
+    at which to cut the rest of a listing, from the density of the page just listed.
+
+    The page held ``page_keys`` keys from ``first`` to ``low`` (``keys``: a sample of them);
+    keys are mapped to numbers (:class:`_Embedding`) and that density is extrapolated. A bounded rest is cut evenly, into
+    pieces of at least one page; an unbounded one at 1, 3, 7, 15, ... pages' worth above ``low``
+    (the near pieces are likely full, the far ones cheap to find empty, and any that turn out
+    large are cut again when listed). Keys of datasets share long prefixes and use few characters,
+    so cutting the code-point range in half, the obvious alternative, leaves every key on one side.
+    """
+    if pieces <= 1 or page_keys <= 0:
+        return []
+    start = len(prefix)  # an unbounded rest may hold any key under the prefix
+    if high is not None:
+        while start < len(low) and start < len(high) and low[start] == high[start]:
+            start += 1
+    emb = _Embedding([*keys, low] if high is None else [*keys, low, high], start)
+    head = low[:start]
+    e_low = emb(low)
+    e_high = emb(high) if high is not None else emb.top
+    per_page = max(1, (e_low - emb(first)) * page_size // page_keys)
+    if high is not None:
+        step = max(per_page, (e_high - e_low) // pieces)
+        offsets = [step * k for k in range(1, pieces)]
+    else:
+        offsets = [per_page * ((1 << k) - 1) for k in range(1, pieces)]
+    points = []
+    for off in offsets:
+        if e_low + off >= e_high:
+            break
+        q = emb.key(head, e_low + off)
+        if q > low and (high is None or q < high) and (not points or q > points[-1]):
+            points.append(q)
+    return points
 
 
 @dataclass(frozen=True)
@@ -49,34 +142,6 @@ class KeyRange:
     after: str = ""
     until: str | None = None
     flat: bool = False
-
-
-def split_key(low: str, high: str) -> str | None:
-    """A key strictly between ``low`` and ``high`` (``low < high``), or None when there is none worth it."""
-    i = 0
-    while i < len(low) and i < len(high) and low[i] == high[i]:
-        i += 1
-    lo = ord(low[i]) if i < len(low) else 0
-    hi = ord(high[i]) if i < len(high) else 0
-    if hi - lo > 1:
-        return high[:i] + chr((lo + hi) // 2)
-    if i < len(high) and hi - lo == 1:  # adjacent characters: split inside low's tail
-        tail_lo = ord(low[i + 1]) if i + 1 < len(low) else 0
-        top = min(MAX_CHAR, 0x7E) if tail_lo < 0x7E else MAX_CHAR
-        if top - tail_lo > 1:
-            return low[: i + 1] + chr((tail_lo + top) // 2)
-    return None
-
-
-def split_points(low: str, high: str, pieces: int) -> list[str]:
-    """Up to ``pieces - 1`` increasing keys strictly between ``low`` and ``high`` (recursive halving)."""
-    if pieces <= 1:
-        return []
-    mid = split_key(low, high)
-    if mid is None:
-        return []
-    half = pieces // 2
-    return [*split_points(low, mid, half), mid, *split_points(mid, high, pieces - half)]
 
 
 class _Window:
@@ -160,12 +225,20 @@ async def list_parallel_pages(
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
 
-    def split(rng: KeyRange, last: str) -> KeyRange:
+    def split(rng: KeyRange, objects: list[ObjectInfo], last: str) -> KeyRange:
         """Cut (last, until] into pieces; queue all but the first, which the caller goes on with."""
-        high = rng.until if rng.until is not None else rng.prefix + ASCII_TOP
-        if rng.until is None and last >= high:
-            high = rng.prefix + chr(MAX_CHAR)
-        points = split_points(last, high, max(1, min(fanout, concurrency - pending + 1)))
+        idle = concurrency - pending
+        sample = [o.key for o in objects[:: max(1, len(objects) // 128)]] + [last]
+        points = split_points(
+            objects[0].key if objects else last,
+            last,
+            rng.until,
+            max(1, min(fanout, idle + 1)),
+            sample,
+            page_keys=len(objects),
+            page_size=page_size,
+            prefix=rng.prefix,
+        )
         bounds = [last, *points, rng.until]
         for lo, hi in zip(bounds[1:-1], bounds[2:], strict=True):
             push(KeyRange(rng.prefix, lo, hi, rng.flat))
@@ -190,7 +263,7 @@ async def list_parallel_pages(
                 last = max(last, common)
             if not result.truncated or not last:
                 return
-            rng = split(rng, last)
+            rng = split(rng, objects, last)
 
     async def worker() -> None:
         nonlocal pending

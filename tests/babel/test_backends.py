@@ -10,7 +10,7 @@ import pytest
 
 from babel import list_parallel, list_serial, open_store
 from babel.errors import BadURI, NoSuchBucket, NoSuchKey
-from babel.lister import split_key
+from babel.lister import split_points
 
 pytestmark = pytest.mark.s3
 
@@ -108,16 +108,24 @@ def test_missing_bucket_and_bad_uris(tmp_path: Path, moto_endpoint: str) -> None
             open_store(bad)
 
 
-def test_split_key_is_strictly_between() -> None:
+def test_split_points_are_strictly_between_and_increasing() -> None:
     rng = random.Random(5)
     alphabet = "ab/-_.09Zz~\u00e9\u65e5"
     for _ in range(3000):
         a, b = sorted("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) for _ in range(2))
         if a == b:
             continue
-        mid = split_key(a, b)
-        if mid is not None:
-            assert a < mid < b, (a, mid, b)
+        high = None if rng.random() < 0.2 else b
+        points = split_points(a[:2], a, high, rng.randint(2, 20), [a, b, a[:2]], page_keys=10, page_size=10)
+        assert points == sorted(set(points))
+        assert all(a < q and (high is None or q < high) for q in points), (a, high, points)
+
+
+def test_split_points_cut_where_keys_are() -> None:
+    # a dataset's keys share long prefixes: the cuts must land among them, not beyond them
+    page = [f"tree/d000/e{e:03d}/f{f:04d}" for e in range(20) for f in range(50)]
+    points = split_points(page[0], page[-1], None, 16, page, page_keys=1000, page_size=1000, prefix="tree/")
+    assert len(points) >= 8 and all(q.startswith("tree/d000/e") for q in points[:4]), points
 
 
 @pytest.mark.parametrize("kind", ["file", "s3"])
