@@ -444,7 +444,7 @@ class SyncJob:
             v = self.report.verification
             bad = v["metadata"]["failed"] + v["sample"]["failed"] + v["full"]["failed"]
             self.report.state = "partial" if (self.report.failed or bad) else "ok"
-        self.journal.update(state=self.report.state, summary=self.report.to_dict(), pid=None)
+        self.journal.update(state=self.report.state, phase="done", summary=self.report.to_dict(), pid=None)
         return self.report
 
 
@@ -476,6 +476,24 @@ async def _bounded(coros, limit: int) -> None:
         raise failure[0]
 
 
+def create_job(src_uri: str, dst_uri: str, options: SyncOptions | None, state_dir: str) -> str:
+    """Create a sync job (its journal and ``job.json``) without running it; return its id.
+
+    :func:`run_sync` with ``job_id`` runs it later (``babel daemon`` queues jobs this way).
+
+    Raises:
+        BadURI: an unknown scheme or malformed URI (before anything is created).
+    """
+    options = options or SyncOptions()
+    open_store(src_uri), open_store(dst_uri)  # noqa: B018 - raises BadURI before a job exists
+    journal = Journal(state_dir, new_job_id(), create=True)
+    try:
+        journal.update(src=src_uri, dst=dst_uri, options=asdict(options), created=time.time(), kind="sync")
+    finally:
+        journal.close()
+    return journal.job_id
+
+
 async def run_sync(
     src_uri: str,
     dst_uri: str,
@@ -502,9 +520,7 @@ async def run_sync(
                                  "exclude": tuple(desc["options"]["exclude"])})  # fmt: skip
     else:
         options = options or SyncOptions()
-        open_store(src_uri), open_store(dst_uri)  # noqa: B018 - raises BadURI before a job exists
-        journal = Journal(state_dir, new_job_id(), create=True)
-        journal.update(src=src_uri, dst=dst_uri, options=asdict(options), created=time.time(), kind="sync")
+        journal = Journal(state_dir, create_job(src_uri, dst_uri, options, state_dir))
     try:
         job = SyncJob(src_uri, dst_uri, options, journal, progress)
         return await job.run()

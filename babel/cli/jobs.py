@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import click
@@ -29,16 +30,37 @@ def jobs_cmd(state_dir: str | None, daemon_addr: str | None, as_json: bool, limi
     if as_json:
         click.echo(json.dumps(jobs, indent=1, sort_keys=True))
         return 0
-    table = Table("job", "kind", "state", "src", "dst", "copied", "failed", "updated")
+    table = Table(show_lines=False)
+    for name in ("job", "kind", "state", "phase"):
+        table.add_column(name, no_wrap=True)
+    for name in ("src", "dst"):
+        table.add_column(name, overflow="fold")
+    for name in ("copied", "failed", "updated"):
+        table.add_column(name, no_wrap=True)
     for job in jobs:
         s = job.get("summary") or {}
+        state = job.get("state", "?")
+        if state == "running" and not daemon_addr and not _alive(job.get("pid")):
+            state = "interrupted"  # its process died: `babel sync --resume ID`
         table.add_row(
-            job.get("id", "?"), job.get("kind", "sync"), job.get("state", "?"), job.get("src", ""), job.get("dst", ""),
+            job.get("id", "?"), job.get("kind", "sync"), state, job.get("phase", ""), job.get("src", ""), job.get("dst", ""),
             str(s.get("copied", "")), str(s.get("failed", "")),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.get("updated", 0))),
         )  # fmt: skip
     Console().print(table)
     return 0
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 COMMANDS = [jobs_cmd]
