@@ -1,4 +1,4 @@
-"""Storage backends picked by URI scheme (``file://``, ``s3://``)."""
+"""Storage backends picked by URI scheme (``file://``, ``s3://``, ``pcache://``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def open_store(uri: str) -> ObjectStore:
     """The backend for ``uri``.
 
     Raises:
-        BadURI: unknown scheme, or a URI without a bucket / absolute path.
+        BadURI: unknown scheme, or a URI without a bucket / absolute path, or a bad pcache:// path.
     """
     parsed = urlparse(uri)
     if parsed.scheme == "file":
@@ -32,4 +32,9 @@ def open_store(uri: str) -> ObjectStore:
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         return S3Store(uri.split("?", 1)[0], parsed.netloc, prefix, dict(parse_qsl(parsed.query)))
-    raise BadURI(f"no backend for scheme {parsed.scheme!r} (file://, s3://)", uri=uri)
+    if parsed.scheme == "pcache":
+        from babel.backends.pcache import PCacheStore, parse_uri
+
+        master, root = parse_uri(uri)
+        return PCacheStore(uri, master, root)
+    raise BadURI(f"no backend for scheme {parsed.scheme!r} (file://, s3://, pcache://)", uri=uri)

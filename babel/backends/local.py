@@ -1,21 +1,97 @@
 """``file:///dir`` as an object store: keys are file paths relative to ``dir``.
 
-Listing walks the tree in S3 key order (a directory sorts as ``name/``, so
-``dir-1.txt`` comes before ``dir/a``), prunes subtrees that lie entirely at or
-before ``start_after``, and folds subdirectories into common prefixes when a
-``/`` delimiter is given. Blocking file-system calls run in worker threads.
+Listing is the shared tree walk of :mod:`babel.backends.tree` (S3 key order,
+``start_after`` pruning, ``/`` folding), run one page per worker thread; every
+blocking file-system call runs in a worker thread. Directory listings are cached
+while the directory's mtime stays the same, except for directories changed within
+the last :data:`RACY_NS` (file-system clocks tick coarsely: a file created in the
+same tick as the cached listing would leave the mtime unchanged).
+
+Metadata: :data:`META_MTIME` sets the file's mtime (ns exact) and is reported back
+from it; :data:`META_CRC32C` is kept in the extended attribute
+``user.babel-crc32c`` (silently dropped where the file system has no user xattrs).
+Listings report both, at the cost of one ``getxattr`` per listed file, so a planner
+comparing checksums needs no ``head``. Other metadata keys are not kept.
+
+Writes are atomic: ``put`` writes a hidden temporary sibling
+(``.NAME.babel-TOKEN``) and renames it into place. A multipart upload is such a
+temporary file, sized at ``create_multipart``, into which parts are ``pwrite``-n at
+their offsets and fsynced; ``complete_multipart`` renames it into place. The upload
+id carries everything else (token, sizes, metadata), so a new process resumes an
+upload with nothing but its id.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
+import base64
+import binascii
+import errno
+import json
 import os
+import re
 import stat as stat_mod
-from collections.abc import Iterator
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from babel.backends.base import ListPage, ObjectInfo
-from babel.errors import BadURI, NoSuchBucket, NoSuchKey
+from babel.backends.base import META_CRC32C, META_MTIME, GiB, ListPage, ObjectInfo, PartInfo, StoreLimits
+from babel.backends.tree import (
+    XATTR_CRC32C,
+    DirCache,
+    Entries,
+    check_delimiter,
+    check_key,
+    check_parts,
+    file_metadata,
+    format_mtime_ns,
+    new_token,
+    parse_mtime_ns,
+    part_range,
+    plan_page,
+    run_plan,
+    sort_entries,
+    temp_name,
+)
+from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload
+
+RACY_NS = 1_000_000_000  # a directory changed this recently is not cached (coarse fs timestamps)
+NO_XATTRS = (errno.ENOTSUP, errno.EOPNOTSUPP)
+_GONE = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+_TOKEN = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True)
+class _Upload:
+    """What a ``file://`` upload id carries."""
+
+    token: str
+    size: int
+    part_size: int
+    metadata: dict[str, str]
+
+    def encode(self) -> str:
+        blob = json.dumps([self.size, self.part_size, self.metadata], separators=(",", ":")).encode()
+        return f"{self.token}.{base64.urlsafe_b64encode(blob).decode().rstrip('=')}"
+
+    @classmethod
+    def decode(cls, upload_id: str, uri: str) -> _Upload:
+        """Raises NoSuchUpload for an id this backend did not make."""
+        try:
+            token, blob = upload_id.split(".", 1)
+            size, part_size, metadata = json.loads(base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4)))
+            if not _TOKEN.fullmatch(token) or not isinstance(metadata, dict):
+                raise ValueError(token)
+            return cls(token, int(size), int(part_size), {str(k): str(v) for k, v in metadata.items()})
+        except (ValueError, TypeError, binascii.Error):
+            raise NoSuchUpload(f"not a file:// upload id: {upload_id!r}", uri=uri) from None
+
+
+def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
 
 
 class LocalStore:
@@ -26,90 +102,60 @@ class LocalStore:
             raise BadURI("file:// URIs need an absolute path", uri=uri)
         self.uri = uri
         self.root = os.path.normpath(root)
-        self._dir_cache: dict[str, tuple[int, list[tuple[str, bool]]]] = {}
+        self.limits = StoreLimits(min_part_size=1, max_part_size=5 * GiB, max_parts=10_000_000, resumable_uploads=True)
+        self._dirs = DirCache()
 
     def _path(self, key: str) -> str:
-        if not key or key.startswith("/") or "\x00" in key or ".." in key.split("/"):
-            raise BadURI(f"key {key!r} cannot be a file path", uri=self.uri)
-        return os.path.join(self.root, key)
+        return os.path.join(self.root, check_key(key, self.uri))
+
+    def _temp_path(self, key: str, token: str) -> str:
+        head, name = os.path.split(self._path(key))
+        return os.path.join(head, temp_name(name, token))
 
     # ------------------------------------------------------------ listing --
 
-    def _entries(self, path: str) -> list[tuple[str, bool]]:
-        """Sorted (name, or name + '/' for a directory; is_dir) of ``path``, cached until it changes.
-
-        Paging through a flat directory of N files would otherwise rescan and re-sort all N
-        entries for every page of 1000.
-        """
+    def _read_dir(self, rel: str) -> Entries:
+        path = os.path.join(self.root, rel) if rel else self.root
         try:
-            mtime = os.stat(path).st_mtime_ns
-        except (FileNotFoundError, NotADirectoryError):
+            st = os.stat(path)
+        except _GONE:
             return []
-        cached = self._dir_cache.get(path)
-        if cached is not None and cached[0] == mtime:
-            return cached[1]
-        with os.scandir(path) as it:
-            entries = sorted((e.name + "/", True) if e.is_dir(follow_symlinks=False) else (e.name, False) for e in it)
-        if len(self._dir_cache) > 4096:
-            self._dir_cache.clear()
-        self._dir_cache[path] = (mtime, entries)
+        if not stat_mod.S_ISDIR(st.st_mode):
+            return []
+        version = (st.st_ino, st.st_mtime_ns)
+        entries = self._dirs.get(path, version)
+        if entries is None:
+            read_at = time.time_ns()
+            with os.scandir(path) as it:
+                entries = sort_entries([(e.name, e.is_dir(follow_symlinks=False)) for e in it])
+            if read_at - st.st_mtime_ns > RACY_NS:
+                self._dirs.put(path, version, entries)
         return entries
 
-    def _walk(self, rel: str, after: str, prefix: str) -> Iterator[tuple[str, os.stat_result | None]]:
-        """Yield (key, stat) of files and (``dir/`` key, None) of directories, in key order,
-        skipping subtrees that lie entirely at or before ``after`` or before ``prefix``."""
-        path = os.path.join(self.root, rel) if rel else self.root
-        entries = self._entries(path)
-        # entries sorting before both bounds cannot match: start at the later of them
-        floor = max(after, prefix)[len(rel) :] if max(after, prefix).startswith(rel) else ""
-        start = bisect.bisect_left(entries, (floor[: floor.find("/") + 1] if "/" in floor else floor, False))
-        for sort_name, is_dir in entries[max(0, start - 1) :]:
-            key = rel + sort_name
-            if is_dir:
-                if key <= after and not after.startswith(key):
-                    continue
-                if key < prefix and not prefix.startswith(key):
-                    continue
-                yield key, None
-                yield from self._walk(key, after, prefix)
-            elif key > after:
-                try:
-                    st = os.stat(os.path.join(path, sort_name))
-                except FileNotFoundError:
-                    continue  # deleted since the directory was read
-                if stat_mod.S_ISREG(st.st_mode):
-                    yield key, st
+    def _stat_files(self, rel: str, names: Sequence[str]) -> list[ObjectInfo | None]:
+        out: list[ObjectInfo | None] = []
+        for name in names:
+            path = os.path.join(self.root, rel, name)
+            try:
+                st = os.stat(path)
+            except _GONE:
+                out.append(None)  # deleted since the directory was read
+                continue
+            out.append(self._info(rel + name, path, st) if stat_mod.S_ISREG(st.st_mode) else None)
+        return out
+
+    def _info(self, key: str, path: str, st: os.stat_result) -> ObjectInfo:
+        try:
+            crc: bytes | None = os.getxattr(path, XATTR_CRC32C)
+        except OSError:  # ENODATA: none; ENOTSUP: no user xattrs here; ENOENT: a race
+            crc = None
+        return ObjectInfo(key, st.st_size, st.st_mtime, "", file_metadata(format_mtime_ns(st.st_mtime_ns), crc))
 
     def _list(self, prefix: str, delimiter: str | None, start_after: str, max_keys: int) -> ListPage:
         if not os.path.isdir(self.root):
             raise NoSuchBucket("no such directory", uri=self.uri)
-        if delimiter not in (None, "", "/"):
-            raise BadURI(f"file:// listings support only the '/' delimiter, not {delimiter!r}", uri=self.uri)
-        base = prefix[: prefix.rfind("/") + 1]  # the directory the prefix points into
-        objects: list[ObjectInfo] = []
-        prefixes: list[str] = []
-        folded = ""  # a common prefix whose keys are folded away
-        for key, entry in self._walk(base, start_after, prefix):
-            if not key.startswith(prefix):
-                if key > prefix:
-                    break  # key order: nothing further can match
-                continue
-            if folded and key.startswith(folded):
-                continue
-            if entry is None:
-                if delimiter == "/" and key != prefix:
-                    folded = key
-                    if key > start_after:
-                        prefixes.append(key)
-                    else:
-                        continue
-                else:
-                    continue
-            else:
-                objects.append(ObjectInfo(key, entry.st_size, entry.st_mtime))
-            if len(objects) + len(prefixes) >= max_keys:
-                return ListPage(objects, prefixes, truncated=True)
-        return ListPage(objects, prefixes, truncated=False)
+        check_delimiter(delimiter, self.uri)
+        return run_plan(plan_page(prefix, delimiter, start_after, max_keys), self._read_dir, self._stat_files)
 
     async def list_page(
         self, prefix: str = "", *, delimiter: str | None = None, start_after: str = "", max_keys: int = 1000
@@ -119,46 +165,160 @@ class LocalStore:
     # ------------------------------------------------------------ objects --
 
     async def head(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+
+        def stat() -> ObjectInfo:
+            st = os.stat(path)
+            if not stat_mod.S_ISREG(st.st_mode):
+                raise FileNotFoundError(path)
+            return self._info(key, path, st)
+
         try:
-            st = await asyncio.to_thread(os.stat, self._path(key))
-        except (FileNotFoundError, NotADirectoryError):
+            return await asyncio.to_thread(stat)
+        except _GONE:
             raise NoSuchKey("no such object", uri=f"{self.uri}/{key}") from None
-        return ObjectInfo(key, st.st_size, st.st_mtime)
 
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        path = self._path(key)
+
         def read() -> bytes:
-            with open(self._path(key), "rb") as fh:
+            with open(path, "rb") as fh:
                 fh.seek(offset)
                 return fh.read() if length is None else fh.read(length)
 
         try:
             return await asyncio.to_thread(read)
-        except (FileNotFoundError, NotADirectoryError):
+        except _GONE:
             raise NoSuchKey("no such object", uri=f"{self.uri}/{key}") from None
+
+    def _apply_metadata(self, fd: int, metadata: dict[str, str] | None) -> None:
+        """Set the mtime (atime too, as rclone) and the CRC32C xattr of an open file."""
+        metadata = metadata or {}
+        if META_CRC32C in metadata:
+            try:
+                os.setxattr(fd, XATTR_CRC32C, metadata[META_CRC32C].encode("ascii"))
+            except OSError as exc:
+                if exc.errno not in NO_XATTRS:
+                    raise
+        if META_MTIME in metadata:
+            ns = parse_mtime_ns(metadata[META_MTIME])
+            os.utime(fd, ns=(ns, ns))  # after the last write: writing sets the mtime again
+
+    def _publish(self, fd: int, tmp: str, path: str, metadata: dict[str, str] | None, *, sync: bool) -> None:
+        self._apply_metadata(fd, metadata)
+        if sync:
+            os.fsync(fd)
+        os.replace(tmp, path)  # readers never see a half-written object
+        if sync:
+            dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectInfo:
         path = self._path(key)
+        tmp = self._temp_path(key, new_token())
 
         def write() -> ObjectInfo:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.babel-part"
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)  # readers never see a half-written object
-            st = os.stat(path)
-            return ObjectInfo(key, st.st_size, st.st_mtime)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            try:
+                _write_all(fd, data, 0)
+                self._publish(fd, tmp, path, metadata, sync=False)
+            except BaseException:
+                _unlink(tmp)
+                raise
+            finally:
+                os.close(fd)
+            return self._info(key, path, os.stat(path))
 
         return await asyncio.to_thread(write)
 
     async def delete(self, keys: list[str]) -> None:
+        paths = [self._path(key) for key in keys]
+
         def remove() -> None:
-            for key in keys:
-                try:
-                    os.unlink(self._path(key))
-                except FileNotFoundError:
-                    pass
+            for path in paths:
+                _unlink(path)  # a key naming a directory is no object either
 
         await asyncio.to_thread(remove)
 
+    # ---------------------------------------------------------- multipart --
+
+    async def create_multipart(self, key: str, size: int, part_size: int, metadata: dict[str, str]) -> str:
+        if size < 0 or part_size < 1:
+            raise BabelError(f"bad multipart upload: {size} bytes in parts of {part_size}", uri=f"{self.uri}/{key}")
+        upload = _Upload(new_token(), size, part_size, dict(metadata))
+        path, tmp = self._path(key), self._temp_path(key, upload.token)
+
+        def create() -> None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            try:
+                os.ftruncate(fd, size)  # sparse: parts fill it in any order
+            finally:
+                os.close(fd)
+
+        await asyncio.to_thread(create)
+        return upload.encode()
+
+    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> PartInfo:
+        uri = f"{self.uri}/{key}"
+        upload = _Upload.decode(upload_id, uri)
+        offset, length = part_range(upload.size, upload.part_size, number)
+        if number < 1 or len(data) != length or not length:
+            raise BabelError(f"part {number} has {len(data)} bytes, the upload wants {length}", uri=uri)
+        tmp = self._temp_path(key, upload.token)
+
+        def write() -> None:
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+            except _GONE:
+                raise NoSuchUpload("no such upload (completed or aborted)", uri=uri) from None
+            try:
+                _write_all(fd, data, offset)  # pwrite: parts share no file position
+                os.fdatasync(fd)  # a part reported done survives a crash: resume skips it
+            finally:
+                os.close(fd)
+
+        await asyncio.to_thread(write)
+        return PartInfo(number, len(data))
+
+    async def complete_multipart(self, key: str, upload_id: str, parts: list[PartInfo]) -> ObjectInfo:
+        uri = f"{self.uri}/{key}"
+        upload = _Upload.decode(upload_id, uri)
+        check_parts(upload.size, upload.part_size, parts, uri)
+        path, tmp = self._path(key), self._temp_path(key, upload.token)
+
+        def finish() -> ObjectInfo:
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+            except _GONE:
+                raise NoSuchUpload("no such upload (completed or aborted)", uri=uri) from None
+            try:
+                if os.fstat(fd).st_size != upload.size:
+                    raise BabelError(f"upload file is not {upload.size} bytes", uri=uri)
+                self._publish(fd, tmp, path, upload.metadata, sync=True)
+            finally:
+                os.close(fd)
+            return self._info(key, path, os.stat(path))
+
+        return await asyncio.to_thread(finish)
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        try:
+            upload = _Upload.decode(upload_id, f"{self.uri}/{key}")
+        except NoSuchUpload:
+            return
+        await asyncio.to_thread(_unlink, self._temp_path(key, upload.token))
+
     async def close(self) -> None:
+        pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except _GONE:
         pass

@@ -20,10 +20,12 @@ KEYS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", "s3", "pcache"])
 def store_uri(request, tmp_path: Path) -> str:
     if request.param == "file":
         return f"file://{tmp_path}/root"
+    if request.param == "pcache":  # a directory of its own on the module's cluster
+        return f"pcache://{request.getfixturevalue('shared_cluster').master_address}/{tmp_path.name}/root"
     return request.getfixturevalue("s3_uri")
 
 
