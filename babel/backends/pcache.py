@@ -22,8 +22,8 @@ off, so ``head`` and listings always ask the master.
   would show nothing for them either).
 * **Multipart**: PCache files are copy-on-write and committed at close, so the
   parts of one upload are ``pwrite``-n through one :class:`~pcache.client.PCacheFile`
-  held by the store, one part at a time per upload (the handle's ``pwrite`` is not
-  safe to interleave). The file's block size is the part size when PCache allows
+  held by the store, concurrently (``PCacheFile.pwrite`` never touches the shared
+  position and loads a block's old bytes once). The file's block size is the part size when PCache allows
   it (64 KiB..1 GiB), so every part is exactly one block, sent to the workers as
   soon as it is written and never read back. ``complete_multipart`` commits
   (close), sets the metadata and renames into place. The handle dies with the
@@ -342,11 +342,11 @@ class PCacheStore:
         offset, length = part_range(upload.size, upload.part_size, number)
         if number < 1 or len(data) != length or not length:
             raise BabelError(f"part {number} has {len(data)} bytes, the upload wants {length}", uri=uri)
-        async with upload.lock:  # PCacheFile.pwrite moves the shared position across awaits
-            if self._uploads.get(upload_id) is not upload:
-                raise NoSuchUpload("upload completed or aborted meanwhile", uri=uri)
-            await self._call(uri, lambda: upload.file.pwrite(data, offset))
-            upload.written.add(number)
+        # parts go in concurrently (PCacheFile.pwrite is position-free); complete/abort take the lock
+        await self._call(uri, lambda: upload.file.pwrite(data, offset))
+        if self._uploads.get(upload_id) is not upload:
+            raise NoSuchUpload("upload completed or aborted meanwhile", uri=uri)
+        upload.written.add(number)
         return PartInfo(number, len(data))
 
     async def complete_multipart(self, key: str, upload_id: str, parts: list[PartInfo]) -> ObjectInfo:

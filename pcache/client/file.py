@@ -101,6 +101,7 @@ class PCacheFile:
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
         self._flush_slots = asyncio.Semaphore(max(1, self.cfg.max_inflight_blocks))
+        self._slot_lock = asyncio.Lock()  # concurrent pwrites into one block load its old bytes once
         self._error: BaseException | None = None
 
     # ------------------------------------------------------------ basics --
@@ -292,14 +293,28 @@ class PCacheFile:
     async def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write ``data`` at the position (at the end in append mode); returns its length."""
         self._check(want_write=True)
-        view = memoryview(data).cast("B")
         if self.append:
             self.pos = self.size
-        if self.pos + len(view) > MAX_FILE_SIZE:
+        start = self.pos
+        self.pos = start + len(memoryview(data).cast("B"))  # claimed first: concurrent writers never overlap
+        try:
+            return await self._write_at(data, start)
+        except BaseException:
+            self.pos = start
+            raise
+
+    async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
+        """Write at ``offset`` without moving the position; safe to run concurrently on one handle."""
+        self._check(want_write=True)
+        return await self._write_at(data, offset)
+
+    async def _write_at(self, data: bytes | bytearray | memoryview, pos: int) -> int:
+        view = memoryview(data).cast("B")
+        if pos + len(view) > MAX_FILE_SIZE:
             raise FileTooLarge(f"writing past the {MAX_FILE_SIZE} byte file size limit", path=self.path)
         total = len(view)
         while view:
-            idx, off = divmod(self.pos, self.block_size)
+            idx, off = divmod(pos, self.block_size)
             slot = await self._dirty_slot(idx)
             assert slot.data is not None
             n = min(self.block_size - off, len(view))
@@ -307,23 +322,18 @@ class PCacheFile:
                 slot.data.extend(bytes(off - len(slot.data)))
             slot.data[off : off + n] = view[:n]
             view = view[n:]
-            self.pos += n
-            self.size = max(self.size, self.pos)
+            pos += n
+            self.size = max(self.size, pos)
             self.dirty = True
             if off + n == self.block_size:
                 await self._start_flush(idx)
         return total
 
-    async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
-        """Write at ``offset`` without moving the position."""
-        saved, append = self.pos, self.append
-        self.pos, self.append = offset, False
-        try:
-            return await self.write(data)
-        finally:
-            self.pos, self.append = saved, append
-
     async def _dirty_slot(self, idx: int) -> Slot:
+        async with self._slot_lock:
+            return await self._dirty_slot_locked(idx)
+
+    async def _dirty_slot_locked(self, idx: int) -> Slot:
         while len(self.slots) <= idx:
             self.slots.append(Slot())  # a hole until written
         slot = self.slots[idx]

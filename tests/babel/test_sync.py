@@ -285,7 +285,7 @@ def test_kill_9_then_resume_finishes_without_recopying(tmp_path: Path, new_bucke
     (src / "big.bin").write_bytes(big)
     uri, bucket = new_bucket()
     state = tmp_path / "state"
-    args = [f"file://{src}", uri, "--part-size", "5M", "--transfers", "4"]
+    args = [f"file://{src}", uri, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "4"]
     if point == "mid-multipart":
         args += ["--bwlimit", "12M", "--include", "big.bin"]
     if point == "verifying":

@@ -147,3 +147,27 @@ def test_replication_above_the_worker_count_is_not_reported_forever(make_cluster
         pc.write_file("/rf", b"x" * 1000, replication=2)
         status = pc.status()
         assert status.under_replicated_blocks == 0 and status.missing_blocks == 0
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_concurrent_pwrites_on_one_handle(client: Client, existing: bool) -> None:
+    """Parts written at once, out of order, into one handle (Babel's multipart into pcache://)."""
+    import asyncio
+    import random
+
+    size = 9 * MiB + 12345
+    want = bytearray(os.urandom(size))
+    path = f"/pwrite-{existing}"
+    if existing:
+        client.write_file(path, os.urandom(size))
+    pieces = [(off, bytes(want[off : off + 700_000])) for off in range(0, size, 700_000)]  # straddle blocks
+    random.Random(3).shuffle(pieces)
+
+    async def go() -> None:
+        f = await client.aio.open(path, "r+b" if existing else "wb", block_size=MiB)
+        await asyncio.gather(*(f.pwrite(data, off) for off, data in pieces))
+        assert f.tell() == 0  # pwrite never moves the position
+        await f.close()
+
+    client._run(go())
+    assert client.read_file(path) == bytes(want)
