@@ -313,3 +313,31 @@ def test_kill_9_then_resume_finishes_without_recopying(tmp_path: Path, new_bucke
         assert report["verification"]["full"]["checked"] == len(want)
         assert report["verification"]["full"]["failed"] == 0
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_s3_to_pcache_and_back(tmp_path: Path, new_bucket, s3, shared_cluster) -> None:
+    """A dataset in a bucket goes into PCache (multipart for the large object), then out to another bucket."""
+    src_uri, src_bucket = new_bucket()
+    want = {f"shards/{i:04d}.bin": os.urandom(30_000 + 997 * i) for i in range(40)}
+    want["big/model.safetensors"] = os.urandom(20 << 20) + b"tail"
+    want["dir/"] = b""
+    for key, data in want.items():
+        s3.put_object(Bucket=src_bucket, Key=f"data/{key}", Body=data)
+    pc = f"pcache://{shared_cluster.master_address}/{tmp_path.name}/ds"
+    report = sync(src_uri, pc, tmp_path / "state", verify="full", multipart_threshold=8 << 20, part_size=5 << 20)
+    assert report["state"] == "ok", report["errors"]
+    assert report["copied"] == len(want) - 1 and report["skipped"] == 1  # the dir/ marker is a directory there
+
+    from pcache.client import Client
+
+    with Client(master=shared_cluster.master_address) as pcc:
+        for key, data in want.items():
+            if not key.endswith("/"):
+                assert pcc.read_file(f"/{tmp_path.name}/ds/{key}") == data
+
+    assert sync(src_uri, pc, tmp_path / "state")["copied"] == 0  # stored mtimes match: nothing to do
+    dst_uri, dst_bucket = new_bucket()
+    report = sync(pc, dst_uri, tmp_path / "state", multipart_threshold=8 << 20, part_size=5 << 20)
+    assert report["state"] == "ok", report["errors"]
+    got = bucket_contents(s3, dst_bucket)
+    assert got == {k: v for k, v in want.items() if not k.endswith("/")}
