@@ -115,7 +115,8 @@ def split_points(
     e_low = emb(low)
     e_high = emb(high) if high is not None else emb.top
     per_page = max(1, (e_low - emb(first)) * page_size // page_keys)
-    if high is not None:
+    if high is not None or (e_high - e_low) // per_page <= 64 * pieces:
+        # a known end (or a dense key space, e.g. hashes): even cuts of at least a page
         step = max(per_page, (e_high - e_low) // pieces)
         offsets = [step * k for k in range(1, pieces)]
     else:
@@ -249,7 +250,7 @@ async def list_parallel_pages(
             result = await page(rng)
             objects = result.objects
             if rng.until is not None and objects and objects[-1].key > rng.until:
-                objects = [o for o in objects if o.key <= rng.until]
+                objects = objects[: bisect.bisect_right(objects, rng.until, key=lambda o: o.key)]
             if objects:
                 await out.put(objects)  # whole pages: one queue hand-off per request, not per key
             last = objects[-1].key if objects else ""
