@@ -82,6 +82,8 @@ class Journal:
         os.makedirs(self.dir, exist_ok=True)
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(create)
+        opts.set_write_buffer_size(16 << 20)  # memtables flush as sorted runs: memory stays bounded
+        opts.set_max_write_buffer_number(2)
         self._db = rocksdict.Rdict(os.path.join(self.dir, "db"), opts)
         self._wopts = rocksdict.WriteOptions()
 
