@@ -1,15 +1,71 @@
 """``s3://bucket/prefix`` through aiobotocore (any S3-compatible store).
 
-URI options as query parameters: ``endpoint_url``, ``region``, ``profile``
-(``s3://b/p?endpoint_url=http://127.0.0.1:9000``); credentials come from the
-usual AWS chain. Every call has connect/read timeouts, and botocore's
-standard retry mode backs off on throttling and transient errors; what is
-left is mapped to Babel's error tree by :data:`ERRORS_BY_CODE`.
+URI options as query parameters (``s3://b/p?endpoint_url=http://127.0.0.1:9000``):
+
+* ``endpoint_url``, ``region``, ``profile``; ``ca_bundle``: a PEM file of CAs to trust
+  for https (an on-premises store's own CA);
+* ``addressing_style``: ``auto`` (default), ``path`` or ``virtual``;
+* ``checksum``: ``crc32`` (default) or ``none``, see below;
+* ``provider``: ``rclone``, see below;
+* ``connect_timeout`` / ``read_timeout`` (seconds), ``max_attempts`` (tries in all,
+  the first included; 5), ``max_pool_connections``.
+
+Credentials come from the usual AWS chain. Every call has connect/read timeouts,
+and botocore's standard retry mode backs off on throttling and transient errors;
+what is left is mapped to Babel's error tree by :data:`ERRORS_BY_CODE`.
+
+What follows was found running the conformance suite on a second S3
+implementation, rclone ``serve s3`` v1.75, with botocore 1.43 / aiobotocore 3.10.
+
+Integrity checksums. botocore >= 1.36 defaults to
+``request_checksum_calculation=when_supported``: a CRC32 of every PutObject /
+UploadPart body, sent over http as an ``x-amz-checksum-crc32`` header but over
+https as an ``aws-chunked`` body with a trailer, which aiohttp sends with
+``Transfer-Encoding: chunked`` and no Content-Length. Servers that want a
+Content-Length refuse it (rclone ``serve s3``: ``MissingContentLength``). So this backend
+turns botocore's own choice off (``when_required``) and computes the CRC32
+itself: the body is in memory anyway, and a precomputed checksum always travels
+as a header, never as a trailer. AWS verifies it; rclone stores and echoes it
+without verifying. ``checksum=none`` sends none, for servers that reject
+``x-amz-checksum-*`` headers.
+
+The same botocore default validates ``x-amz-checksum-*`` response headers of
+every GET. rclone returns the whole object's stored CRC32 on a *ranged* GET
+too, so the 4 bytes of ``bytes=3-6`` fail validation against it
+(``FlexibleChecksumError``). Validation is therefore ``when_required`` too, and
+whole-object GETs ask for it (``ChecksumMode=ENABLED``): the same checks as
+botocore's default on AWS, which never returns a checksum for a range. Objects
+assembled from parts carry a checksum of checksums (``...-N``), which botocore
+skips.
+
+``Expect: 100-continue``. botocore asks for it on every PutObject and
+UploadPart; when a server answers such a request with a final error *before*
+reading the body and closes the connection (rclone's ``400 InvalidArgument``
+for a key it cannot map to a path), aiohttp 3.14 waits for the ``100
+Continue`` forever, past ``read_timeout``. The header is dropped before
+sending: a rejected upload then costs its body's transfer, not a hung task.
+
+Keys. rclone ``serve s3`` stores objects as files: a key ending in ``/`` silently names the same
+file as the key without it (``dir/`` overwrites ``dir``), and ``a//b``, ``./``
+and ``../`` segments or a leading ``/`` are refused with ``400``.
+``provider=rclone`` makes this backend refuse such keys itself, as ``file://``
+does (:class:`~babel.errors.BadURI`), before they alias or reach the server.
+Other rclone traits that need nothing here: user metadata is kept in the
+server's memory only (lost on restart; at most ``--metadata-max-objects``);
+names starting with ``.rclone_temp_`` are hidden from listings; any delimiter
+is treated as ``/`` (Babel only uses ``/``); parts arriving out of order are
+buffered in memory up to ``--multipart-streaming-buffer-limit`` (256 MiB per
+upload by default) and later ones wait; the ETag of a multipart object is
+S3's ``MD5-of-part-MD5s-N`` in the CompleteMultipartUpload answer but the MD5 of
+the whole object in HEAD; DeleteObjects, StartAfter, paging and
+Unicode keys behave as on AWS.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import zlib
 from typing import Any
 
 from aiobotocore.config import AioConfig
@@ -17,9 +73,11 @@ from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
 
 from babel.backends.base import ListPage, ObjectInfo, PartInfo, StoreLimits
+from babel.backends.tree import check_key
 from babel.errors import (
     AccessDenied,
     BabelError,
+    BadURI,
     NoSuchBucket,
     NoSuchKey,
     NoSuchUpload,
@@ -48,7 +106,9 @@ ERRORS_BY_CODE: dict[str, type[BabelError]] = {
 
 
 def translate(exc: Exception, uri: str) -> BabelError:
-    """Map a botocore failure to the Babel error it stands for."""
+    """Map a botocore failure to the Babel error it stands for (Babel's own pass through)."""
+    if isinstance(exc, BabelError):
+        return exc
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
         code = str(err.get("Code", ""))
@@ -62,15 +122,45 @@ def translate(exc: Exception, uri: str) -> BabelError:
     return BabelError(f"{type(exc).__name__}: {exc}", uri=uri)
 
 
+CHECKSUMS = ("crc32", "none")
+PROVIDERS = ("rclone",)
+ADDRESSING_STYLES = ("auto", "path", "virtual")
+
+
+def crc32_header(data: bytes) -> str:
+    """The ``x-amz-checksum-crc32`` value of ``data``: its CRC32, big-endian, base64."""
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def _drop_expect(request: Any, **kwargs: Any) -> None:
+    """``before-send`` hook: no ``Expect: 100-continue`` (see the module docstring)."""
+    request.headers.pop("Expect", None)
+
+
 class S3Store:
     """Object store on one bucket and key prefix of an S3-compatible service."""
 
+    default_checksum = "crc32"
+    default_addressing_style = "auto"
+
     def __init__(self, uri: str, bucket: str, prefix: str, options: dict[str, str]) -> None:
+        """Raises BadURI for an unknown ``checksum``, ``provider`` or ``addressing_style``."""
         self.uri = uri
         self.bucket = bucket
         self.base = prefix  # keys are relative to it
         self.options = options
         self.limits = StoreLimits()
+        self.checksum = options.get("checksum", self.default_checksum)
+        self.provider = options.get("provider", "")
+        self.addressing_style = options.get("addressing_style", self.default_addressing_style)
+        for name, value, allowed in (
+            ("checksum", self.checksum, CHECKSUMS),
+            ("provider", self.provider, ("", *PROVIDERS)),
+            ("addressing_style", self.addressing_style, ADDRESSING_STYLES),
+        ):
+            if value not in allowed:
+                raise BadURI(f"{name}={value!r} is not one of {', '.join(a for a in allowed if a)}", uri=uri)
+        self._path_keys = self.provider == "rclone"  # keys are file paths on the server
         self._client: Any = None
         self._stack = contextlib.AsyncExitStack()
 
@@ -82,31 +172,48 @@ class S3Store:
             config = AioConfig(
                 connect_timeout=float(self.options.get("connect_timeout", 10)),
                 read_timeout=float(self.options.get("read_timeout", 60)),
-                retries={"mode": "standard", "max_attempts": int(self.options.get("max_attempts", 5))},
+                # total_max_attempts counts the first try; botocore's "max_attempts" key counts retries only
+                retries={"mode": "standard", "total_max_attempts": int(self.options.get("max_attempts", 5))},
                 max_pool_connections=int(self.options.get("max_pool_connections", 64)),
+                request_checksum_calculation="when_required",  # CRC32 computed here, as a header
+                response_checksum_validation="when_required",  # asked for on whole-object GETs
+                s3={"addressing_style": self.addressing_style},
             )
-            self._client = await self._stack.enter_async_context(
+            client = await self._stack.enter_async_context(
                 session.create_client(
                     "s3",
-                    endpoint_url=self.options.get("endpoint_url"),
+                    endpoint_url=self.endpoint_url(),
                     region_name=self.options.get("region", "us-east-1"),
+                    verify=self.options.get("ca_bundle"),
                     config=config,
                 )
             )
+            client.meta.events.register_last("before-send.s3", _drop_expect)
+            self._client = client
         return self._client
 
+    def endpoint_url(self) -> str | None:
+        """The endpoint the client talks to (None: AWS's, from the region)."""
+        return self.options.get("endpoint_url")
+
     def _key(self, key: str) -> str:
+        """The bucket key of ``key``; refuses keys a path-keyed server would alias (``provider=rclone``)."""
+        if self._path_keys:
+            check_key(key, f"{self.uri}/{key}")
         return self.base + key
+
+    def _body_checksum(self, data: bytes) -> dict[str, str]:
+        return {"ChecksumCRC32": crc32_header(data)} if self.checksum == "crc32" else {}
 
     async def list_page(
         self, prefix: str = "", *, delimiter: str | None = None, start_after: str = "", max_keys: int = 1000
     ) -> ListPage:
         client = await self._c()
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key(prefix), "MaxKeys": max_keys}
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.base + prefix, "MaxKeys": max_keys}
         if delimiter:
             kwargs["Delimiter"] = delimiter
         if start_after:
-            kwargs["StartAfter"] = self._key(start_after)
+            kwargs["StartAfter"] = self.base + start_after
         try:
             resp = await client.list_objects_v2(**kwargs)
         except Exception as exc:
@@ -136,6 +243,8 @@ class S3Store:
         if offset or length is not None:
             end = "" if length is None else str(offset + length - 1)
             kwargs["Range"] = f"bytes={offset}-{end}"
+        elif self.checksum == "crc32":
+            kwargs["ChecksumMode"] = "ENABLED"  # whole objects only: a range has no checksum of its own
         try:
             resp = await client.get_object(**kwargs)
             async with resp["Body"] as body:
@@ -146,7 +255,9 @@ class S3Store:
     async def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectInfo:
         client = await self._c()
         try:
-            resp = await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, Metadata=metadata or {})
+            resp = await client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=data, Metadata=metadata or {}, **self._body_checksum(data)
+            )
         except Exception as exc:
             raise translate(exc, f"{self.uri}/{key}") from None
         return ObjectInfo(
@@ -165,8 +276,9 @@ class S3Store:
         client = await self._c()
         try:
             resp = await client.upload_part(
-                Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, PartNumber=number, Body=data
-            )
+                Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, PartNumber=number, Body=data,
+                **self._body_checksum(data),
+            )  # fmt: skip
         except Exception as exc:
             raise translate(exc, f"{self.uri}/{key}") from None
         return PartInfo(number, len(data), resp.get("ETag", "").strip('"'), self._checksums(resp))

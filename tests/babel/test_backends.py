@@ -1,16 +1,22 @@
-"""One conformance suite for every backend (file://, s3:// on moto), and the parallel lister."""
+"""One conformance suite for every backend (file://, pcache://, s3:// on moto and on rclone, oss:// on
+the OSS emulator in front of moto), the parallel lister, and the fault-injecting S3 proxy."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from babel import list_parallel, list_serial, open_store
-from babel.errors import BadURI, NoSuchBucket, NoSuchKey
+from babel.backends.base import META_CRC32C, META_MTIME, GiB, MiB, StoreLimits
+from babel.checksum import crc64ecma
+from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, Throttled, TransientError
 from babel.lister import split_points
+from babel.testing import S3Proxy, decode_aws_chunked
 
 pytestmark = pytest.mark.s3
 
@@ -20,12 +26,14 @@ KEYS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(params=["file", "s3", "pcache"])
+@pytest.fixture(params=["file", "s3", "pcache", "rclone", "oss"])
 def store_uri(request, tmp_path: Path) -> str:
     if request.param == "file":
         return f"file://{tmp_path}/root"
     if request.param == "pcache":  # a directory of its own on the module's cluster
         return f"pcache://{request.getfixturevalue('shared_cluster').master_address}/{tmp_path.name}/root"
+    if request.param in ("rclone", "oss"):  # rclone serve s3 on a directory; OSS emulated in front of moto
+        return request.getfixturevalue(f"{request.param}_uri")
     return request.getfixturevalue("s3_uri")
 
 
@@ -105,7 +113,11 @@ def test_missing_bucket_and_bad_uris(tmp_path: Path, moto_endpoint: str) -> None
         run(go(f"s3://no-such-bucket/x?endpoint_url={moto_endpoint}"))
     with pytest.raises(NoSuchBucket):
         run(go(f"file://{tmp_path}/missing"))
-    for bad in ("ftp://x/y", "s3:///nobucket", "file://host/path", "file://relative"):
+    for bad in (
+        "ftp://x/y", "s3:///nobucket", "file://host/path", "file://relative", "oss:///nobucket",
+        "oss://b/p", "oss://b/p?region=us-east-1", "s3://b/p?checksum=md5", "s3://b/p?provider=minio",
+        "s3://b/p?addressing_style=dns",
+    ):  # fmt: skip
         with pytest.raises(BadURI):
             open_store(bad)
 
@@ -130,13 +142,13 @@ def test_split_points_cut_where_keys_are() -> None:
     assert len(points) >= 8 and all(q.startswith("tree/d000/e") for q in points[:4]), points
 
 
-@pytest.mark.parametrize("kind", ["file", "s3"])
+@pytest.mark.parametrize("kind", ["file", "s3", "rclone", "oss"])
 def test_parallel_listing_equals_serial(kind: str, tmp_path: Path, request) -> None:
     rng = random.Random(1)
     keys = {f"flat/{rng.getrandbits(40):010x}" for _ in range(900)}  # one flat prefix: range splitting
     keys |= {f"tree/{a}/{b}/f{c}" for a in "abc" for b in range(4) for c in range(25)}  # fan-out
     keys |= {"top.txt", "tree/x.bin", "flat-sibling", "ütf/ñame"}
-    uri = f"file://{tmp_path}/root" if kind == "file" else request.getfixturevalue("s3_uri")
+    uri = f"file://{tmp_path}/root" if kind == "file" else request.getfixturevalue(f"{kind}_uri")
     if kind == "file":
         Path(tmp_path / "root").mkdir()
     run(fill(uri, sorted(keys)))
@@ -164,3 +176,301 @@ def test_parallel_listing_equals_serial(kind: str, tmp_path: Path, request) -> N
     assert len(parallel) == len(set(parallel)) == len(keys)  # nothing twice
     assert set(parallel) == keys
     assert parallel_calls >= serial_calls  # fan-out and splits: more, smaller requests in flight at once
+
+
+# ------------------------------------------------------- multipart, metadata --
+
+PART = 5 * MiB  # S3's smallest part but the last (moto enforces it, under the OSS emulator too)
+
+
+def prepare(uri: str) -> None:
+    """Create a file:// root (buckets and pcache:// directories come from their fixtures)."""
+    if uri.startswith("file://"):
+        Path(uri[len("file://") :]).mkdir(parents=True, exist_ok=True)
+
+
+def test_multipart_parts_out_of_order_and_concurrent(store_uri: str) -> None:
+    prepare(store_uri)
+    data = random.Random(7).randbytes(2 * PART + 12345)
+    chunks = {n: data[(n - 1) * PART : n * PART] for n in (1, 2, 3)}
+
+    async def go():
+        store = open_store(store_uri)
+        try:
+            uid = await store.create_multipart("mp/big.bin", len(data), PART, {})
+
+            async def send(number: int, pause: float):
+                await asyncio.sleep(pause)
+                return await store.upload_part("mp/big.bin", uid, number, chunks[number])
+
+            # the last part first, all three in flight at once; complete gets them unsorted
+            parts = await asyncio.gather(send(3, 0), send(1, 0.05), send(2, 0))
+            assert [(p.number, p.size) for p in parts] == [(3, 12345), (1, PART), (2, PART)]
+            done = await store.complete_multipart("mp/big.bin", uid, parts)
+            assert done.size == len(data)
+            assert (await store.head("mp/big.bin")).size == len(data)
+            assert await store.get("mp/big.bin") == data
+            assert await store.get("mp/big.bin", PART - 10, 20) == data[PART - 10 : PART + 10]  # across parts
+            assert [o.key for o in (await store.list_page("mp/")).objects] == ["mp/big.bin"]  # no leftovers
+        finally:
+            await store.close()
+
+    run(go())
+
+
+def test_user_metadata_roundtrips_through_put_and_multipart(store_uri: str) -> None:
+    prepare(store_uri)
+    meta = {META_MTIME: "1700000000.123456789", META_CRC32C: "0a1b2c3d"}
+
+    async def go():
+        store = open_store(store_uri)
+        try:
+            await store.put("m/put.bin", b"abc", meta)
+            uid = await store.create_multipart("m/mp.bin", PART + 3, PART, meta)
+            p2 = await store.upload_part("m/mp.bin", uid, 2, b"xyz")
+            p1 = await store.upload_part("m/mp.bin", uid, 1, bytes(PART))
+            await store.complete_multipart("m/mp.bin", uid, [p1, p2])
+            for key in ("m/put.bin", "m/mp.bin"):
+                head = await store.head(key)
+                assert float(head.metadata[META_MTIME]) == float(meta[META_MTIME]), key
+                assert head.metadata[META_CRC32C] == meta[META_CRC32C], key
+            assert await store.get("m/mp.bin", PART, 3) == b"xyz"
+        finally:
+            await store.close()
+
+    run(go())
+
+
+def test_abort_drops_the_upload(store_uri: str, request) -> None:
+    prepare(store_uri)
+    on_moto = request.node.callspec.params["store_uri"] in ("s3", "oss")
+
+    async def go():
+        store = open_store(store_uri)
+        try:
+            uid = await store.create_multipart("ab/x.bin", PART + 1, PART, {})
+            await store.upload_part("ab/x.bin", uid, 1, bytes(PART))
+            await store.abort_multipart("ab/x.bin", uid)
+            if on_moto:  # moto 5 answers UploadPart to an unknown upload with a 500 (KeyError), AWS NoSuchUpload
+                import boto3
+
+                client = boto3.client("s3", endpoint_url=store.endpoint_url(), region_name="us-east-1")
+                uploads = client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+                assert uid not in [u["UploadId"] for u in uploads]
+            else:
+                with pytest.raises(NoSuchUpload):
+                    await store.upload_part("ab/x.bin", uid, 2, b"x")
+            with pytest.raises(NoSuchKey):
+                await store.head("ab/x.bin")
+            assert (await store.list_page("ab/")).objects == []
+            await store.abort_multipart("ab/x.bin", uid)  # twice: nothing left to drop
+            await store.abort_multipart("ab/x.bin", "no-such-upload")  # an unknown id is not an error
+        finally:
+            await store.close()
+
+    run(go())
+
+
+# ------------------------------------------------------------------ oss --
+
+
+def test_oss_reports_crc64_of_puts_parts_and_completed_objects(oss_uri: str) -> None:
+    data = random.Random(3).randbytes(PART + 1000)
+
+    async def go():
+        store = open_store(oss_uri)
+        try:
+            assert store.limits == StoreLimits(min_part_size=100 << 10, max_part_size=5 * GiB, max_parts=10_000)
+            put = await store.put("o/small.bin", b"0123456789")
+            assert put.checksums == {"crc64ecma": str(crc64ecma(b"0123456789"))}
+            assert (await store.head("o/small.bin")).checksums == put.checksums
+            uid = await store.create_multipart("o/big.bin", len(data), PART, {})
+            parts = await asyncio.gather(
+                store.upload_part("o/big.bin", uid, 2, data[PART:]), store.upload_part("o/big.bin", uid, 1, data[:PART])
+            )
+            assert [p.checksums for p in parts] == [
+                {"crc64ecma": str(crc64ecma(c))} for c in (data[PART:], data[:PART])
+            ]
+            done = await store.complete_multipart("o/big.bin", uid, parts)
+            whole = {"crc64ecma": str(crc64ecma(data))}  # the parts' CRCs combined, as OSS does
+            assert done.checksums == whole
+            assert (await store.head("o/big.bin")).checksums == whole
+            assert await store.get("o/big.bin", 10, 10) == data[10:20]
+        finally:
+            await store.close()
+
+    run(go())
+
+
+def test_oss_emulator_headers_on_gets_and_aws_chunked_bodies(oss_proxy, moto_endpoint: str, oss_uri: str) -> None:
+    import boto3
+
+    bucket = oss_uri[len("oss://") :].split("/", 1)[0]
+    payload = b"aws-chunked payload " * 500
+    body = b"".join(
+        b"%x;chunk-signature=%s\r\n%s\r\n" % (len(c), b"0" * 64, c) for c in (payload[:4096], payload[4096:], b"")
+    )
+    assert body.endswith(b"0;chunk-signature=" + b"0" * 64 + b"\r\n\r\n")
+    assert decode_aws_chunked(body) == payload
+    trailer = b"%x\r\n%s\r\n0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n" % (len(payload), payload)
+    assert decode_aws_chunked(trailer) == payload
+    conn = http.client.HTTPConnection(oss_proxy.endpoint[len("http://") :], timeout=30)
+    try:  # an unsigned streaming upload with a trailer, as botocore sends over https
+        headers = {
+            "Content-Encoding": "aws-chunked", "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+            "x-amz-decoded-content-length": str(len(payload)), "x-amz-trailer": "x-amz-checksum-crc32",
+        }  # fmt: skip
+        conn.request("PUT", f"/{bucket}/chunked.bin", body=trailer, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 200 and resp.getheader("x-oss-hash-crc64ecma") == str(crc64ecma(payload))
+    finally:
+        conn.close()
+    assert oss_proxy.object_crc64(bucket, "chunked.bin") == crc64ecma(payload)
+    moto = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    assert moto.get_object(Bucket=bucket, Key="chunked.bin")["Body"].read() == payload  # forwarded as sent
+    client = boto3.client("s3", endpoint_url=oss_proxy.endpoint, region_name="us-east-1")
+    whole = client.get_object(Bucket=bucket, Key="chunked.bin")
+    assert whole["ResponseMetadata"]["HTTPHeaders"]["x-oss-hash-crc64ecma"] == str(crc64ecma(payload))
+    ranged = client.get_object(Bucket=bucket, Key="chunked.bin", Range="bytes=0-9")
+    assert ranged["Body"].read() == payload[:10]
+    assert "x-oss-hash-crc64ecma" not in ranged["ResponseMetadata"]["HTTPHeaders"]  # OSS: none on a range
+
+
+def test_oss_uris() -> None:
+    store = open_store("oss://b/p?region=oss-cn-hangzhou")
+    assert store.endpoint_url() == "https://oss-cn-hangzhou.aliyuncs.com"
+    assert (store.addressing_style, store.checksum, store.base) == ("virtual", "none", "p/")
+    store = open_store("oss://b?endpoint_url=http://127.0.0.1:1&addressing_style=path&checksum=crc32")
+    assert (store.endpoint_url(), store.addressing_style, store.checksum) == ("http://127.0.0.1:1", "path", "crc32")
+
+
+# --------------------------------------------------------------- rclone --
+
+
+def test_rclone_keys_that_are_not_paths(rclone_uri: str) -> None:
+    async def go():
+        store = open_store(rclone_uri)  # provider=rclone: refused here, before they alias on the server
+        raw = open_store(rclone_uri.replace("&provider=rclone", "&max_attempts=1"))
+        try:
+            for bad in ("dir/", "a//b", "./x", "a/../b", "/lead"):
+                with pytest.raises(BadURI):
+                    await store.put(bad, b"x")
+            with pytest.raises(BadURI):
+                await store.head("dir/")
+            with pytest.raises(BadURI):
+                await store.create_multipart("dir/", 1, PART, {})
+            # rclone answers 400 before reading the body: an error, not a wait for 100 Continue
+            with pytest.raises(BabelError) as err:
+                await asyncio.wait_for(raw.put("a//b", b"x" * 100_000), 30)
+            assert not err.value.retryable
+            assert (await store.list_page()).objects == []
+        finally:
+            await store.close()
+            await raw.close()
+
+    run(go())
+
+
+def test_rclone_over_https(rclone_tls_uri: str) -> None:
+    """Over https botocore would send aws-chunked bodies with CRC32 trailers, which rclone refuses."""
+    data = random.Random(5).randbytes(PART + 77)
+
+    async def go():
+        store = open_store(rclone_tls_uri)
+        try:
+            await store.put("t/small.bin", b"0123456789", {META_MTIME: "1.5"})
+            assert (await store.head("t/small.bin")).metadata == {META_MTIME: "1.5"}
+            assert await store.get("t/small.bin") == b"0123456789"
+            assert await store.get("t/small.bin", 3, 4) == b"3456"
+            uid = await store.create_multipart("t/big.bin", len(data), PART, {})
+            parts = [await store.upload_part("t/big.bin", uid, n, data[(n - 1) * PART : n * PART]) for n in (1, 2)]
+            await store.complete_multipart("t/big.bin", uid, parts)
+            assert await store.get("t/big.bin") == data
+        finally:
+            await store.close()
+
+    run(go())
+
+
+# -------------------------------------------------------------- S3 proxy --
+
+
+def test_parallel_listing_through_throttling(s3_uri: str, moto_endpoint: str) -> None:
+    keys = {f"d{a}/{b:03d}" for a in range(4) for b in range(60)} | {f"flat{c:04d}" for c in range(160)}
+    run(fill(s3_uri, sorted(keys)))  # straight to moto
+    with S3Proxy(moto_endpoint, throttle_rate=0.5, seed=11) as proxy:
+        # botocore retries once; the lister's own retries (and AIMD) see the rest of the 503s
+        uri = s3_uri.replace(moto_endpoint, proxy.endpoint) + "&max_attempts=2"
+
+        async def collect():
+            store = open_store(uri)
+            try:
+                return [o.key async for o in list_parallel(store, page_size=50, concurrency=8)]
+            finally:
+                await store.close()
+
+        got = run(collect())
+        stats = proxy.stats()
+    assert len(got) == len(keys) and set(got) == keys
+    assert stats.throttled > 0 and stats.requests["list"] > stats.throttled and stats.failed == 0, stats
+
+
+def test_proxy_delay_faults_and_ops_filter(s3_uri: str, moto_endpoint: str) -> None:
+    with S3Proxy(moto_endpoint, delay=0.3, ops={"head"}) as proxy:
+        uri = s3_uri.replace(moto_endpoint, proxy.endpoint) + "&max_attempts=1"
+
+        async def timed(coro) -> float:
+            start = time.monotonic()
+            await coro
+            return time.monotonic() - start
+
+        async def go():
+            store = open_store(uri)
+            try:
+                await store.put("k", b"v")
+                assert await timed(store.head("k")) >= 0.3
+                proxy.ops, proxy.delay = None, 0.2  # every request now
+                assert await timed(store.get("k")) >= 0.2
+                assert proxy.stats().delayed == 2
+                proxy.delay, proxy.fail_rate, proxy.ops = 0.0, 1.0, {"PUT"}
+                with pytest.raises(TransientError):
+                    await store.put("k2", b"v")
+                assert await store.get("k") == b"v"  # not a PUT: untouched
+                proxy.fail_rate, proxy.throttle_rate, proxy.ops = 0.0, 1.0, {"list"}
+                with pytest.raises(Throttled):
+                    await store.list_page()
+                await store.put("k2", b"v")
+                proxy.throttle_rate = 0.0
+                assert [o.key for o in (await store.list_page()).objects] == ["k", "k2"]
+            finally:
+                await store.close()
+
+        run(go())
+        stats = proxy.stats()
+        assert (stats.failed, stats.throttled) == (1, 1), stats
+        assert stats.requests["put"] == 3 and stats.requests["list"] == 2 and stats.total == 8
+        for name, bad in (("throttle_rate", 1.5), ("delay", -1), ("ops", {"nope"})):
+            with pytest.raises(ValueError):
+                setattr(proxy, name, bad)
+        proxy.reset_stats()
+        assert proxy.stats().total == 0
+
+
+def test_proxy_keeps_sigv4_valid_in_front_of_rclone(rclone_uri: str, rclone_endpoint: str) -> None:
+    """rclone checks signatures: the proxy forwards the Host the client signed."""
+    bucket = rclone_uri[len("s3://") :].split("/", 1)[0]
+    with S3Proxy(rclone_endpoint, oss=True) as proxy:
+
+        async def go():
+            store = open_store(f"oss://{bucket}/data?endpoint_url={proxy.endpoint}")
+            try:
+                put = await store.put("p/x.bin", b"through the proxy", {META_MTIME: "2.5"})
+                assert put.checksums == {"crc64ecma": str(crc64ecma(b"through the proxy"))}
+                head = await store.head("p/x.bin")
+                assert head.metadata == {META_MTIME: "2.5"} and head.checksums == put.checksums
+                assert await store.get("p/x.bin", 8, 3) == b"the"
+            finally:
+                await store.close()
+
+        run(go())

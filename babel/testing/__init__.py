@@ -1,0 +1,5 @@
+"""Test helpers for Babel that tests and benches import: an S3 proxy that injects faults and emulates OSS."""
+
+from babel.testing.s3proxy import OPS, ProxyStats, S3Proxy, decode_aws_chunked
+
+__all__ = ["OPS", "ProxyStats", "S3Proxy", "decode_aws_chunked"]
