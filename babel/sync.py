@@ -318,7 +318,7 @@ class SyncJob:
             self.progress.advance(0, 1)
 
         await _bounded((one(self._source(k)) for k in self._to_copy()), max(2 * self.opts.transfers, 32))
-        self.report.retries = xfer.stats.retries
+        self.report.retries += xfer.stats.retries
 
     def _to_copy(self):
         """Keys planned for copying that have no ``c/`` record yet, in key order (streamed)."""
@@ -438,6 +438,7 @@ class SyncJob:
             self.report.fatal = f"{type(exc).__name__}: {exc}"
             self.report.state = "failed"
         finally:
+            self.report.retries += getattr(self.src, "retries", 0) + getattr(self.dst, "retries", 0)
             await asyncio.gather(self.src.close(), self.dst.close(), return_exceptions=True)
         self.report.seconds = time.monotonic() - start
         if self.report.state != "failed":

@@ -161,6 +161,7 @@ class S3Store:
             if value not in allowed:
                 raise BadURI(f"{name}={value!r} is not one of {', '.join(a for a in allowed if a)}", uri=uri)
         self._path_keys = self.provider == "rclone"  # keys are file paths on the server
+        self.retries = 0  # requests botocore sent again (throttling, 5xx, resets) that then succeeded
         self._client: Any = None
         self._stack = contextlib.AsyncExitStack()
 
@@ -189,8 +190,12 @@ class S3Store:
                 )
             )
             client.meta.events.register_last("before-send.s3", _drop_expect)
+            client.meta.events.register("after-call.s3", self._count_retries)
             self._client = client
         return self._client
+
+    def _count_retries(self, parsed: dict[str, Any] | None = None, **_: Any) -> None:
+        self.retries += int(((parsed or {}).get("ResponseMetadata") or {}).get("RetryAttempts", 0))
 
     def endpoint_url(self) -> str | None:
         """The endpoint the client talks to (None: AWS's, from the region)."""
