@@ -273,8 +273,12 @@ def _start(args: list[str], state: Path) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize("point", ["copying", "mid-multipart", "verifying"])
-def test_kill_9_then_resume_finishes_without_recopying(tmp_path: Path, new_bucket, s3, point: str) -> None:
+@pytest.mark.parametrize("point", ["listing", "copying", "mid-multipart", "verifying"])
+def test_kill_9_then_resume_finishes_without_recopying(
+    tmp_path: Path, new_bucket, s3, moto_endpoint: str, point: str
+) -> None:
+    from babel.testing import S3Proxy
+
     src = tmp_path / "src"
     src.mkdir()
     small = {f"small/{i:03d}.bin": os.urandom(50_000 + i) for i in range(120)}
@@ -285,20 +289,26 @@ def test_kill_9_then_resume_finishes_without_recopying(tmp_path: Path, new_bucke
     (src / "big.bin").write_bytes(big)
     uri, bucket = new_bucket()
     state = tmp_path / "state"
+    proxy = S3Proxy(moto_endpoint, delay=1.0, ops={"list"}).__enter__()  # a slow listing of the destination
+    if point == "listing":
+        uri = uri.replace(moto_endpoint, proxy.endpoint)
     args = [f"file://{src}", uri, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "4"]
     if point == "mid-multipart":
         args += ["--bwlimit", "12M", "--include", "big.bin"]
     if point == "verifying":
         args += ["--verify", "full", "--checkers", "1"]
     proc = _start(args, state)
-    job = _wait_phase(state, "copying" if point != "verifying" else "verifying")
+    job = _wait_phase(state, {"mid-multipart": "copying"}.get(point, point))
     time.sleep(1.5 if point == "mid-multipart" else 0.3)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     doc = json.loads((state / job / "job.json").read_text())
     assert doc["state"] == "running"  # killed: never finished
 
-    r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+    try:
+        r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+    finally:
+        proxy.__exit__(None, None, None)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     want = {"big.bin": big} if point == "mid-multipart" else {**small, "big.bin": big}
@@ -306,6 +316,8 @@ def test_kill_9_then_resume_finishes_without_recopying(tmp_path: Path, new_bucke
     if point == "mid-multipart":
         assert report["parts_reused"] > 0  # the finished parts of the killed upload were not sent again
         assert report["copied"] == 1
+    elif point == "listing":
+        assert report["copied"] == len(want) and report["already_done"] == 0
     elif point == "copying":
         assert report["already_done"] > 0 and report["copied"] + report["already_done"] == len(want)
     else:
