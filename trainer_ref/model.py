@@ -168,6 +168,7 @@ _LING_LITE = ModelConfig(
     n_shared_experts=2,
     tie_embeddings=False,
     norm_head=True,
+    norm_head_axis="hidden",  # as the released modeling_bailing_moe.py normalises the head
     init_std=0.006,
 )
 
@@ -190,6 +191,7 @@ _LING_PLUS = ModelConfig(
     n_shared_experts=1,
     tie_embeddings=False,
     norm_head=True,
+    norm_head_axis="hidden",  # as the released modeling_bailing_moe.py normalises the head
     init_std=0.006,
 )
 
