@@ -13,7 +13,7 @@ import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pcache.common.errors import InvalidArgument
 
@@ -205,13 +205,15 @@ def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:
         raise InvalidArgument(f"{section}.{name}: expected {type_name}, got {value!r}") from None
 
 
-def _apply(section_obj: Any, section: str, values: dict[str, Any]) -> None:
+def _apply(
+    section_obj: Any, section: str, values: dict[str, Any], limits_table: dict[tuple[str, str], tuple[float, float]]
+) -> None:
     fields = {f.name: f for f in dataclasses.fields(section_obj)}
     for key, value in values.items():
         if key not in fields:
             raise InvalidArgument(f"unknown option {section}.{key}")
         coerced = _coerce(section, key, fields[key].type, value)
-        limits = LIMITS.get((section, key))
+        limits = limits_table.get((section, key))
         if limits is not None and not limits[0] <= coerced <= limits[1]:
             raise InvalidArgument(f"{section}.{key}={value!r} is outside {limits[0]:g}..{limits[1]:g}")
         setattr(section_obj, key, coerced)
@@ -259,8 +261,26 @@ def load_config(
         InvalidArgument: unknown section or key, a value of the wrong type,
             or an unreadable file.
     """
-    cfg = PCacheConfig()
-    sections = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    return configure(PCacheConfig(), path, overrides, LIMITS)
+
+
+T = TypeVar("T")
+
+
+def configure(
+    cfg: T,
+    path: str | os.PathLike[str] | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    limits: dict[tuple[str, str], tuple[float, float]] | None = None,
+) -> T:
+    """Fill ``cfg`` (a dataclass of dataclass sections) from a TOML file, then ``--section.key=value``
+    overrides, range-checked by ``limits`` ((section, key) -> (lowest, highest)); returns ``cfg``.
+
+    Raises:
+        InvalidArgument: unknown section or key, a value of the wrong type or range, an unreadable file.
+    """
+    sections = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}  # type: ignore[arg-type]
+    table = limits or {}
     if path:
         try:
             data = tomllib.loads(Path(path).read_text())
@@ -269,14 +289,14 @@ def load_config(
         for name, values in data.items():
             if name not in sections or not isinstance(values, dict):
                 raise InvalidArgument(f"unknown config section [{name}] in {path}")
-            _apply(sections[name], name, values)
+            _apply(sections[name], name, values, table)
     for item in overrides:
         text = item[2:] if item.startswith("--") else item
         key, sep, value = text.partition("=")
         section, dot, name = key.partition(".")
         if not sep or not dot or section not in sections:
             raise InvalidArgument(f"bad override {item!r}: expected --section.key=value")
-        _apply(sections[section], section, {name: value})
+        _apply(sections[section], section, {name: value}, table)
     return cfg
 
 
