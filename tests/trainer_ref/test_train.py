@@ -145,3 +145,17 @@ def test_lr_schedule() -> None:
     assert lr_at(0, cfg, 100) == pytest.approx(0.1) and lr_at(9, cfg, 100) == pytest.approx(1.0)
     assert lr_at(10, cfg, 100) == pytest.approx(1.0) and lr_at(100, cfg, 100) == pytest.approx(0.1)
     assert lr_at(55, cfg, 100) == pytest.approx(0.55)
+
+
+def test_runs_under_torchrun(shards: Path, tmp_path: Path) -> None:
+    from trainer_ref.launch import free_port
+
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+         "-m", "trainer_ref.train", f"--data.root={shards}", "--data.seq_len=32", "--data.micro_batch=2",
+         "--train.steps=3", f"--train.run_dir={tmp_path}"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["step"] == 3
+    assert (tmp_path / "metrics-rank1.jsonl").exists()
