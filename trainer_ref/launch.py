@@ -60,6 +60,7 @@ class Supervisor:
         max_restarts: int,
         run_dir: str,
         hang_timeout: float = 600.0,
+        start_timeout: float = 600.0,
         grace: float = 10.0,
         poll: float = 0.2,
     ) -> None:
@@ -68,6 +69,7 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.run_dir = os.path.abspath(run_dir)
         self.hang_timeout = hang_timeout
+        self.start_timeout = start_timeout
         self.grace = grace
         self.poll = poll
         os.makedirs(self.run_dir, exist_ok=True)
@@ -146,8 +148,8 @@ class Supervisor:
         for rank, beat in self._heartbeats().items():
             if beat.get("state") != "finished" and now - beat["time"] > self.hang_timeout:
                 return f"rank {rank} hung (no heartbeat for {now - beat['time']:.0f}s at step {beat['step']})"
-        if now - attempt.started > self.hang_timeout and len(self._heartbeats()) < self.nproc:
-            return f"ranks did not start within {self.hang_timeout:.0f}s"
+        if now - attempt.started > self.start_timeout and len(self._heartbeats()) < self.nproc:
+            return f"ranks did not start within {self.start_timeout:.0f}s"
         return None
 
     def run(self) -> int:
@@ -180,7 +182,7 @@ class Supervisor:
             attempt = self._start(attempt.number + 1)
             recovering = {"detected": detected, "resumed_from": 0}
             # the ranks report the checkpoint they resumed from in their first heartbeat ("started")
-            deadline = time.monotonic() + self.hang_timeout
+            deadline = time.monotonic() + self.start_timeout
             while time.monotonic() < deadline:
                 beats = self._heartbeats()
                 if len(beats) == self.nproc or any(p.poll() not in (None, 0) for p in attempt.procs):
@@ -206,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-restarts", type=int, default=3, help="restarts after failures before giving up")
     ap.add_argument("--run-dir", default=os.environ.get("TRAINER_RUN_DIR", "./run"), help="heartbeats, logs, events")
     ap.add_argument("--hang-timeout", type=float, default=600.0, help="seconds without a heartbeat = hung")
+    ap.add_argument("--start-timeout", type=float, default=600.0,
+                    help="seconds all ranks may take to load and report their first heartbeat")  # fmt: skip
     ap.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping")
     try:
         args = ap.parse_args(argv)
@@ -216,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launch %(levelname)s: %(message)s", stream=sys.stderr)
     sup = Supervisor(train_args, nproc=args.nproc, max_restarts=args.max_restarts, run_dir=args.run_dir,
-                     hang_timeout=args.hang_timeout, grace=args.grace)  # fmt: skip
+                     hang_timeout=args.hang_timeout, start_timeout=args.start_timeout, grace=args.grace)  # fmt: skip
     signal.signal(signal.SIGTERM, sup.shutdown)
     try:
         return sup.run()

@@ -40,11 +40,13 @@ def train_args(shards: Path, ckpt: str, **extra) -> list[str]:
     return [f"--{k}={v}" for k, v in args.items()]
 
 
-def launch(run_dir: Path, args: list[str], *, kill_at: int | None = None) -> tuple[int, float]:
-    """Run 2 ranks under the supervisor; with ``kill_at``, SIGKILL rank 1 once it reports that step."""
+def launch(
+    run_dir: Path, args: list[str], *, kill_at: int | None = None, sig: int = signal.SIGKILL, hang_timeout: float = 120
+) -> tuple[int, float]:
+    """Run 2 ranks under the supervisor; with ``kill_at``, send ``sig`` to rank 1 once it reports that step."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer_ref.launch", "--nproc", "2", "--max-restarts", "2", "--run-dir", str(run_dir),
-         "--hang-timeout", "120", "--", *args],
+         "--hang-timeout", str(hang_timeout), "--grace", "3", "--", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     killed_at = -1.0
@@ -56,7 +58,7 @@ def launch(run_dir: Path, args: list[str], *, kill_at: int | None = None) -> tup
         except (FileNotFoundError, json.JSONDecodeError):
             doc = {}
         if doc.get("step", -1) >= kill_at and doc.get("state") == "training":
-            os.kill(doc["pid"], signal.SIGKILL)
+            os.kill(doc["pid"], sig)
             killed_at = doc["step"]
         time.sleep(0.01)
     out, _ = proc.communicate(timeout=max(1, deadline - time.monotonic()))
@@ -120,6 +122,17 @@ def test_resume_between_skip_and_retry_gives_the_same_bits(reference, shards, sh
     assert INJECT < killed < INJECT + RETRY
     resumed = [e for e in events(run) if e["event"] == "recovered"]
     assert resumed, events(run)
+    want, got = final_state(reference), final_state(run)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_a_hung_rank_is_restarted(reference, shards, shared_cluster, tmp_path) -> None:
+    """SIGSTOP: the rank's own watchdog cannot act; its stale heartbeat makes the supervisor restart."""
+    run = tmp_path / "run"
+    _, stopped = launch(run, train_args(shards, f"pcache://{shared_cluster.master_address}/train-test/h{tmp_path.name}"),
+                        kill_at=8, sig=signal.SIGSTOP, hang_timeout=10)  # fmt: skip
+    failures = [e for e in events(run) if e["event"] == "failure"]
+    assert failures and "hung" in failures[0]["reason"], events(run)
     want, got = final_state(reference), final_state(run)
     assert all(torch.equal(want[k], got[k]) for k in want)
 
