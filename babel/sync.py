@@ -386,8 +386,8 @@ class SyncJob:
             runtime["crc32c_in_stream"] += 1
             if rec.get("store"):
                 runtime["store_checksum_compared"] += 1
-            for kind, result in zip(("metadata", self.opts.verify), results, strict=False):
-                _note_verify(self.report, kind, result)
+            for result in results:
+                _note_verify(self.report, result.mode, result)
             self.progress.advance(0, 1)
 
         await _bounded((one(k, r) for k, r in self.journal.scan("c")), 4 * self.opts.checkers)
@@ -402,14 +402,17 @@ class SyncJob:
         if meta.ok and META_CRC32C in dst.metadata and int(dst.metadata[META_CRC32C], 16) != rec["crc32c"]:
             meta = VerifyResult(key, "metadata", False, "stored crc32c differs from the in-stream crc32c", 0, 0)
         results = [meta]
-        if self.opts.verify == "sample":
+        small = src.size <= self.opts.samples * self.opts.sample_size
+        if self.opts.verify == "full" or (self.opts.verify == "sample" and small):
+            # an object no bigger than the sample reads whole anyway: check it against the in-stream
+            # CRC32C (stronger, and the source is not read again)
+            results.append(await check_full(self.dst, key, src.size, rec["crc32c"], dst_info=dst))
+        elif self.opts.verify == "sample":
             results.append(
                 await check_sample(
                     self.src, self.dst, key, src.size, samples=self.opts.samples, sample_size=self.opts.sample_size
                 )
             )
-        elif self.opts.verify == "full":
-            results.append(await check_full(self.dst, key, src.size, rec["crc32c"]))
         return results
 
     # ------------------------------------------------------------ driver --
@@ -572,8 +575,8 @@ async def run_verify(
                         results.append(await check_full(job.dst, key, src.size, None, src=job.src))
                 except (BabelError, OSError) as exc:
                     results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
-            for kind, result in zip(("metadata", options.verify), results, strict=False):
-                _note_verify(report, kind, result)
+            for result in results:
+                _note_verify(report, result.mode, result)
             job.progress.advance(0, 1)
 
         pairs = merge_join(journal.scan_listing("s"), journal.scan_listing("d"))

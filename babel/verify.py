@@ -261,6 +261,7 @@ async def check_full(
     dst_key: str | None = None,
     chunk: int = 8 * MiB,
     concurrency: int = 8,
+    dst_info: ObjectInfo | None = None,
 ) -> VerifyResult:
     """Compare the CRC32C of the whole destination object with the source's: the integrity guarantee.
 
@@ -274,6 +275,8 @@ async def check_full(
     Args:
         key: the source key; ``dst_key`` the destination's when it differs.
         size: the object size in bytes.
+        dst_info: the destination's ``head`` when the caller has it (saves one request when
+            ``expected_crc32c`` is given).
 
     Returns:
         ``detail`` ``"size A != B"`` (source or ``size`` first), ``"crc32c 0x... != 0x..."``
@@ -288,7 +291,10 @@ async def check_full(
         raise ValueError("check_full needs expected_crc32c or a src store to compute it from")
     dst_side = (dst, dst_key or key)
     src_side = (src, key) if expected_crc32c is None and src is not None else None
-    mismatch = await _size_mismatch(size, src_side, dst_side)
+    if dst_info is not None and src_side is None:
+        mismatch = f"size {size} != {dst_info.size}" if dst_info.size != size else ""
+    else:
+        mismatch = await _size_mismatch(size, src_side, dst_side)
     if mismatch:
         return VerifyResult(key, "full", False, mismatch)
     sides = await asyncio.gather(
