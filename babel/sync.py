@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from babel.backends import open_store
 from babel.backends.base import META_CRC32C, MiB, ObjectInfo, ObjectStore
-from babel.errors import BabelError, NoSuchBucket
+from babel.errors import BabelError, BadURI, NoSuchBucket
 from babel.journal import Journal, new_job_id
 from babel.lister import list_parallel_pages
 from babel.planner import Decision, Filters, decide, merge_join, needs_head
@@ -302,9 +302,10 @@ class SyncJob:
         async def one(info: ObjectInfo) -> None:
             try:
                 result: CopyResult = await xfer.copy(info)
-            except (BabelError, OSError) as exc:
-                self.journal.put("e", info.key, str(exc))
-                self._error(info.key, str(exc))
+            except (BabelError, OSError, ValueError) as exc:  # ValueError: e.g. a key the destination cannot encode
+                message = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode()
+                self.journal.put("e", info.key, message)
+                self._error(info.key, message)
                 return
             self.journal.put(
                 "c",
@@ -379,7 +380,7 @@ class SyncJob:
                 async with sem:
                     try:
                         results = await self._verify_one(key, rec)
-                    except (BabelError, OSError) as exc:
+                    except (BabelError, OSError, ValueError) as exc:
                         results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
                 self.journal.put("v", key, {"mode": self.opts.verify, "results": [asdict(r) for r in results]})
             runtime = self.report.verification["runtime"]
@@ -489,13 +490,32 @@ def create_job(src_uri: str, dst_uri: str, options: SyncOptions | None, state_di
         BadURI: an unknown scheme or malformed URI (before anything is created).
     """
     options = options or SyncOptions()
-    open_store(src_uri), open_store(dst_uri)  # noqa: B018 - raises BadURI before a job exists
+    check_not_overlapping(src_uri, dst_uri)
     journal = Journal(state_dir, new_job_id(), create=True)
     try:
         journal.update(src=src_uri, dst=dst_uri, options=asdict(options), created=time.time(), kind="sync")
     finally:
         journal.close()
     return journal.job_id
+
+
+def check_not_overlapping(src_uri: str, dst_uri: str) -> None:
+    """Open both URIs (BadURI first) and refuse a destination inside the source or the other way
+    round: each run would copy the previous run's copy into itself."""
+    src, dst = open_store(src_uri), open_store(dst_uri)
+
+    def place(store: ObjectStore) -> tuple[str, str] | None:
+        root = getattr(store, "root", None)
+        if store.uri.startswith("file:") and root:
+            return ("file", os.path.realpath(root).rstrip("/") + "/")
+        bucket = getattr(store, "bucket", None)
+        if bucket is not None:
+            return (f"{type(store).__name__}:{getattr(store, 'options', {}).get('endpoint_url')}:{bucket}", store.base)
+        return None
+
+    a, b = place(src), place(dst)
+    if a and b and a[0] == b[0] and (a[1].startswith(b[1]) or b[1].startswith(a[1])):
+        raise BadURI(f"source and destination overlap ({src_uri} and {dst_uri})", uri=dst_uri)
 
 
 async def run_sync(

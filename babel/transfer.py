@@ -45,6 +45,10 @@ MIN_AUTO_PART = 8 * MiB
 TARGET_PARTS = 1000  # beyond 8 GiB, parts grow so an object stays near this many
 
 
+class SourceChanged(BabelError):
+    """The source object changed (size or mtime) while it was being copied: nothing was published."""
+
+
 class ChecksumMismatch(BabelError):
     """The destination's checksum of bytes we sent differs from ours (retried)."""
 
@@ -303,6 +307,18 @@ class Transferer:
 
         try:
             await _gather_all(part(n) for n in range(1, count + 1) if n not in done)
+            # parts may come from an earlier run, or the file may have been rewritten meanwhile:
+            # publish only if the source is still the object that was listed
+            now = await self._retry(lambda: self.src.head(info.key))
+            if _changed(info, now):
+                await self._abort(info.key, upload_id)
+                if self.journal is not None:
+                    self.journal.delete("u", info.key)
+                raise SourceChanged(
+                    f"changed while it was copied (size {info.size} -> {now.size}, mtime {info.mtime} -> "
+                    f"{now.mtime}); nothing was published: run the sync again",
+                    uri=f"{self.src.uri}/{info.key}",
+                )
             parts = [PartInfo(n, done[n]["size"], done[n]["etag"]) for n in range(1, count + 1)]
             try:
                 final = await self._retry(lambda: self.dst.complete_multipart(info.key, upload_id, parts))
@@ -337,6 +353,16 @@ class Transferer:
             await asyncio.shield(self.dst.abort_multipart(key, upload_id))
         except Exception as exc:  # the upload stays; the store's lifecycle rules expire it
             logger.warning("could not abort upload %s of %s: %s", upload_id, key, exc)
+
+
+def _changed(listed: ObjectInfo, now: ObjectInfo) -> bool:
+    """Whether the source object is no longer the one listed: size, then ETag where both have one
+    (S3), else mtime (file systems, ns-exact; an HTTP Last-Modified is whole seconds, a listing's ms)."""
+    if listed.size != now.size:
+        return True
+    if listed.etag and now.etag:
+        return listed.etag != now.etag
+    return abs(listed.mtime - now.mtime) > 1.0 if listed.etag or now.etag else abs(listed.mtime - now.mtime) > 1e-6
 
 
 async def _gather_all(coros) -> None:

@@ -60,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return EXIT_FATAL
-    except (BadURI, ValueError) as exc:
+    except BadURI as exc:
         click.echo(f"babel: {exc}", err=True)
         return EXIT_USAGE
-    except BabelError as exc:
+    except BabelError as exc:  # one that is also a ValueError is a bad request (a rejected option, URI)
         click.echo(f"babel: {type(exc).__name__}: {exc}", err=True)
-        return EXIT_FATAL
+        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FATAL
     except BrokenPipeError:  # `babel ls | head`
         sys.stderr.close()
         return EXIT_OK

@@ -72,6 +72,21 @@ def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, 
         raise click.UsageError("give SRC and DST, or --resume JOB")
     if resume is not None and (src or dst):
         raise click.UsageError("--resume takes its SRC and DST from the job; do not give them again")
+    if resume is not None:
+        ctx = click.get_current_context()
+        given = [
+            p.opts[0] for p in ctx.command.params
+            if p.name not in ("resume", "state_dir", "as_json", "progress", "src", "dst")
+            and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE
+        ]  # fmt: skip
+        if given:
+            raise click.UsageError(f"--resume runs the job with its own options; do not give {', '.join(given)}")
+    if bwlimit is not None and bwlimit <= 0:
+        raise click.BadParameter("must be a positive number of bytes per second", param_hint="--bwlimit")
+    if part_size is not None and part_size < 1 << 20:
+        raise click.BadParameter("must be at least 1M", param_hint="--part-size")
+    if memory < 1 << 20:
+        raise click.BadParameter("must be at least 1M", param_hint="--memory")
     options = SyncOptions(
         include=tuple(include), exclude=tuple(exclude), dry_run=dry_run, delete=delete, max_delete=max_delete,
         checkers=checkers, transfers=transfers, list_concurrency=list_concurrency, bwlimit=bwlimit,

@@ -364,3 +364,45 @@ def test_s3_to_pcache_and_back(tmp_path: Path, new_bucket, s3, shared_cluster) -
     assert report["state"] == "ok", report["errors"]
     got = bucket_contents(s3, dst_bucket)
     assert got == {k: v for k, v in want.items() if not k.endswith("/")}
+
+
+def test_uris_are_taken_literally_and_overlaps_refused(tmp_path: Path, moto_endpoint: str) -> None:
+    from babel import open_store
+    from babel.errors import BadURI
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x")
+    odd = tmp_path / "hash#dir?q=1 %20"
+    report = sync(f"file://{src}", f"file://{odd}", tmp_path / "state")
+    assert report["state"] == "ok" and (odd / "f").read_bytes() == b"x"  # not cut at '#' or '?'
+    for bad in (f"s3://b/p#frag?endpoint_url={moto_endpoint}", f"s3://b/p?endpoint_urll={moto_endpoint}"):
+        with pytest.raises(BadURI):
+            open_store(bad)
+    with pytest.raises(BadURI, match="overlap"):
+        sync(f"file://{src}", f"file://{src}/sub", tmp_path / "state")
+    r = babel("sync", "--resume", "JOB", "--dry-run", env={"BABEL_STATE_DIR": str(tmp_path / "state")})
+    assert r.returncode == 3 and "--dry-run" in r.stderr
+
+
+def test_resume_after_the_source_changed_publishes_nothing_mixed(tmp_path: Path, new_bucket, s3) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(40 << 20))
+    uri, bucket = new_bucket()
+    state = tmp_path / "state"
+    proc = _start([f"file://{src}", uri, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "2",
+                   "--bwlimit", "10M"], state)  # fmt: skip
+    job = _wait_phase(state, "copying")
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    new = os.urandom(40 << 20)
+    (src / "big.bin").write_bytes(new)  # same size, new bytes and mtime
+    r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+    report = json.loads(r.stdout)
+    assert r.returncode == 1 and report["failed"] == 1 and "changed while it was copied" in report["errors"][0]["error"]
+    assert bucket_contents(s3, bucket) == {}  # nothing mixed was published
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    again = sync(f"file://{src}", uri, tmp_path / "state2")
+    assert again["state"] == "ok" and bucket_contents(s3, bucket) == {"big.bin": new}
