@@ -1,92 +1,537 @@
-"""The main job on the embedded default: a local PCache cluster, a real tree in and out.
+"""The main job, end to end on one machine: dataset in, training on PCache, checkpoint out across regions.
 
-Starts ``pcache up`` (master + 3 workers under a temp dir), copies the Python
-standard library's sources in with ``pcache put``, reads them back with
-``pcache get``, checks every byte, prints a summary with throughput and the
-cluster's status, and stops every process it started.
+Every part is a real process on loopback, started here and stopped at the end:
 
-Usage: python scripts/demo.py [--workers N] [--keep DIR]
+1. two S3 "regions": moto's server (region A) and ``rclone serve s3`` (region B), and a PCache
+   cluster from ``deploy/local/pcache.toml`` (``pcache up``: master + 3 workers, FUSE mount);
+2. token shards built from the Python standard library's sources (``python -m trainer_ref.data
+   build``) and uploaded to region A with ``babel sync``;
+3. ``babel sync`` region A -> ``pcache://`` (runtime CRC32C, metadata and sampled verification),
+   then the shards' SHA-256s checked through the FUSE mount;
+4. the reference Ling MoE trainer, 2 data-parallel ranks under ``trainer_ref.launch``, reading the
+   shards through the mount and saving asynchronous checkpoints through ``ckpt_adapter``;
+5. rank 1 killed with SIGKILL mid-run: the supervisor restarts both ranks from the newest complete
+   checkpoint and the run finishes;
+6. the newest committed checkpoint synced PCache -> region B (data first, ``.metadata`` last);
+7. that checkpoint synced back from region B to local disk, loaded with the stock
+   ``torch.distributed.checkpoint`` reader and compared tensor by tensor with the trainer's final
+   in-memory state (``final-model.pt``, written by rank 0 after the last step);
+8. a summary (loss first/last, throughput, recovery time, verification, where each piece of data
+   lives), ``summary.json`` and the loss curve as ``loss.png`` in ``--out``.
+
+Scratch data lives in a temporary directory that is removed at the end (``--keep`` keeps it);
+nothing is left running or mounted, also on Ctrl-C or SIGTERM. Exit status 0 when every check
+held, 1 when one failed, 2 when a stage could not run.
+
+Usage: python scripts/demo.py [--quick] [--out DIR] [--keep] [--steps N] [--kill-at N]
+       [--corpus-bytes N]   (``./scripts/demo`` installs what is needed first)
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import asyncio
+import contextlib
+import json
 import os
 import shutil
+import signal
+import statistics
+import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pcache.client import Client
-from pcache.local import LocalCluster
+ROOT = Path(__file__).resolve().parent.parent
+PCACHE_TOML = ROOT / "deploy" / "local" / "pcache.toml"
+TRAINER_TOML = ROOT / "deploy" / "local" / "trainer.toml"
+ACCESS, SECRET, REGION = "demo-access-key", "demo-secret-key", "us-east-1"
+DATASET, RUN = "stdlib-tokens", "ling-demo"
+COMMIT_MARKER = ".metadata"  # torch.distributed.checkpoint writes it last
+SAMPLES = 8  # 1 MiB ranges re-read per checkpoint object (head, tail, strided); smaller objects are read whole
 
 
-def digest(root: Path) -> dict[str, str]:
-    out = {}
-    for base, _dirs, files in os.walk(root):
-        for name in files:
-            path = Path(base) / name
-            if not path.is_symlink():
-                out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
+class StageError(RuntimeError):
+    """A stage could not run (a process failed or timed out); the message says which and why."""
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def tail(path: Path, size: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-size:]
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Demo:
+    """One run of the main job; ``result`` becomes ``summary.json``."""
+
+    work: Path
+    out: Path
+    steps: int
+    kill_at: int
+    corpus_bytes: int
+    vocab_size: int
+    result: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": ACCESS,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_DEFAULT_REGION": REGION,
+            "BABEL_STATE_DIR": str(self.work / "babel-state"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "PCACHE_MASTER"):
+            self.env.pop(name, None)
+        self.servers: list = []
+        self.up: subprocess.Popen | None = None
+        self.trainer: subprocess.Popen | None = None
+        self.mnt = self.work / "mnt"
+        self.cluster_dir = self.work / "pcache"
+        self.run_dir = self.work / "run"
+        self.master = ""
+        self.checks: dict[str, bool] = {}
+
+    # ------------------------------------------------------------------ helpers --
+
+    def run_cmd(self, what: str, cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """Run a child to completion; StageError (with its output) when it fails or times out."""
+        try:
+            proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise StageError(f"{what}: no result within {timeout:.0f} s") from None
+        if proc.returncode != 0:
+            raise StageError(f"{what} exited with {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        return proc
+
+    def babel_sync(self, what: str, src: str, dst: str, *extra: str) -> dict:
+        """``babel sync SRC DST --json``: the job report (``babel/sync.py``)."""
+        cmd = [sys.executable, "-m", "babel.cli.main", "sync", src, dst, "--json", "--no-progress", *extra]
+        report = json.loads(self.run_cmd(f"babel sync ({what})", cmd, timeout=600).stdout)
+        ver = report["verification"]
+        ok = report["state"] == "ok" and not report["failed"] and not ver["failures"]
+        self.checks[f"babel sync {what}"] = ok
+        mb = report["copied_bytes"] / 1e6
+        log(
+            f"      {what}: {report['copied']} objects, {mb:.1f} MB in {report['seconds']:.1f} s "
+            f"({mb / max(report['seconds'], 1e-9):.1f} MB/s); verified: runtime CRC32C "
+            f"{ver['runtime']['crc32c_in_stream']}, metadata {ver['metadata']['checked']} "
+            f"({ver['metadata']['failed']} failed), sample {ver['sample']['checked']} + whole "
+            f"{ver['full']['checked']} ({ver['sample']['failed'] + ver['full']['failed']} failed)"
+            + ("" if ok else f"  <-- FAILED: {report['fatal'] or ver['failures'] or report['errors']}")
+        )
+        return report
+
+    def region_a(self, path: str) -> str:
+        return f"s3://{path}?endpoint_url={self.servers[0].endpoint}&region={REGION}"
+
+    def region_b(self, path: str) -> str:
+        return f"s3://{path}?endpoint_url={self.servers[1].endpoint}&region={REGION}&provider=rclone"
+
+    def pcache(self, path: str) -> str:
+        return f"pcache://{self.master}/{path}"
+
+    # ------------------------------------------------------------------- stages --
+
+    def start_services(self) -> None:
+        """Stage 1: region A (moto), region B (rclone serve s3), PCache (pcache up --mount)."""
+        import boto3
+
+        from babel.testing.servers import ServerError, start_moto, start_rclone_serve
+
+        os.environ.update({k: self.env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+        t0 = time.monotonic()
+        try:
+            (self.work / "region-a").mkdir()
+            (self.work / "region-b").mkdir()
+            self.servers.append(start_moto(self.work / "region-a"))
+            self.servers.append(
+                start_rclone_serve(
+                    self.work / "region-b" / "root", self.work / "region-b", access_key=ACCESS, secret_key=SECRET
+                )
+            )
+        except ServerError as exc:
+            raise StageError(str(exc)) from None
+        for server, bucket in zip(self.servers, ("datasets", "checkpoints"), strict=True):
+            boto3.client(
+                "s3", endpoint_url=server.endpoint, region_name=REGION,
+                aws_access_key_id=ACCESS, aws_secret_access_key=SECRET,
+            ).create_bucket(Bucket=bucket)  # fmt: skip
+        log_path = self.work / "pcache-up.log"
+        with open(log_path, "wb") as fh:
+            self.up = subprocess.Popen(
+                [sys.executable, "-m", "pcache", "up", "--config", str(PCACHE_TOML), "--data-dir",
+                 str(self.cluster_dir), "--port", "0", "--mount", str(self.mnt)],
+                stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+            )  # fmt: skip
+        manifest = self.cluster_dir / "cluster.json"
+        deadline = time.monotonic() + 90
+        while True:
+            if self.up.poll() is not None:
+                raise StageError(f"pcache up exited with {self.up.returncode}:\n{tail(log_path)}")
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                doc = json.loads(manifest.read_text())
+                if doc.get("mount"):
+                    break
+            if time.monotonic() > deadline:
+                raise StageError(f"pcache up did not come up within 90 s:\n{tail(log_path)}")
+            time.sleep(0.1)
+        self.master = doc["master"]
+        took = time.monotonic() - t0
+        log(f"      region A  moto            {self.servers[0].endpoint}  (bucket datasets)")
+        log(
+            f"      region B  rclone serve s3 {self.servers[1].endpoint}  (bucket checkpoints, on {self.work}/region-b)"
+        )
+        log(f"      PCache    master {self.master}, {len(doc['workers'])} workers, mounted at {self.mnt}")
+        self.result["services"] = {
+            "region_a": self.servers[0].endpoint, "region_b": self.servers[1].endpoint, "master": self.master,
+            "workers": len(doc["workers"]), "mount": str(self.mnt), "start_seconds": took,
+        }  # fmt: skip
+
+    def dataset_to_region_a(self) -> None:
+        """Stage 2: token shards from the stdlib sources, uploaded to region A."""
+        shards = self.work / "shards"
+        t0 = time.monotonic()
+        cmd = [sys.executable, "-m", "trainer_ref.data", "build", "--out", str(shards),
+               "--vocab-size", str(self.vocab_size)]  # fmt: skip
+        if self.corpus_bytes:
+            cmd += ["--max-bytes", str(self.corpus_bytes)]
+        self.run_cmd("trainer_ref.data build", cmd, timeout=600)
+        index = json.loads((shards / "index.json").read_text())
+        built = time.monotonic() - t0
+        files = [s for split in index["splits"].values() for s in split["shards"]]
+        tokens = sum(s["tokens"] for s in index["splits"]["train"]["shards"])
+        log(f"      built {len(files)} shards, {tokens:,} training tokens from {index['corpus']['documents']:,} files "
+            f"({index['corpus']['bytes'] / 1e6:.1f} MB), vocab {index['build']['vocab_size']:,}, in {built:.1f} s")  # fmt: skip
+        report = self.babel_sync("local -> region A", f"file://{shards}", self.region_a(f"datasets/{DATASET}"))
+        self.result["dataset"] = {"shards": len(files), "train_tokens": tokens,
+                                  "build_seconds": built, "upload": report}  # fmt: skip
+
+    def dataset_to_pcache(self) -> None:
+        """Stage 3: region A -> PCache, then the shards' SHA-256s checked through the FUSE mount."""
+        report = self.babel_sync(
+            "region A -> PCache", self.region_a(f"datasets/{DATASET}"), self.pcache(f"datasets/{DATASET}")
+        )
+        t0 = time.monotonic()
+        proc = self.run_cmd("trainer_ref.data verify (through the mount)",
+                            [sys.executable, "-m", "trainer_ref.data", "verify", str(self.mnt / "datasets" / DATASET)],
+                            timeout=300)  # fmt: skip
+        took = time.monotonic() - t0
+        self.checks["shards sha256 through the FUSE mount"] = True
+        del proc
+        nbytes = sum(p.stat().st_size for p in (self.mnt / "datasets" / DATASET).iterdir())
+        log(f"      every shard's SHA-256 in index.json matches, read through {self.mnt} "
+            f"({nbytes / 1e6:.1f} MB in {took:.1f} s, {nbytes / 1e6 / max(took, 1e-9):.0f} MB/s with the hashing)")  # fmt: skip
+        self.result["dataset"]["to_pcache"] = report
+
+    def train_with_a_kill(self) -> None:
+        """Stages 4-5: 2 ranks under the supervisor; rank 1 gets SIGKILL once it reports ``kill_at``."""
+        self.run_dir.mkdir()
+        ckpt_uri = self.pcache(f"checkpoints/{RUN}")
+        cmd = [sys.executable, "-m", "trainer_ref.launch", "--nproc", "2", "--max-restarts", "2",
+               "--run-dir", str(self.run_dir), "--grace", "5", "--",
+               "--config", str(TRAINER_TOML), f"--data.root={self.mnt / 'datasets' / DATASET}",
+               f"--ckpt.uri={ckpt_uri}", f"--train.steps={self.steps}", f"--train.run_dir={self.run_dir}"]  # fmt: skip
+        log_path = self.work / "trainer.log"
+        t0 = time.monotonic()
+        with open(log_path, "wb") as fh:
+            self.trainer = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                            env={**self.env, "TRAINER_THREADS": "1"}, start_new_session=True)  # fmt: skip
+        beat = self.run_dir / "heartbeat-rank1.json"
+        killed: dict = {}
+        deadline = time.monotonic() + 900
+        while self.trainer.poll() is None:
+            if time.monotonic() > deadline:
+                raise StageError(f"training did not finish within 900 s:\n{tail(log_path)}")
+            if not killed:
+                with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                    doc = json.loads(beat.read_text())
+                    if doc.get("step", -1) >= self.kill_at and doc.get("state") == "training":
+                        os.kill(doc["pid"], signal.SIGKILL)
+                        killed = {"step": doc["step"], "pid": doc["pid"], "time": time.time()}
+                        log(
+                            f"[5/8] SIGKILL to rank 1 (pid {doc['pid']}) at step {doc['step']}; the supervisor recovers"
+                        )
+            time.sleep(0.02)
+        took = time.monotonic() - t0
+        if self.trainer.returncode != 0:
+            raise StageError(f"the trainer's supervisor exited with {self.trainer.returncode}:\n{tail(log_path)}")
+        events = [json.loads(line) for line in (self.run_dir / "events.jsonl").read_text().splitlines()]
+        summary = json.loads((self.run_dir / "summary.json").read_text())
+        rows = [json.loads(line) for line in (self.run_dir / "metrics-rank0.jsonl").read_text().splitlines()]
+        recovered = [e for e in events if e["event"] == "recovered"]
+        failures = [e for e in events if e["event"] == "failure"]
+        starts = [e for e in events if e["event"] == "start"]
+        attempts = _attempts(rows)
+        resumed_from = attempts[1][0]["step"] - 1 if len(attempts) > 1 else None
+        self.checks["rank killed mid-run"] = bool(killed)
+        self.checks["supervisor recovered and finished"] = bool(recovered) and events[-1]["event"] == "finished"
+        self.checks["trained to the last step"] = summary["step"] == self.steps
+        curve = _loss_curve(rows)
+        ok_rows = [r for r in rows if r["verdict"] == "ok"]
+        tok_s = statistics.median(r["tokens_per_s"] for r in ok_rows) if ok_rows else 0.0
+        self.checks["loss fell"] = curve[-1][1] < curve[0][1]
+        blocked = summary.get("ckpt_blocked_s") or []
+        log(f"      {self.steps} steps in {took:.0f} s with {len(starts) - 1} restart(s); "
+            f"loss {curve[0][1]:.3f} -> {curve[-1][1]:.3f}; median {tok_s:,.0f} tokens/s (2 ranks)")  # fmt: skip
+        if recovered:
+            log(f"      failure: {failures[0]['reason']}; resumed from the checkpoint at step {resumed_from}, "
+                f"training again {recovered[0]['recovery_seconds']:.1f} s after the failure was detected")  # fmt: skip
+        self.result["training"] = {
+            "steps": self.steps, "seconds": took, "restarts": len(starts) - 1, "killed": killed,
+            "failure": failures[0]["reason"] if failures else "", "resumed_from_step": resumed_from,
+            "recovery_seconds": recovered[0]["recovery_seconds"] if recovered else None,
+            "first_loss": curve[0][1], "last_loss": curve[-1][1], "tokens_per_s_median": tok_s,
+            "ckpt_blocked_s_median": statistics.median(blocked) if blocked else None,
+            "events": [e["event"] for e in events], "ckpt_uri": ckpt_uri,
+        }  # fmt: skip
+        self.curve, self.rows = curve, rows
+
+    def checkpoint_to_region_b(self) -> str:
+        """Stage 6: the newest committed checkpoint PCache -> region B; data first, ``.metadata`` last."""
+        from babel.daemon import newest_checkpoint
+
+        name = asyncio.run(newest_checkpoint(self.pcache(f"checkpoints/{RUN}")))
+        if name is None:
+            raise StageError(f"no committed checkpoint under {self.pcache(f'checkpoints/{RUN}')}")
+        src, dst = self.pcache(f"checkpoints/{RUN}/{name}"), self.region_b(f"checkpoints/{RUN}/{name}")
+        sampled = ("--verify", "sample", "--samples", str(SAMPLES))
+        data = self.babel_sync(
+            "checkpoint data PCache -> region B", src, dst, *sampled, "--exclude", f"/{COMMIT_MARKER}"
+        )
+        marker = self.babel_sync(
+            "checkpoint .metadata PCache -> region B", src, dst, *sampled, "--include", f"/{COMMIT_MARKER}"
+        )
+        self.result["checkpoint"] = {"name": name, "pcache": src, "region_b": dst, "data": data, "marker": marker,
+                                     "bytes": data["copied_bytes"] + marker["copied_bytes"]}  # fmt: skip
+        return name
+
+    def restore_and_compare(self, name: str) -> None:
+        """Stage 7: region B -> local disk, loaded with the stock DCP reader, compared with final-model.pt."""
+        import torch
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        restore = self.work / "restore" / name
+        report = self.babel_sync("checkpoint region B -> local", self.region_b(f"checkpoints/{RUN}/{name}"),
+                                 f"file://{restore}")  # fmt: skip
+        t0 = time.monotonic()
+        flat = self.work / "restored.pt"
+        dcp_to_torch_save(str(restore), str(flat))
+        state = torch.load(flat, weights_only=False)
+        final = torch.load(self.run_dir / "final-model.pt", weights_only=True)
+        model = state["app"]["model"]
+        same_keys = set(model) == set(final)
+        equal = same_keys and all(torch.equal(model[k], final[k]) for k in final)
+        step = int(state["progress"]["step"])
+        params = sum(t.numel() for t in final.values())
+        took = time.monotonic() - t0
+        self.checks["region B checkpoint == final trained state"] = equal and step == self.steps
+        log(f"      loaded step {step} from region B with FileSystemReader in {took:.1f} s: {len(final)} tensors, "
+            f"{params:,} parameters, " + ("all torch.equal to the final state" if equal else "DIFFERENT"))  # fmt: skip
+        self.result["restore"] = {"local": str(restore), "step": step, "tensors": len(final), "parameters": params,
+                                  "equal": equal, "sync": report}  # fmt: skip
+
+    def cluster_status(self) -> dict:
+        from pcache.client import Client
+
+        with Client(master=self.master) as pc:
+            st = pc.status()
+        return {"inodes": st.inodes, "blocks": st.blocks, "replication": st.default_replication,
+                "under_replicated": st.under_replicated_blocks, "missing": st.missing_blocks,
+                "workers": len(st.workers)}  # fmt: skip
+
+    # ------------------------------------------------------------------ cleanup --
+
+    def stop(self) -> list[str]:
+        """Stop every process started here (trainer, pcache up and its mount, servers); problems found."""
+        problems = []
+        if self.trainer is not None and self.trainer.poll() is None:
+            _stop_group(self.trainer, grace=15)
+        if self.up is not None and self.up.poll() is None:
+            _stop_group(self.up, grace=60)  # pcache up unmounts, then stops the workers and the master
+        from fuse_client.mount import mounted, unmount
+
+        if self.mnt.exists() and mounted(str(self.mnt)):
+            problems.append(f"{self.mnt} was still mounted (unmounted lazily)")
+            unmount(str(self.mnt), lazy=True)
+        for server in self.servers:
+            server.stop()
+        return problems
+
+
+def _stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to the process, SIGKILL to its whole process group after ``grace`` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _loss_curve(rows: list[dict]) -> list[tuple[int, float]]:
+    """(step, loss) of the updates that count: after a restart the resumed attempt's rows win."""
+    by_step: dict[int, float] = {}
+    for row in rows:
+        if row["verdict"] == "ok":
+            by_step[row["step"]] = row["loss"]
+    return sorted(by_step.items())
+
+
+def _attempts(rows: list[dict]) -> list[list[dict]]:
+    """Rows split per attempt: a step number going back means a restart resumed from a checkpoint."""
+    attempts: list[list[dict]] = [[]]
+    for row in rows:
+        if attempts[-1] and row["step"] <= attempts[-1][-1]["step"]:
+            attempts.append([])
+        attempts[-1].append(row)
+    return attempts
+
+
+def plot_loss(rows: list[dict], killed: dict, resumed_from: int | None, path: Path) -> None:
+    """The loss per step: the first attempt, the resumed attempt, the kill and the resume point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    attempts = _attempts(rows)
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for i, part in enumerate(attempts):
+        label = "first attempt" if i == 0 else f"after restart {i} (resumed from step {part[0]['step'] - 1})"
+        ax.plot([r["step"] for r in part], [r["loss"] for r in part], lw=4.0 if i == 0 else 1.5, label=label,
+                alpha=0.45 if i == 0 else 1.0, color=("tab:blue", "tab:green", "tab:purple")[i % 3])  # fmt: skip
+    if killed:
+        ax.axvline(killed["step"], color="tab:red", ls="--", lw=1, label=f"rank 1 SIGKILLed (step {killed['step']})")
+    if resumed_from:
+        ax.axvline(resumed_from, color="tab:gray", ls=":", lw=1, label=f"checkpoint resumed (step {resumed_from})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (cross-entropy, nats/token)")
+    ax.set_title(
+        "Reference Ling MoE (tiny) on the stdlib corpus, data via PCache FUSE, 2 DP ranks\n"
+        "(the resumed attempt retraces the lost steps bit for bit)",
+        fontsize=10,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def print_summary(demo: Demo, seconds: float) -> None:
+    r = demo.result
+    tr, ck = r["training"], r["checkpoint"]
+    ds = r["dataset"]
+    st = r.get("cluster", {})
+    log("")
+    log("Summary")
+    log(f"  loss                first {tr['first_loss']:.3f} -> last {tr['last_loss']:.3f} over {tr['steps']} steps "
+        f"(plot: {demo.out / 'loss.png'})")  # fmt: skip
+    log(f"  training            median {tr['tokens_per_s_median']:,.0f} tokens/s on 2 ranks; async checkpoint "
+        f"blocked the step {tr['ckpt_blocked_s_median'] or 0:.2f} s (median)")  # fmt: skip
+    log(f"  recovery            {tr['failure'] or 'no failure'}; resumed from step {tr['resumed_from_step']}, "
+        f"training again after {tr['recovery_seconds'] or 0:.1f} s")  # fmt: skip
+    for what, rep in [("dataset -> region A", ds["upload"]), ("region A -> PCache", ds["to_pcache"]),
+                      ("ckpt PCache -> region B", ck["data"]), ("ckpt region B -> local", r["restore"]["sync"])]:  # fmt: skip
+        v = rep["verification"]
+        log(f"  babel {what:<23} {rep['copied_bytes'] / 1e6:8.1f} MB {rep['bytes_per_second'] / 1e6:7.1f} MB/s  "
+            f"crc32c in-stream {v['runtime']['crc32c_in_stream']}, metadata {v['metadata']['checked']}, "
+            f"sampled {v['sample']['checked']}, whole {v['full']['checked']}, failed "
+            f"{v['metadata']['failed'] + v['sample']['failed'] + v['full']['failed']}")  # fmt: skip
+    log(f"  final state         region B's {ck['name']} == trainer's final state: "
+        f"{'yes' if r['restore']['equal'] else 'NO'} ({r['restore']['tensors']} tensors)")  # fmt: skip
+    if st:
+        log(f"  PCache              {st['inodes']} inodes, {st['blocks']} blocks at RF {st['replication']} on "
+            f"{st['workers']} workers, {st['under_replicated']} under-replicated, {st['missing']} missing")  # fmt: skip
+    log("  where the data lives (until cleanup)")
+    log(f"    shards            {demo.work / 'shards'}  ->  {demo.region_a(f'datasets/{DATASET}').split('?')[0]} "
+        f"(region A)  ->  {demo.pcache(f'datasets/{DATASET}')}")  # fmt: skip
+    log(f"    training reads    {demo.mnt / 'datasets' / DATASET}  (FUSE mount of PCache)")
+    log(f"    checkpoints       {tr['ckpt_uri']}/step-*  (PCache blocks under {demo.cluster_dir}/worker-*)")
+    log(f"    newest checkpoint {ck['region_b'].split('?')[0]}  (region B, files under {demo.work}/region-b/root)")
+    log(f"    restored          {r['restore']['local']}")
+    log(f"    logs              {demo.work}/*.log, {demo.cluster_dir}/logs, {demo.run_dir}")
+    failed = [k for k, ok in demo.checks.items() if not ok]
+    log(f"  checks              {len(demo.checks) - len(failed)}/{len(demo.checks)} held"
+        + (f"; FAILED: {', '.join(failed)}" if failed else "") + f"; {seconds:.0f} s in all")  # fmt: skip
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=3)
-    ap.add_argument("--keep", help="Use (and keep) this directory instead of a temp dir.")
+    ap.add_argument("--quick", action="store_true", help="A smaller corpus and fewer steps (CI).")
+    ap.add_argument("--steps", type=int, help="Training steps (default 150; 30 with --quick).")
+    ap.add_argument("--kill-at", type=int, help="Step at which rank 1 is killed (default: 60%% of the steps).")
+    ap.add_argument(
+        "--corpus-bytes", type=int, help="Source bytes tokenized (default: the whole stdlib; 3 MB with --quick)."
+    )
+    ap.add_argument("--out", default="demo-out", help="Where summary.json and loss.png go (default ./demo-out).")
+    ap.add_argument("--keep", action="store_true", help="Keep the scratch directory (its path is printed).")
     args = ap.parse_args()
-    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="pcache-demo-"))
-    src = work / "stdlib"
-    if not src.exists():
-        shutil.copytree(
-            sysconfig.get_paths()["stdlib"],
-            src,
-            symlinks=True,
-            ignore=shutil.ignore_patterns("site-packages", "__pycache__", "*.pyc"),
-        )
-    cluster = LocalCluster(str(work / "cluster"), workers=args.workers)
+    steps = args.steps or (30 if args.quick else 150)
+    kill_at = args.kill_at if args.kill_at is not None else int(steps * 0.6)
+    if not 0 < kill_at < steps:
+        ap.error(f"--kill-at must be between 1 and {steps - 1}")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="pcache-demo-"))
+    demo = Demo(work, out, steps, kill_at, args.corpus_bytes or (3_000_000 if args.quick else 0),
+                4096 if args.quick else 8192)  # fmt: skip
+
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    stages = [
+        ("start region A, region B and a PCache cluster with its FUSE mount", demo.start_services),
+        ("build token shards from the stdlib sources, upload them to region A", demo.dataset_to_region_a),
+        ("babel sync region A -> PCache, check the shards through the mount", demo.dataset_to_pcache),
+        ("train 2 ranks reading through the mount, async checkpoints into PCache", demo.train_with_a_kill),
+    ]
+    t_all = time.monotonic()
+    status = 0
     try:
-        t0 = time.monotonic()
-        cluster.start()
-        started = time.monotonic() - t0
-        print(f"cluster up in {started:.1f}s: master {cluster.master_address}, {args.workers} workers")
-        with Client(master=cluster.master_address) as pc:
-            t0 = time.monotonic()
-            files, nbytes = pc.put(str(src), "/datasets/stdlib")
-            put_s = time.monotonic() - t0
-            dst = work / "readback"
-            shutil.rmtree(dst, ignore_errors=True)
-            t0 = time.monotonic()
-            got_files, got_bytes = pc.get("/datasets/stdlib", str(dst))
-            get_s = time.monotonic() - t0
-            status = pc.status()
-        same = digest(src) == digest(dst)
-        mb = nbytes / 1e6
-        print()
-        print("PCache demo summary")
-        print(f"  source            {src}  ({files} files, {mb:.1f} MB)")
-        print(f"  put               {put_s:6.2f}s  {mb / put_s:7.1f} MB/s  {files / put_s:7.0f} files/s")
-        print(
-            f"  get               {get_s:6.2f}s  {got_bytes / 1e6 / get_s:7.1f} MB/s  {got_files / get_s:7.0f} files/s"
-        )
-        print(f"  byte-identical    {'yes' if same else 'NO'}")
-        print(f"  namespace         {status.inodes} inodes, {status.blocks} blocks, RF {status.default_replication}")
-        print(f"  replication       {status.under_replicated_blocks} under-replicated, {status.missing_blocks} missing")
-        for w in status.workers:
-            print(
-                f"  {w.info.addr.worker_id:<14} {w.info.addr.host}:{w.info.addr.port:<6} "
-                f"used {w.info.used_bytes / 1e6:8.1f} MB  {'alive' if w.alive else 'DEAD'}"
-            )
-        print(f"  data and logs     {cluster.root}")
-        return 0 if same and status.missing_blocks == 0 else 1
+        for i, (what, fn) in enumerate(stages, 1):
+            log(f"[{i}/8] {what}")
+            fn()
+        log("[6/8] babel sync the newest checkpoint PCache -> region B (runtime + sampled verification)")
+        name = demo.checkpoint_to_region_b()
+        log("[7/8] load that checkpoint back from region B and compare it with the final trained state")
+        demo.restore_and_compare(name)
+        log("[8/8] summary")
+        demo.result["cluster"] = demo.cluster_status()
+        plot_loss(demo.rows, demo.result["training"]["killed"], demo.result["training"]["resumed_from_step"],
+                  out / "loss.png")  # fmt: skip
+        status = 0 if all(demo.checks.values()) else 1
+    except StageError as exc:
+        log(f"demo: {exc}")
+        status = 2
+    except KeyboardInterrupt:
+        log("demo: interrupted; stopping everything")
+        status = 130
     finally:
-        cluster.stop()
+        problems = demo.stop()
+        demo.result.update(checks=demo.checks, cleanup_problems=problems, work_dir=str(work), kept=args.keep)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    seconds = time.monotonic() - t_all
+    demo.result["seconds"] = seconds
+    demo.result["status"] = status
+    (out / "summary.json").write_text(json.dumps(demo.result, indent=1, default=str) + "\n")
+    if status == 0 or status == 1:
+        print_summary(demo, seconds)
+    log(f"everything stopped{'; scratch kept in ' + str(work) if args.keep else ' and removed'}; "
+        f"{out / 'summary.json'}")  # fmt: skip
+    return status
 
 
 if __name__ == "__main__":

@@ -102,7 +102,15 @@ def _mount(cluster, mount_dir: str) -> subprocess.Popen:
     os.makedirs(mount_dir, exist_ok=True)
     with open(cluster.root / "logs" / "mount.log", "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fuse_client", mount_dir, "--master", cluster.master_address],
+            [
+                sys.executable,
+                "-m",
+                "fuse_client",
+                mount_dir,
+                "--master",
+                cluster.master_address,
+                *(["--config", cluster.config] if cluster.config else []),
+            ],  # its [client] section
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

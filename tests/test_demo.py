@@ -1,0 +1,92 @@
+"""The main job (``scripts/demo.py --quick``) end to end, twice: every outcome it reports holds, and
+it leaves nothing running, mounted or on disk behind it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs FUSE (/dev/fuse)")
+
+
+def run_demo(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--quick", "--out", str(out), *args],
+        capture_output=True, text=True, timeout=840, cwd=out.parent,
+    )  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    return proc, summary
+
+
+def leftovers(work_dir: str) -> list[str]:
+    """Processes whose command line names ``work_dir``, and mounts under it."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if work_dir in cmdline:
+            found.append(f"pid {pid}: {cmdline[:200]}")
+    found += [line for line in Path("/proc/mounts").read_text().splitlines() if work_dir in line]
+    return found
+
+
+def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_at: int) -> None:
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert s["status"] == 0 and s["checks"] and all(s["checks"].values()), s["checks"]
+    assert len(s["checks"]) == 11
+    # 1: two regions and a cluster of a master and 3 workers with a mount
+    assert s["services"]["workers"] == 3 and s["services"]["region_a"] != s["services"]["region_b"]
+    # 2-3: the shards went local -> A -> PCache with every object CRC'd in-stream and checked
+    for rep in (s["dataset"]["upload"], s["dataset"]["to_pcache"]):
+        v = rep["verification"]
+        assert rep["state"] == "ok" and rep["copied"] == s["dataset"]["shards"] + 2  # + index.json, tokenizer.json
+        assert v["runtime"]["crc32c_in_stream"] == rep["copied"] and v["metadata"]["failed"] == 0
+        assert v["metadata"]["checked"] == rep["copied"] and not v["failures"]
+    assert s["dataset"]["train_tokens"] > 500_000
+    # 4-5: trained to the end through one SIGKILL and one recovery from a checkpoint before the kill
+    tr = s["training"]
+    assert tr["steps"] == steps and tr["restarts"] == 1 and tr["events"][-1] == "finished"
+    assert tr["killed"]["step"] >= kill_at and "signal 9" in tr["failure"]
+    assert 0 < tr["resumed_from_step"] <= tr["killed"]["step"] and tr["resumed_from_step"] % 10 == 0
+    assert tr["recovery_seconds"] > 0 and tr["last_loss"] < tr["first_loss"] - 1.0
+    assert tr["tokens_per_s_median"] > 0
+    # 6: the newest checkpoint (the last step) went to region B, data sampled, nothing failed
+    ck = s["checkpoint"]
+    assert ck["name"] == f"step-{steps:08d}" and ck["region_b"].startswith("s3://checkpoints/")
+    data = ck["data"]["verification"]
+    assert data["sample"]["checked"] >= 1 and data["sample"]["failed"] == 0
+    assert data["runtime"]["crc32c_in_stream"] == ck["data"]["copied"] >= 1
+    assert ck["marker"]["copied"] == 1  # .metadata, after the data
+    # 7: what came back from region B is the trainer's final state, tensor for tensor
+    assert s["restore"]["equal"] is True and s["restore"]["step"] == steps and s["restore"]["tensors"] > 10
+    assert s["restore"]["sync"]["copied_bytes"] == ck["bytes"]
+    # 8: the plot, and nothing left behind
+    assert s["cluster"]["missing"] == 0 and s["cluster"]["under_replicated"] == 0
+    assert s["cleanup_problems"] == []
+    assert not os.path.exists(s["work_dir"])
+    assert leftovers(s["work_dir"]) == []
+
+
+@pytest.mark.timeout(1800)
+def test_the_main_job_runs_twice_and_leaves_the_machine_clean(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first, s1 = run_demo(out)
+    check_outcomes(first, s1, steps=30, kill_at=18)
+    png = (out / "loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    assert "checks              11/11 held" in first.stdout
+    for needle in ("loss                first", "tokens/s", "recovery", "where the data lives", "region B"):
+        assert needle in first.stdout
+    (out / "loss.png").unlink()
+    second, s2 = run_demo(out, "--steps", "24", "--kill-at", "16")
+    check_outcomes(second, s2, steps=24, kill_at=16)
+    assert (out / "loss.png").exists() and s2["work_dir"] != s1["work_dir"]
