@@ -2,42 +2,76 @@
 
 Each process exposes them on ``metrics_port`` (disabled by default) at
 ``/metrics``. Names follow the Prometheus conventions: ``_total`` counters,
-``_seconds`` histograms, base units (bytes, seconds).
+``_seconds`` histograms, base units (bytes, seconds). The master's and the
+workers' metrics live in two registries, so that each process serves only its
+own (a worker never reports ``pcache_master_live_workers 0``), next to the
+usual ``process_*`` and ``python_*`` series.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 
 logger = logging.getLogger(__name__)
 
-RPC_SECONDS = Histogram("pcache_master_rpc_seconds", "Master RPC latency.", ["method"])
-RPC_ERRORS = Counter("pcache_master_rpc_errors_total", "Master RPCs that raised.", ["method", "error"])
-MASTER_WORKERS = Gauge("pcache_master_live_workers", "Workers currently alive.")
-MASTER_UNDER_REPLICATED = Gauge("pcache_master_under_replicated_blocks", "Blocks below their replica target.")
 
-DATA_OPS = Counter("pcache_worker_ops_total", "Data-plane requests served.", ["op"])
-DATA_BYTES = Counter("pcache_worker_bytes_total", "Block bytes moved by the data plane.", ["direction"])
+def _registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+REGISTRIES: dict[str, CollectorRegistry] = {"master": _registry(), "worker": _registry()}
+_MASTER, _WORKER = REGISTRIES["master"], REGISTRIES["worker"]
+
+RPC_SECONDS = Histogram("pcache_master_rpc_seconds", "Master RPC latency.", ["method"], registry=_MASTER)
+RPC_ERRORS = Counter(
+    "pcache_master_rpc_errors_total", "Master RPCs that raised.", ["method", "error"], registry=_MASTER
+)
+MASTER_WORKERS = Gauge("pcache_master_live_workers", "Workers currently alive.", registry=_MASTER)
+MASTER_UNDER_REPLICATED = Gauge(
+    "pcache_master_under_replicated_blocks", "Blocks below their replica target.", registry=_MASTER
+)
+
+DATA_OPS = Counter("pcache_worker_ops_total", "Data-plane requests served.", ["op"], registry=_WORKER)
+DATA_BYTES = Counter(
+    "pcache_worker_bytes_total", "Block bytes moved by the data plane.", ["direction"], registry=_WORKER
+)
 DATA_SECONDS = Histogram(
     "pcache_worker_op_seconds",
     "Data-plane request latency.",
     ["op"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=_WORKER,
 )
-TIER_HITS = Counter("pcache_worker_mem_tier_hits_total", "Chunk reads served from the memory tier.")
-TIER_MISSES = Counter("pcache_worker_mem_tier_misses_total", "Chunk reads that went to disk.")
-TIER_HIT_RATIO = Gauge("pcache_worker_mem_tier_hit_ratio", "Memory-tier hits / chunk reads since start.")
-TIER_BYTES = Gauge("pcache_worker_mem_tier_bytes", "Bytes held by the memory tier.")
-CRC_FAILURES = Counter("pcache_worker_crc_failures_total", "Chunks that failed their CRC32C check.")
+TIER_HITS = Counter("pcache_worker_mem_tier_hits_total", "Chunk reads served from the memory tier.", registry=_WORKER)
+TIER_MISSES = Counter("pcache_worker_mem_tier_misses_total", "Chunk reads that went to disk.", registry=_WORKER)
+TIER_HIT_RATIO = Gauge(
+    "pcache_worker_mem_tier_hit_ratio", "Memory-tier hits / chunk reads since start.", registry=_WORKER
+)
+TIER_BYTES = Gauge("pcache_worker_mem_tier_bytes", "Bytes held by the memory tier.", registry=_WORKER)
+CRC_FAILURES = Counter("pcache_worker_crc_failures_total", "Chunks that failed their CRC32C check.", registry=_WORKER)
 
 
-def serve_metrics(port: int, host: str = "127.0.0.1") -> int | None:
-    """Start the ``/metrics`` endpoint; returns the bound port, None when disabled (-1)."""
+def serve_metrics(port: int, host: str = "127.0.0.1", *, role: Literal["master", "worker"]) -> int | None:
+    """Start the ``/metrics`` endpoint of a ``role`` process; returns the bound port, None when disabled (-1)."""
     if port < 0:
         return None
-    server, _thread = start_http_server(port, addr=host)
+    server, _thread = start_http_server(port, addr=host, registry=REGISTRIES[role])
     bound = server.server_address[1]
     logger.info("metrics on http://%s:%d/metrics", host, bound)
     return bound

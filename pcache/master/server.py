@@ -109,7 +109,7 @@ async def serve(cfg: MasterConfig, *, ready_file: str | None = None) -> None:
     logger.info("master config: %s", describe(cfg))
     master = MasterServer(cfg)
     port = await master.start()
-    serve_metrics(cfg.metrics_port, cfg.host)
+    serve_metrics(cfg.metrics_port, cfg.host, role="master")
     if ready_file:
         write_ready_file(ready_file, f"{cfg.host}:{port}")
     upkeep = asyncio.create_task(master.upkeep())

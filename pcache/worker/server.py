@@ -225,7 +225,7 @@ async def serve(cfg: WorkerConfig, *, ready_file: str | None = None) -> None:
     logger.info("worker config: %s", describe(cfg))
     worker = WorkerServer(cfg)
     port = await worker.start()
-    bound = serve_metrics(cfg.metrics_port, cfg.host)
+    bound = serve_metrics(cfg.metrics_port, cfg.host, role="worker")
     if bound:
         worker.metrics_addr = f"{cfg.host}:{bound}"
     if ready_file:
