@@ -121,7 +121,8 @@ def print_report(report: SyncReport, *, as_json: bool) -> None:
         table.add_row("parts reused", str(report.parts_reused))
     table.add_row("skipped", f"{report.skipped} (unchanged)")
     if report.planned_delete:
-        table.add_row("deleted", f"{report.deleted} of {report.planned_delete} extraneous")
+        deleted = "would delete" if report.dry_run else "deleted"
+        table.add_row(deleted, f"{report.deleted} of {report.planned_delete} extraneous")
     table.add_row("failed", str(report.failed))
     table.add_row("time", f"{report.seconds:.1f} s, {human(doc['bytes_per_second'])}/s, {report.retries} retries")
     v = report.verification

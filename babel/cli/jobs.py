@@ -13,7 +13,7 @@ from rich.table import Table
 from babel.journal import default_state_dir, list_jobs
 
 
-@click.command("jobs", epilog="Examples:\n\n  babel jobs\n  babel jobs --daemon 127.0.0.1:7700 --json")
+@click.command("jobs", epilog="Examples:\n\n\b\n  babel jobs\n  babel jobs --daemon 127.0.0.1:7700 --json")
 @click.option("--state-dir", default=None, help="Where job journals live.")
 @click.option("--daemon", "daemon_addr", metavar="ADDR", default=None, help="Ask `babel daemon` at ADDR instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
@@ -31,7 +31,9 @@ def jobs_cmd(state_dir: str | None, daemon_addr: str | None, as_json: bool, limi
         click.echo(json.dumps(jobs, indent=1, sort_keys=True))
         return 0
     table = Table(show_lines=False)
-    for name in ("job", "kind", "state", "phase"):
+    # the id is what `babel sync --resume` needs: never cut it, whatever the terminal width
+    table.add_column("job", no_wrap=True, min_width=max((len(j.get("id", "?")) for j in jobs), default=3))
+    for name in ("kind", "state", "phase"):
         table.add_column(name, no_wrap=True)
     for name in ("src", "dst"):
         table.add_column(name, overflow="fold")

@@ -1,0 +1,37 @@
+"""What the babel CLI prints: the summary table of a dry run, the job list in a narrow terminal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from babel.cli.common import print_report
+from babel.cli.main import cli
+from babel.sync import SyncReport
+
+
+def test_dry_run_says_would_delete(capsys) -> None:
+    report = SyncReport(
+        job="j", src="file:///a", dst="file:///b", state="ok", dry_run=True, deleted=3, planned_delete=3
+    )
+    print_report(report, as_json=False)
+    err = capsys.readouterr().err
+    assert "would delete" in err and "would copy" in err
+    report.dry_run = False
+    print_report(report, as_json=False)
+    err = capsys.readouterr().err
+    assert "would" not in err and "deleted" in err
+
+
+def test_jobs_table_keeps_the_whole_id_in_80_columns(tmp_path: Path) -> None:
+    job_id = "20261201-060843-20a061"
+    (tmp_path / job_id).mkdir()
+    (tmp_path / job_id / "job.json").write_text(
+        json.dumps({"id": job_id, "kind": "sync", "state": "interrupted", "phase": "copying", "updated": 0,
+                    "src": "file:///data/shards", "dst": "s3://train/shards?endpoint_url=http://10.0.0.5:9000"})
+    )  # fmt: skip
+    result = CliRunner().invoke(cli, ["jobs", "--state-dir", str(tmp_path)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert job_id in result.output
