@@ -123,7 +123,8 @@ class DataClient:
         self._sc_open.clear()
 
     def can_short_circuit(self, addr: pb.WorkerAddr) -> bool:
-        """Whether this worker's UNIX socket is reachable from here."""
+        """Whether this worker's UNIX socket is reachable from here (its path names the worker id,
+        so another node's worker never aliases the local one)."""
         return bool(
             self.cfg.short_circuit
             and addr.uds_path

@@ -73,7 +73,11 @@ class WorkerServer:
             on_corrupt=self.report_bad_block,
             bandwidth_limit=cfg.bandwidth_limit,
         )
-        self.uds_path = os.path.join(os.path.abspath(cfg.data_dir), "sc.sock") if cfg.short_circuit else ""
+        # the socket's name carries the worker id: clients treat a worker as local when its advertised
+        # socket exists, so two nodes with the same data_dir path must not advertise the same path
+        self.uds_path = (
+            os.path.join(os.path.abspath(cfg.data_dir), f"sc-{self.worker_id}.sock") if cfg.short_circuit else ""
+        )
         self.sc: ShortCircuitServer | None = None
         self.server: asyncio.AbstractServer | None = None
         self.port = 0

@@ -1,6 +1,8 @@
 """Same-host short circuit: block bytes through file descriptors, not TCP.
 
-A client on the worker's host connects to ``<data_dir>/sc.sock``.
+A client on the worker's host connects to ``<data_dir>/sc-<worker id>.sock``: the path the worker
+advertises names the worker, so a client on another node whose local worker uses the same
+``data_dir`` path finds no such socket and reads over TCP.
 
 * ``SC_READ_OPEN`` returns the block's CRC record with a read-only fd of its
   file; the client ``pread``s it and verifies the chunk CRCs itself.

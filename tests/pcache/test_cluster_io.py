@@ -263,3 +263,30 @@ def test_sparse_files_store_no_zeros(client: Client) -> None:
     used_after = sum(w.info.used_bytes for w in client.status().workers)
     assert used_after - used_before < 200 << 20  # two blocks x RF 2, not 100 GiB
     client.unlink("/sparse")
+
+
+def test_a_worker_on_another_node_with_the_same_data_dir_path_is_read_over_tcp(make_cluster, tmp_path) -> None:
+    """Every node of a real cluster may use the same data_dir path. Emulated with a mount namespace in
+    which worker-1's directory shows worker-0's (as a client on worker-0's node sees the path worker-1
+    advertises): the client must not take worker-0's socket for worker-1's, and reads every block."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot create a mount namespace here (needs root)")
+    cluster = make_cluster(workers=2, master_args=["--master.default_replication=1"])
+    files = {f"/spread/f{i}": os.urandom(300_000 + i) for i in range(12)}
+    with Client(ClientConfig(master=cluster.master_address, block_size=128 * 1024)) as pc:
+        pc.mkdir("/spread")
+        for path, data in files.items():
+            pc.write_file(path, data)
+    (tmp_path / "want.bin").write_bytes(b"".join(files[p] for p in sorted(files)))
+    w0, w1 = (cluster.root / p.name for p in cluster.worker_procs)
+    reader = (
+        "import sys; from pcache.client import Client; from pcache.common.config import ClientConfig\n"
+        f"with Client(ClientConfig(master={cluster.master_address!r})) as pc:\n"
+        f"    got = b''.join(pc.read_file(p) for p in {sorted(files)!r})\n"
+        f"sys.exit(0 if got == open({str(tmp_path / 'want.bin')!r}, 'rb').read() else 1)\n"
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f'mount --bind "{w0}" "{w1}" && exec "$0" -c "$1"', sys.executable, reader],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
