@@ -209,7 +209,7 @@ def test_worker_unit(cfg: PCacheConfig) -> None:
     assert worker.data_dir == f"{data_root}/{HOSTNAME}"  # a directory per host: distinct socket paths
     assert "pcache-master.service" in words(unit, "Unit", "After")
     assert systemd_bytes(value(unit, "Service", "MemoryMax")) >= worker.mem_tier_bytes + 4 * GiB
-    assert value(unit, "Service", "UMask") == "0007"  # sc.sock usable by the pcache group
+    assert value(unit, "Service", "UMask") == "0007"  # the socket usable by the pcache group
     _ready_file_awaited(unit, run)
 
 
