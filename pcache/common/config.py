@@ -66,7 +66,9 @@ class MasterConfig:
 @dataclass
 class WorkerConfig:
     host: str = "127.0.0.1"
-    """Address the data-plane server binds to and advertises."""
+    """Address the data-plane (and metrics) server binds to; advertised too unless advertise_host is set."""
+    advertise_host: str = ""
+    """Address the master hands to clients and peers (e.g. the node IP when host is 0.0.0.0); empty: host."""
     port: int = 0
     """Data-plane TCP port; 0 picks a free one."""
     data_dir: str = ""

@@ -57,6 +57,10 @@ class WorkerServer:
     def __init__(self, cfg: WorkerConfig) -> None:
         if not cfg.data_dir:
             raise InvalidArgument("worker.data_dir is required")
+        self.advertised_host = cfg.advertise_host or cfg.host
+        if self.advertised_host in ("0.0.0.0", "::", ""):
+            raise InvalidArgument(f"worker.host={cfg.host!r} binds every interface: set worker.advertise_host "
+                                  "to the address clients and other workers should use")  # fmt: skip
         os.makedirs(cfg.data_dir, exist_ok=True)
         self.cfg = cfg
         self.worker_id = worker_id_for(cfg.data_dir)
@@ -103,7 +107,7 @@ class WorkerServer:
         self._spawn(self.heartbeat_loop())
         logger.info(
             "worker %s on %s:%d node=%s capacity=%d blocks=%d",
-            self.worker_id, self.cfg.host, self.port, self.node_id, self.store.capacity_bytes, len(self.store.block_ids()),
+            self.worker_id, self.advertised_host, self.port, self.node_id, self.store.capacity_bytes, len(self.store.block_ids()),
         )  # fmt: skip
         return self.port
 
@@ -131,7 +135,7 @@ class WorkerServer:
         return pb.WorkerInfo(
             addr=pb.WorkerAddr(
                 worker_id=self.worker_id,
-                host=self.cfg.host,
+                host=self.advertised_host,
                 port=self.port,
                 uds_path=self.uds_path,
                 node_id=self.node_id,
@@ -231,9 +235,9 @@ async def serve(cfg: WorkerConfig, *, ready_file: str | None = None) -> None:
     port = await worker.start()
     bound = serve_metrics(cfg.metrics_port, cfg.host, role="worker")
     if bound:
-        worker.metrics_addr = f"{cfg.host}:{bound}"
+        worker.metrics_addr = f"{worker.advertised_host}:{bound}"
     if ready_file:
-        write_ready_file(ready_file, f"{cfg.host}:{port}")
+        write_ready_file(ready_file, f"{worker.advertised_host}:{port}")
     await wait_for_stop_signal()
     logger.info("worker stopping")
     with contextlib.suppress(Exception):

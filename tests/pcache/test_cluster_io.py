@@ -290,3 +290,17 @@ def test_a_worker_on_another_node_with_the_same_data_dir_path_is_read_over_tcp(m
         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_workers_bind_every_interface_and_advertise_one_address(make_cluster, tmp_path) -> None:
+    cluster = make_cluster(workers=2, worker_args=["--worker.host=0.0.0.0", "--worker.advertise_host=127.0.0.1"])
+    with Client(ClientConfig(master=cluster.master_address, short_circuit=False)) as pc:
+        pc.write_file("/adv", b"x" * 100_000)
+        assert pc.read_file("/adv") == b"x" * 100_000
+        assert {w.info.addr.host for w in pc.status().workers} == {"127.0.0.1"}
+    from pcache.local import LocalCluster
+
+    bad = LocalCluster(str(tmp_path / "bad"), workers=1, worker_args=["--worker.host=0.0.0.0"], start_timeout=20)
+    with pytest.raises(E.Unavailable, match="advertise_host"):
+        bad.start()
+    bad.stop()
