@@ -62,11 +62,15 @@ class MasterServer:
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port."""
-        self.server = grpc.aio.server(options=channel_options())
+        # no SO_REUSEPORT (gRPC's default): a second master on a taken port must fail, not share it
+        self.server = grpc.aio.server(options=[*channel_options(), ("grpc.so_reuseport", 0)])
         pb_grpc.add_MasterServicer_to_server(self.servicer, self.server)
-        self.port = self.server.add_insecure_port(f"{self.cfg.host}:{self.cfg.port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{self.cfg.host}:{self.cfg.port}")
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot bind the master to {self.cfg.host}:{self.cfg.port}")
+            raise OSError(f"cannot bind the master to {self.cfg.host}:{self.cfg.port} (in use by another process?)")
         await self.server.start()
         self._started = time.monotonic()
         logger.info("master epoch %d serving on %s:%d", self.epoch, self.cfg.host, self.port)

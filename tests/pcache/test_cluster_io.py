@@ -304,3 +304,15 @@ def test_workers_bind_every_interface_and_advertise_one_address(make_cluster, tm
     with pytest.raises(E.Unavailable, match="advertise_host"):
         bad.start()
     bad.stop()
+
+
+def test_a_second_master_on_a_taken_port_fails_instead_of_sharing_it(make_cluster, tmp_path) -> None:
+    """gRPC sets SO_REUSEPORT by default: two masters would split one port's connections between them."""
+    from pcache.local import LocalCluster
+
+    first = make_cluster(workers=0)
+    port = int(first.master_address.rsplit(":", 1)[1])
+    second = LocalCluster(str(tmp_path / "second"), workers=0, master_port=port, start_timeout=20)
+    with pytest.raises(E.Unavailable, match="cannot bind the master"):
+        second.start()
+    second.stop()
