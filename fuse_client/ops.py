@@ -18,6 +18,7 @@ import logging
 import os
 import stat as stat_mod
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 BLOCK_REPORT = 512  # st_blocks unit
+TOLD_SIZES = 1 << 16  # inodes whose reported size a mount remembers
 IO_SIZE = 1 << 20  # st_blksize: what cp, tar and Python use as their buffer
 XATTR_PREFIX = "user."
 UTIME_NOW = (1 << 30) - 1  # <sys/stat.h>
@@ -74,6 +76,10 @@ class PCacheOperations(mfusepy.Operations):
         self._handles: dict[int, File] = {}
         self._appending: set[int] = set()
         self._next_fh = 1
+        # inode -> the size this mount last told the kernel: a read-only handle asked for bytes past
+        # its own (older) size re-reads its layout instead of answering short (the kernel would take
+        # a short read for EOF, shrink the file and cache zeros in the pages' tails)
+        self._told: OrderedDict[int, int] = OrderedDict()
 
     # ---------------------------------------------------------- handles --
 
@@ -123,8 +129,20 @@ class PCacheOperations(mfusepy.Operations):
     @translate_errors
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         f = self._handles.get(fh) if fh is not None else self._writer_of(path)
+        if f is not None and not f.writable():
+            f = self._writer_of(f.name) or f
         st = self.client.stat(path) if f is None or f.closed else self.client.stat(f.name)
-        return self._attrs(st, f.size if f is not None and f.writable() else None)
+        size = f.size if f is not None and f.writable() else st.size
+        if not st.is_dir:
+            self._tell(st.inode, size)
+        return self._attrs(st, size)
+
+    def _tell(self, inode: int, size: int) -> None:
+        with self._lock:
+            self._told[inode] = size
+            self._told.move_to_end(inode)
+            while len(self._told) > TOLD_SIZES:
+                self._told.popitem(last=False)
 
     @translate_errors
     def chmod(self, path: str, mode: int) -> int:
@@ -285,7 +303,24 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        return self._get(fh).pread(offset, size)
+        """Every byte of the request up to the file's size, or an error: never a short read.
+
+        A read-only handle of a file that a handle of this mount is writing reads through the
+        writer (what ``getattr`` reports is the writer's size: bytes it has not committed yet
+        would otherwise read as a short read, then as zeros from the kernel's page cache).
+        """
+        f = self._get(fh)
+        src = f
+        if not f.writable():
+            src = self._writer_of(f.name) or f
+            if src is f and offset + size > f.size and self._told.get(f.inode, 0) > f.size:
+                f.refresh()  # committed since this handle opened: the kernel already knows the new size
+        floor = max(0, min(size, src.size - offset))
+        data = src.pread(offset, size)
+        if not floor <= len(data) <= size:
+            logger.error("%s: read of %d bytes at %d returned %d (expected %d)", path, size, offset, len(data), floor)
+            raise FuseOSError(errno.EIO)
+        return data
 
     @translate_errors
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:

@@ -420,10 +420,30 @@ class PCacheClient:
         assert last is not None
         raise last
 
-    async def commit(self, path: str, inode: int, size: int, blocks: list[pb.CommittedBlock]) -> None:
-        """Publish a file's new block list (called by :meth:`PCacheFile.fsync`)."""
+    async def commit(
+        self,
+        path: str,
+        inode: int,
+        size: int,
+        blocks: list[pb.CommittedBlock],
+        *,
+        base_version: int,
+        base_blocks: list[int],
+        replace: bool,
+    ) -> pb.Inode:
+        """Publish a file's new block list (called by :meth:`PCacheFile.fsync`); returns the committed inode.
+
+        ``base_version``/``base_blocks`` are the commit the writer's view starts from; the master
+        merges the blocks it changed with other writers' commits since, unless ``replace``
+        (see ``Namespace.commit_file``).
+
+        Raises:
+            Conflict: another writer changed the same blocks since that view; nothing was committed.
+        """
         self.invalidate(path)
-        await self.master.commit_file(inode, size, blocks, time.time())
+        return await self.master.commit_file(
+            inode, size, blocks, time.time(), base_version=base_version, base_blocks=base_blocks, replace=replace
+        )
 
     async def read_file(self, path: str) -> bytes:
         """Whole content of a file."""

@@ -27,12 +27,11 @@ MAX_SC_FDS = 256  # short-circuit block descriptors kept open per client
 
 
 class _ScBlock:
-    """An open short-circuit descriptor of one block and the chunks already verified through it."""
+    """An open short-circuit descriptor of one block and its CRC record."""
 
     def __init__(self, fd: int, info: pb.DataHeader) -> None:
         self.fd = fd
         self.info = info
-        self.verified: set[int] = set()
         self.users = 0
         self.closed = False
         self.doomed = False  # evicted: close once the last reader releases it
@@ -55,8 +54,12 @@ class _ScBlock:
         if close:
             os.close(self.fd)
 
-    def pread(self, offset: int, length: int, reverify: bool) -> bytes:
-        """Read ``length`` bytes at ``offset`` (blocking), checking chunks not yet verified."""
+    def pread(self, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``offset`` (blocking), checking every chunk touched.
+
+        Every read is verified, page cache or not: a block file can change under an open
+        descriptor (a flipped bit, a bad disk), and CRC32C runs at ~10 GB/s.
+        """
         if length == 0:
             return b""
         info = self.info
@@ -68,11 +71,8 @@ class _ScBlock:
             raise CorruptBlock(f"block {info.block_id}: file shorter than its record")
         view = memoryview(raw)
         for i, idx in enumerate(range(first, last + 1)):
-            if idx in self.verified and not reverify:
-                continue
             if crc32c(view[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]) != info.chunk_crcs[idx]:
                 raise CorruptBlock(f"block {info.block_id}: chunk {idx} failed its CRC32C check")
-            self.verified.add(idx)
         skip = offset - start
         return raw if skip == 0 and length == len(raw) else raw[skip : skip + length]
 
@@ -182,11 +182,9 @@ class DataClient:
         """Short circuit: read a block range from its file on this host, CRC-checked.
 
         Descriptors stay open in a client-wide LRU (block ids are never reused
-        for other bytes, so a cached descriptor is always right). Each chunk is
-        verified the first time this client reads it through that descriptor;
-        later reads of it are served from the page cache without a second
-        check unless ``reverify_reads`` is set (HDFS likewise skips checksums
-        on cached replicas).
+        for other bytes, so a cached descriptor names the right block). Every
+        read checks the CRC32C of each chunk it touches, so a replica damaged
+        after a first good read is never served.
 
         Raises:
             CorruptBlock: a chunk does not match the worker's CRC record.
@@ -204,7 +202,7 @@ class DataClient:
             self._sc_open.pop(key, None)
             return await self.sc_read(addr, block_id, offset, length)
         try:
-            return await asyncio.to_thread(entry.pread, offset, length, self.cfg.reverify_reads)
+            return await asyncio.to_thread(entry.pread, offset, length)
         except CorruptBlock:
             self.sc_forget(addr, block_id)
             raise
@@ -228,7 +226,7 @@ class DataClient:
         if entry is None or not entry.acquire():
             return None
         try:
-            return entry.pread(offset, length, self.cfg.reverify_reads)
+            return entry.pread(offset, length)
         finally:
             entry.release()
 

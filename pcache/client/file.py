@@ -90,10 +90,10 @@ class PCacheFile:
         self.inode = layout.inode.id
         self.block_size = layout.inode.block_size or (32 << 20)
         self.size = layout.inode.size
-        self.slots: list[Slot] = [
-            Slot(b.block_id, b.length, b.crc32c, [r.worker_id for r in b.replicas], list(b.replicas))
-            for b in layout.blocks
-        ]
+        self.slots: list[Slot] = _slots(layout)
+        self.version = layout.inode.version  # the commit this handle's view starts from
+        self.base_blocks = [slot.block_id for slot in self.slots]  # that commit's block ids
+        self.replace = kind in "wx"  # the whole content is this handle's: no merge with others
         self.pos = self.size if self.append else 0
         self.closed = False
         self.dirty = False
@@ -128,6 +128,26 @@ class PCacheFile:
             raise InvalidArgument("negative seek position")
         self.pos = pos
         return pos
+
+    async def refresh(self) -> bool:
+        """Re-read the layout of a read-only handle: a commit made since it opened becomes readable.
+
+        Returns:
+            True when the file had changed.
+
+        Raises:
+            NotFound: the file was deleted. Unavailable, Timeout: the master cannot answer.
+        """
+        if self.writable:
+            return False  # a writer's own slots are the truth for it
+        layout = await self.client.master.layout(inode=self.inode)
+        if layout.inode.version == self.version:
+            return False
+        self.slots = _slots(layout)
+        self.size = layout.inode.size
+        self.version = layout.inode.version
+        self._last_unit = None
+        return True
 
     def _check(self, want_write: bool) -> None:
         if self.closed:
@@ -380,7 +400,12 @@ class PCacheFile:
         slot.replicas, slot.locations = stored, locations
 
     async def _pad_slots(self) -> None:
-        """Make every slot exactly as long as the file size says."""
+        """Make the slot list match the file size: one slot per block, none longer than its place.
+
+        A stored block shorter than its place (the old last block of a file that grew) is kept
+        as it is: the rest reads as zeros, and a writer that only extends the file does not
+        rewrite a block another writer may be changing.
+        """
         nslots = (self.size + self.block_size - 1) // self.block_size
         for idx in range(nslots):
             want = min(self.block_size, self.size - idx * self.block_size)
@@ -393,7 +418,7 @@ class PCacheFile:
             if slot.block_id == HOLE and slot.data is None and slot.pending is None:
                 slot.length = want
                 continue
-            if slot.data is None and slot.length != want:
+            if slot.data is None and slot.length > want:  # cut: rewritten shorter
                 slot = await self._dirty_slot(idx)
             if slot.data is not None and len(slot.data) != want:
                 if len(slot.data) < want:
@@ -416,6 +441,7 @@ class PCacheFile:
         self.size = size
         await self._pad_slots()
         self.dirty = True
+        self.replace = True  # a truncation is not merged with other writers' blocks
         self._last_unit = None
         return size
 
@@ -436,8 +462,35 @@ class PCacheFile:
             pb.CommittedBlock(block_id=s.block_id, length=s.length, crc32c=s.crc, replicas=s.replicas)
             for s in self.slots
         ]
-        await self.client.commit(self.path, self.inode, self.size, blocks)
+        node = await self.client.commit(
+            self.path,
+            self.inode,
+            self.size,
+            blocks,
+            base_version=self.version,
+            base_blocks=self.base_blocks,
+            replace=self.replace,
+        )
         self.dirty = False
+        self.replace = False
+        if list(node.blocks) != [b.block_id for b in blocks] or node.size != self.size:
+            await self._adopt()  # merged with another writer's commit: its blocks are this handle's view now
+        else:
+            self.version = node.version
+            self.base_blocks = [b.block_id for b in blocks]
+
+    async def _adopt(self) -> None:
+        """Take the committed layout as this handle's view (clean slots only: nothing is dirty now)."""
+        layout = await self.client.master.layout(inode=self.inode)
+        fresh = _slots(layout)
+        for idx, mine in enumerate(self.slots[: len(fresh)]):
+            if mine.data is not None or mine.pending is not None:
+                fresh[idx] = mine  # written again meanwhile (another thread of this handle)
+        self.slots = fresh
+        self.size = max(self.size, layout.inode.size)
+        self.version = layout.inode.version
+        self.base_blocks = [b.block_id for b in layout.blocks]
+        self._last_unit = None
 
     async def flush(self) -> None:
         """Python-level flush: blocks already full are on their way; nothing to do."""
@@ -478,6 +531,12 @@ class PCacheFile:
             await self.abort()  # an exception inside ``async with``: publish nothing
         else:
             await self.close()
+
+
+def _slots(layout: pb.FileLayout) -> list[Slot]:
+    return [
+        Slot(b.block_id, b.length, b.crc32c, [r.worker_id for r in b.replicas], list(b.replicas)) for b in layout.blocks
+    ]
 
 
 def _consume_exception(task: asyncio.Task) -> None:

@@ -116,10 +116,28 @@ class MasterClient:
             ),
         )
 
-    async def commit_file(self, inode: int, size: int, blocks: list[pb.CommittedBlock], mtime: float = 0.0) -> pb.Inode:
-        return await self._call(
-            "CommitFile", pb.CommitFileRequest(header=self.header(), inode=inode, size=size, blocks=blocks, mtime=mtime)
+    async def commit_file(
+        self,
+        inode: int,
+        size: int,
+        blocks: list[pb.CommittedBlock],
+        mtime: float = 0.0,
+        *,
+        base_version: int = 0,
+        base_blocks: list[int] | None = None,
+        replace: bool = False,
+    ) -> pb.Inode:
+        request = pb.CommitFileRequest(
+            header=self.header(),
+            inode=inode,
+            size=size,
+            blocks=blocks,
+            mtime=mtime,
+            base_version=base_version,
+            base_blocks=base_blocks or [],
+            replace=replace,
         )
+        return await self._call("CommitFile", request)
 
     async def report_bad_block(self, worker_id: str, block_id: int) -> None:
         await self._call("ReportBadBlock", pb.BlockReport(header=self.header(), worker_id=worker_id, block_id=block_id))

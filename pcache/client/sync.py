@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pcache.client.core import FileStat, PCacheClient
 from pcache.client.file import PCacheFile
 from pcache.common.config import ClientConfig
-from pcache.common.errors import PCacheError, Unavailable
+from pcache.common.errors import CorruptBlock, PCacheError, Unavailable
 from pcache.proto import pcache_pb2 as pb
 
 T = TypeVar("T")
@@ -240,29 +240,56 @@ class File(io.RawIOBase):
         return len(data)
 
     def pread(self, offset: int, length: int) -> bytes:
-        """Read up to ``length`` bytes at ``offset``.
+        """Read ``min(length, size - offset)`` bytes at ``offset``: never fewer unless at EOF.
 
         A read-only handle keeps the last read unit (``read_unit`` bytes, aligned):
         small positional reads inside it (FUSE sends 128 KiB - 1 MiB) are served in
-        the caller's thread without a hop to the event loop.
+        the caller's thread without a hop to the event loop. A request that crosses
+        a unit or block boundary is assembled from every piece it covers (a short
+        answer would be taken for EOF by the kernel and by ``read()`` loops).
+
+        Raises:
+            Unavailable, CorruptBlock, Timeout: a piece could not be read.
         """
         if self._f.writable:
             return self._client._run(self._f.pread(offset, length))
-        direct = self._direct(offset, length)
+        end = min(self._f.size, offset + max(0, length))
+        parts: list[bytes] = []
+        pos = offset
+        while pos < end:
+            piece = self._pread_piece(pos, end - pos)
+            if not piece:  # cannot happen below the handle's size; never answer short
+                raise CorruptBlock(f"{self.name}: no bytes at offset {pos} below its size {self._f.size}")
+            parts.append(piece)
+            pos += len(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _pread_piece(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset``, at least one, at most to the end of a unit or block."""
+        f = self._f
+        block_end = (offset // f.block_size + 1) * f.block_size
+        direct = self._direct(offset, min(length, block_end - offset))
         if direct is not None:
             return direct
         cached = self._unit  # one atomic read of the (start, bytes) pair: safe across threads
-        if cached is not None and cached[0] <= offset and offset + length <= cached[0] + len(cached[1]):
+        if cached is not None and cached[0] <= offset < cached[0] + len(cached[1]):
             start = offset - cached[0]
             return cached[1][start : start + length]
-        unit = self._f.cfg.read_unit
+        unit = f.cfg.read_unit
         if length >= unit:
-            return self._client._run(self._f.pread(offset, length))
+            return self._client._run(f.pread(offset, length))
         base = offset - offset % unit
-        data = self._client._run(self._f.pread(base, unit))
+        data = self._client._run(f.pread(base, unit))
         self._unit = (base, data)
         start = offset - base
         return data[start : start + length]
+
+    def refresh(self) -> bool:
+        """Re-read a read-only handle's layout (see :meth:`PCacheFile.refresh`); True if it changed."""
+        changed = self._client._run(self._f.refresh())
+        if changed:
+            self._unit = None  # cached by offset: the bytes there may be another block's now
+        return changed
 
     def write(self, data) -> int:
         return self._client._run(self._f.write(data))
@@ -290,6 +317,10 @@ class File(io.RawIOBase):
     @property
     def size(self) -> int:
         return self._f.size
+
+    @property
+    def inode(self) -> int:
+        return self._f.inode
 
     def moved(self, path: str) -> None:
         """The file was renamed to ``path`` while open (its handle keeps working)."""

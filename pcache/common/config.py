@@ -121,8 +121,6 @@ class ClientConfig:
     """Blocks a writer may have in flight (write-behind bound, memory = this x block size)."""
     short_circuit: bool = True
     """Use the same-host fd path when the worker is local."""
-    reverify_reads: bool = False
-    """Re-check chunk CRC32Cs on every short-circuit read, not only the first read of a chunk per descriptor."""
     node_id: str = ""
     """Node of this client for placement; empty means $PCACHE_NODE_ID or the host name."""
     block_size: int = 0

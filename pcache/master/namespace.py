@@ -514,36 +514,102 @@ class Namespace:
         return block_id, node
 
     def commit_file(
-        self, inode: int, size: int, blocks: list[pb.CommittedBlock], mtime: float = 0.0
+        self,
+        inode: int,
+        size: int,
+        blocks: list[pb.CommittedBlock],
+        mtime: float = 0.0,
+        *,
+        base_version: int = 0,
+        base_blocks: list[int] | None = None,
+        replace: bool = True,
     ) -> tuple[pb.Inode, Freed]:
         """Make a writer's new block list the file's content (close-to-open).
 
         Each block must be either already the file's, or allocated for this
-        inode and not yet committed.
+        inode and not yet committed. A block may be shorter than its place in
+        the file (``block_size``, the last one ``size`` modulo it): the rest
+        reads as zeros, as a sparse file's.
+
+        When the inode moved past ``base_version`` (the writer's view) since the
+        writer read it, another writer committed in between. A ``replace``
+        commit (a truncation, a file opened with 'w') then fails. Otherwise the
+        two are merged at block granularity, as parallel checkpoint writers of
+        disjoint ranges of one file need (3FS issue #312): a block the writer
+        did not change (same id as in ``base_blocks``) keeps the current
+        content; a block it changed replaces the current one only if that is
+        still the base one; the size is the larger of the two.
 
         Returns:
             (the updated inode, blocks no longer referenced)
 
         Raises:
             NotFound: the inode was deleted meanwhile.
+            Conflict: another writer changed a block this one changed too, or
+                any block of a ``replace`` commit; nothing was committed.
             InvalidArgument: a block that was not allocated for this file, or a
-                size that does not match the blocks.
+                block list that does not match the size.
         """
         node = self._get_inode(inode)
         if node.type != pb.REGULAR:
             raise E.IsADirectory(f"inode {inode} is not a regular file")
-        total = sum(b.length for b in blocks)
-        if total != size:
-            raise E.InvalidArgument(f"size {size} does not match the blocks' {total} bytes")
+        if base_version and base_version != node.version:
+            if replace:
+                raise E.Conflict(
+                    f"inode {node.id} changed since this writer read it (version {base_version} -> {node.version})"
+                    " and this writer truncated or replaced it: this version was not committed"
+                )
+            blocks, size = self._merge(node, blocks, size, list(base_blocks or []))
+        self._check_extents(node, blocks, size)
         return node, self._replace_blocks(node, blocks, size, mtime or time.time())
+
+    def _merge(
+        self, node: pb.Inode, blocks: list[pb.CommittedBlock], size: int, base: list[int]
+    ) -> tuple[list[pb.CommittedBlock], int]:
+        """A writer's changed blocks on top of the current list (see :meth:`commit_file`)."""
+        size = max(size, node.size)
+        count = -(-size // node.block_size)
+        out: list[pb.CommittedBlock] = []
+        for index in range(count):
+            mine = blocks[index] if index < len(blocks) else pb.CommittedBlock(block_id=HOLE)
+            was = base[index] if index < len(base) else HOLE
+            now = node.blocks[index] if index < len(node.blocks) else HOLE
+            if mine.block_id == was or mine.block_id == now:
+                out.append(self._committed(node, index, now, size))
+            elif now == was:
+                out.append(mine)
+            else:
+                raise E.Conflict(
+                    f"inode {node.id}: block {index} was changed by another writer too (bytes"
+                    f" {index * node.block_size}-{(index + 1) * node.block_size - 1}); this version was not committed"
+                )
+        return out, size
+
+    def _committed(self, node: pb.Inode, index: int, block_id: int, size: int) -> pb.CommittedBlock:
+        """The current block at ``index`` as a commit entry."""
+        if block_id == HOLE:
+            return pb.CommittedBlock(block_id=HOLE, length=min(node.block_size, size - index * node.block_size))
+        meta = self.get_block(block_id)
+        if meta is None:
+            raise E.PCacheError(f"block {block_id} of inode {node.id} has no record")
+        return pb.CommittedBlock(block_id=block_id, length=meta.length, crc32c=meta.crc32c, replicas=meta.replicas)
+
+    @staticmethod
+    def _check_extents(node: pb.Inode, blocks: list[pb.CommittedBlock], size: int) -> None:
+        count = -(-size // node.block_size)
+        if len(blocks) != count:
+            raise E.InvalidArgument(f"size {size} needs {count} blocks of {node.block_size} bytes, got {len(blocks)}")
+        for index, blk in enumerate(blocks):
+            if blk.length > min(node.block_size, size - index * node.block_size):
+                raise E.InvalidArgument(
+                    f"block {index} of {blk.length} bytes is longer than its place in a {size} byte file"
+                )
 
     def _replace_blocks(self, node: pb.Inode, blocks: list[pb.CommittedBlock], size: int, mtime: float) -> Freed:
         current = set(node.blocks)
         puts: list[tuple[bytes, bytes]] = []
         for blk in blocks:
             if blk.block_id == HOLE:
-                if blk.length > node.block_size:
-                    raise E.InvalidArgument(f"a hole of {blk.length} bytes is longer than a block")
                 continue
             if blk.block_id in current:
                 continue

@@ -140,15 +140,17 @@ class MasterServicer(pb_grpc.MasterServicer):
         with RPC_SECONDS.labels("GetLayout").time():
             node, metas = self.ns.layout(request.path, request.inode)
             out = pb.FileLayout(inode=node)
-            offset = 0
-            for meta in metas:
+            for index, meta in enumerate(metas):
                 replicas = [w.info.addr for w in self.blocks.live_replicas(meta.block_id)]
                 out.blocks.append(
                     pb.BlockLocation(
-                        block_id=meta.block_id, offset=offset, length=meta.length, crc32c=meta.crc32c, replicas=replicas
+                        block_id=meta.block_id,
+                        offset=index * node.block_size,  # a block may be shorter than its place: zeros follow
+                        length=meta.length,
+                        crc32c=meta.crc32c,
+                        replicas=replicas,
                     )
                 )
-                offset += meta.length
             return out
 
     @rpc_method
@@ -176,7 +178,15 @@ class MasterServicer(pb_grpc.MasterServicer):
         self._check(request.header, "CommitFile")
         with RPC_SECONDS.labels("CommitFile").time():
             blocks = list(request.blocks)
-            node, freed = self.ns.commit_file(request.inode, request.size, blocks, request.mtime)
+            node, freed = self.ns.commit_file(
+                request.inode,
+                request.size,
+                blocks,
+                request.mtime,
+                base_version=request.base_version,
+                base_blocks=list(request.base_blocks),
+                replace=request.replace,
+            )
             self.blocks.committed(blocks, node.replication or 1)
             self.blocks.freed(freed)
             return node

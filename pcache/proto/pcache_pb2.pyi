@@ -338,18 +338,24 @@ class CommittedBlock(_message.Message):
     def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitFileRequest(_message.Message):
-    __slots__ = ("header", "inode", "size", "blocks", "mtime")
+    __slots__ = ("header", "inode", "size", "blocks", "mtime", "base_version", "base_blocks", "replace")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MTIME_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BASE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     inode: int
     size: int
     blocks: _containers.RepeatedCompositeFieldContainer[CommittedBlock]
     mtime: float
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ..., mtime: _Optional[float] = ...) -> None: ...
+    base_version: int
+    base_blocks: _containers.RepeatedScalarFieldContainer[int]
+    replace: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ..., mtime: _Optional[float] = ..., base_version: _Optional[int] = ..., base_blocks: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("addr", "capacity_bytes", "used_bytes", "free_bytes", "inflight", "block_count", "mem_tier_bytes", "mem_tier_hit_ratio", "draining", "metrics_addr")

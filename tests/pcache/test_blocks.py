@@ -42,7 +42,8 @@ class Cluster:
             pb.CommittedBlock(block_id=self.ns.allocate_block(node.id)[0], length=100 + n, replicas=r)
             for n, r in enumerate(replicas)
         ]
-        node, freed = self.ns.commit_file(node.id, sum(b.length for b in blocks), blocks)
+        size = (len(blocks) - 1) * node.block_size + blocks[-1].length if blocks else 0
+        node, freed = self.ns.commit_file(node.id, size, blocks)
         self.bm.committed(blocks, node.replication)
         self.bm.freed(freed)
         return [b.block_id for b in blocks]

@@ -12,7 +12,7 @@ import pytest
 
 from pcache.client import Client
 from pcache.common import errors as E
-from pcache.common.config import load_config
+from pcache.common.config import ClientConfig, load_config
 
 MiB = 1 << 20
 
@@ -86,7 +86,7 @@ def test_symlinks_are_followed_by_open(client: Client) -> None:
     assert info.value.errno == errno.ELOOP
 
 
-def test_two_writers_last_close_conflicts_instead_of_corrupting(client: Client) -> None:
+def test_two_writers_of_disjoint_blocks_both_keep_their_bytes(client: Client) -> None:
     with client.open("/two", "wb", block_size=MiB) as f:
         f.write(b"a" * (2 * MiB))
     w1, w2 = client.open("/two", "r+b"), client.open("/two", "r+b")
@@ -94,11 +94,32 @@ def test_two_writers_last_close_conflicts_instead_of_corrupting(client: Client) 
     w2.seek(MiB)
     w2.write(b"2")
     w1.close()
+    w2.close()  # merged at block granularity: w1 changed block 0 only, w2 block 1 only
+    data = client.read_file("/two")
+    assert data[:2] == b"1a" and data[MiB : MiB + 2] == b"2a" and len(data) == 2 * MiB
+
+
+def test_two_writers_of_one_block_last_close_conflicts_instead_of_losing(client: Client) -> None:
+    with client.open("/two1", "wb", block_size=MiB) as f:
+        f.write(b"a" * (2 * MiB))
+    w1, w2 = client.open("/two1", "r+b"), client.open("/two1", "r+b")
+    w1.write(b"1")
+    w2.seek(10)
+    w2.write(b"2")
+    w1.close()
     with pytest.raises(E.Conflict) as info:
         w2.close()
     assert info.value.errno == errno.ESTALE
-    data = client.read_file("/two")
-    assert data[:1] == b"1" and data[MiB : MiB + 1] == b"a"  # the first close won, whole
+    data = client.read_file("/two1")
+    assert data[:1] == b"1" and data[10:11] == b"a"  # the first close won, whole
+    # a writer that truncates is never merged: the second commit conflicts even on other blocks
+    w1, w2 = client.open("/two1", "r+b"), client.open("/two1", "r+b")
+    w1.write(b"x")
+    w2.truncate(MiB + 5)
+    w1.close()
+    with pytest.raises(E.Conflict):
+        w2.close()
+    assert client.stat("/two1").size == 2 * MiB
 
 
 def test_put_skips_fifos_and_refuses_devices(shared_cluster, client: Client, tmp_path: Path) -> None:
@@ -171,3 +192,25 @@ def test_concurrent_pwrites_on_one_handle(client: Client, existing: bool) -> Non
 
     client._run(go())
     assert client.read_file(path) == bytes(want)
+
+
+@pytest.mark.parametrize("short_circuit", [True, False], ids=["short-circuit", "tcp"])
+def test_positional_reads_across_unit_and_block_boundaries_are_never_short(shared_cluster, short_circuit: bool) -> None:
+    unit = 192 << 10  # read units whose boundaries fall inside blocks
+    data = os.urandom(3 * MiB + 777)
+    cfg = ClientConfig(master=shared_cluster.master_address, read_unit=unit, short_circuit=short_circuit)
+    with Client(cfg) as pc:
+        pc.write_file(f"/edges-{short_circuit}", data, block_size=MiB)
+        f = pc.open(f"/edges-{short_circuit}", "rb")
+        boundaries = sorted({*range(MiB, len(data), MiB), *range(unit, len(data), unit)})
+        for boundary in boundaries:
+            for size in (4096, 100_003, 128 << 10, unit, MiB):
+                for offset in (boundary - size // 2, boundary - 1, boundary - size - 1, boundary):
+                    if offset >= 0:
+                        assert f.pread(offset, size) == data[offset : offset + size], (offset, size)
+        got, pos = bytearray(), 0
+        while chunk := f.pread(pos, 100_003):  # a read() loop stops at the first short answer
+            got += chunk
+            pos += len(chunk)
+        assert bytes(got) == data
+        f.close()

@@ -59,8 +59,14 @@ def write(ns: Namespace, path: str, lengths: list[int], replicas: tuple[str, ...
     for n, length in enumerate(lengths):
         block_id, _ = ns.allocate_block(node.id)
         blocks.append(pb.CommittedBlock(block_id=block_id, length=length, crc32c=n + 7, replicas=list(replicas)))
-    ns.commit_file(node.id, sum(lengths), blocks)
+    ns.commit_file(node.id, extent(lengths, node.block_size), blocks)
     return [b.block_id for b in blocks]
+
+
+def extent(lengths: list[int], block_size: int) -> int:
+    """Size of a file whose blocks hold ``lengths`` bytes (each block but the last may be shorter than
+    its place: zeros follow, as in a sparse file)."""
+    return (len(lengths) - 1) * block_size + lengths[-1] if lengths else 0
 
 
 def freed_ids(freed) -> list[int]:
@@ -647,7 +653,7 @@ def test_commit_rejects_foreign_and_unknown_blocks(ns: Namespace) -> None:
     theirs, _ = ns.allocate_block(g.id)
     good = pb.CommittedBlock(block_id=mine, length=1, replicas=["w1"])
     with pytest.raises(E.Conflict):
-        ns.commit_file(f.id, 2, [good, pb.CommittedBlock(block_id=theirs, length=1, replicas=["w1"])])
+        ns.commit_file(f.id, BLOCK + 1, [good, pb.CommittedBlock(block_id=theirs, length=1, replicas=["w1"])])
     with pytest.raises(E.Conflict):
         ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=777777, length=1, replicas=["w1"])])
     with pytest.raises(E.InvalidArgument):
@@ -666,12 +672,12 @@ def test_commit_size_mismatch(ns: Namespace) -> None:
     f, _ = ns.create("/f")
     b, _ = ns.allocate_block(f.id)
     blk = pb.CommittedBlock(block_id=b, length=100, replicas=["w1"])
-    for size in (99, 101, 0):
+    for size in (99, 0, BLOCK + 1):  # longer than its place; one block too many; one too few
         with pytest.raises(E.InvalidArgument):
             ns.commit_file(f.id, size, [blk])
     assert ns.resolve("/f").size == 0 and b in ns.pending
-    ns.commit_file(f.id, 100, [blk])
-    assert ns.resolve("/f").size == 100
+    ns.commit_file(f.id, 101, [blk])  # shorter than its place: the last byte reads as zero
+    assert ns.resolve("/f").size == 101
 
 
 def test_commit_overwrite_returns_freed_blocks(ns: Namespace) -> None:
@@ -679,10 +685,12 @@ def test_commit_overwrite_returns_freed_blocks(ns: Namespace) -> None:
     node = ns.resolve("/f")
     new, _ = ns.allocate_block(node.id)
     keep = [pb.CommittedBlock(block_id=first[0], length=10, replicas=["w1"])]
-    updated, freed = ns.commit_file(node.id, 15, keep + [pb.CommittedBlock(block_id=new, length=5, replicas=["w3"])])
+    updated, freed = ns.commit_file(
+        node.id, BLOCK + 5, keep + [pb.CommittedBlock(block_id=new, length=5, replicas=["w3"])]
+    )
     assert freed_ids(freed) == sorted(first[1:])
     assert {m.length for m in freed.blocks} == {20, 30}
-    assert list(updated.blocks) == [first[0], new] and updated.size == 15
+    assert list(updated.blocks) == [first[0], new] and updated.size == BLOCK + 5
     assert ns.get_block(first[0]).replicas == ["w1", "w2"]  # a kept block's record is untouched
     assert ns.get_block(first[1]) is None and ns.get_block(new).replicas == ["w3"]
     assert ns.count() == (2, 2)
@@ -953,7 +961,7 @@ class NamespaceMachine(RuleBasedStateMachine):
             for _ in range(count)
         ]
         self.both(
-            lambda: len(self.ns.commit_file(node.id, 10 * count, blocks)[1].blocks),
+            lambda: len(self.ns.commit_file(node.id, extent([10] * count, node.block_size), blocks)[1].blocks),
             lambda: self.model.write(path, count),
         )
 

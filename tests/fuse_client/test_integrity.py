@@ -1,0 +1,310 @@
+"""Data integrity through real mounts: no short reads, no unwritten bytes, no lost writes, no corrupt bytes.
+
+Each test reproduces a failure that returned wrong data with no error (issue 12; the short read is
+``shared/cases/short_read_through_mount.py``), against a real cluster and two real mounts.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pcache.client import Client
+from pcache.local import LocalCluster
+from tests.conftest import FAST_MASTER
+from tests.fuse_client.conftest import Mount
+
+pytestmark = pytest.mark.fuse
+MiB = 1 << 20
+BLOCK = MiB  # the mounts' block size: many boundaries in a few MiB
+UNIT_B = 192 << 10  # mount b's read unit: its boundaries fall inside blocks
+
+
+@pytest.fixture(scope="module")
+def two_mounts(fuse_ready, tmp_path_factory) -> Iterator[tuple[LocalCluster, Mount, Mount]]:
+    """A 3-worker cluster (no memory tier: reads come from the block files) and two mounts of it."""
+    root = tmp_path_factory.mktemp("integrity")
+    with LocalCluster(
+        str(root / "cluster"), workers=3, master_args=FAST_MASTER, worker_args=["--worker.mem_tier_bytes=0"]
+    ) as cluster:
+        opts = ("--attr-timeout", "0.5", "--entry-timeout", "0.5", f"--client.block_size={BLOCK}")
+        a = Mount(cluster.master_address, root / "a", *opts).start()
+        b = Mount(cluster.master_address, root / "b", *opts, f"--client.read_unit={UNIT_B}").start()
+        try:
+            yield cluster, a, b
+        finally:
+            a.stop()
+            b.stop()
+
+
+PERIOD = 1_000_003  # prime: a byte misplaced by any block-aligned distance shows
+_BASE = bytes(((i * 7919) >> 3) % 255 + 1 for i in range(PERIOD))
+
+
+def pattern(offset: int, length: int) -> bytes:
+    """Bytes that depend on their offset and are never zero: a misplaced or unwritten byte shows."""
+    out = bytearray()
+    pos = offset
+    while len(out) < length:
+        start = pos % PERIOD
+        piece = _BASE[start : start + length - len(out)]
+        out += piece
+        pos += len(piece)
+    return bytes(out)
+
+
+def drop_pages(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def read_with(path: Path, bufsize: int) -> bytes:
+    drop_pages(path)
+    out = bytearray()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while chunk := os.read(fd, bufsize):
+            out += chunk
+    finally:
+        os.close(fd)
+    return bytes(out)
+
+
+def block_files(cluster: LocalCluster, path: str) -> list[list[Path]]:
+    """For each block of ``path``, the files of its replicas on the workers' disks."""
+    with Client(master=cluster.master_address) as pc:
+        layout = pc._run(pc.aio.master.layout(path=path))
+    return [
+        [Path(r.uds_path).parent / "blocks" / f"{b.block_id & 0xFF:02x}" / f"{b.block_id}.blk" for r in b.replicas]
+        for b in layout.blocks
+    ]
+
+
+def flip(blk: Path, at: int) -> None:
+    with open(blk, "r+b") as fh:  # in place: an open descriptor of the block file sees it
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("bufsize", [4096, 32 << 10, 128 << 10, MiB, 100_003, 777])
+def test_sequential_reads_of_every_buffer_size_return_every_byte(two_mounts, bufsize: int) -> None:
+    _cluster, a, b = two_mounts
+    data = os.urandom(5 * BLOCK + 4321)
+    (a.path / f"seq-{bufsize}.bin").write_bytes(data)
+    for mount in (a, b):
+        got = read_with(mount.path / f"seq-{bufsize}.bin", bufsize)
+        assert len(got) == len(data) and got == data, mount.path.name
+
+
+def test_reads_at_every_offset_around_block_boundaries(two_mounts) -> None:
+    _cluster, a, b = two_mounts
+    data = os.urandom(4 * BLOCK + 999)
+    (a.path / "edges.bin").write_bytes(data)
+    for mount in (a, b):  # the writer's mount and a cold one
+        path = mount.path / "edges.bin"
+        drop_pages(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            boundaries = sorted({*range(BLOCK, len(data), BLOCK), *range(UNIT_B, len(data), UNIT_B)})
+            for boundary in boundaries:  # blocks', and read units' on mount b
+                for size in (4096, 32 << 10, 128 << 10, MiB, 100_003, 1):
+                    for offset in (boundary - size - 1, boundary - size, boundary - size // 2, boundary - 1, boundary):
+                        if offset < 0:
+                            continue
+                        got = os.pread(fd, size, offset)
+                        assert got == data[offset : offset + size], (mount.path.name, offset, size)
+            assert os.pread(fd, MiB, len(data) - 10) == data[-10:]  # the true EOF is short, and only it
+        finally:
+            os.close(fd)
+
+
+def test_default_32mib_blocks_through_shell_tools(two_mounts) -> None:
+    cluster, a, _b = two_mounts
+    data = os.urandom(70 * MiB)
+    with Client(master=cluster.master_address) as pc:  # the SDK's default block size: 32 MiB
+        pc.write_file("/sdk-70m.bin", data)
+    path = a.path / "sdk-70m.bin"
+    want = hashlib.sha256(data).hexdigest()
+    drop_pages(path)
+    out = subprocess.run(["sha256sum", str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split()[0] == want
+    drop_pages(path)
+    dd = subprocess.run(
+        f"dd if={path} bs=32k status=none | sha256sum", shell=True, capture_output=True, text=True, timeout=120
+    )
+    assert dd.stdout.split()[0] == want
+    assert hashlib.sha256(read_with(path, 8192)).hexdigest() == want
+
+
+APPENDER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {root!r})
+    from tests.fuse_client.test_integrity import pattern
+    path, total, step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for off in range(0, total, step):
+        os.write(fd, pattern(off, step))
+        os.fsync(fd)
+    os.close(fd)
+    """
+)
+
+
+def test_readers_never_see_bytes_that_were_not_written_while_a_writer_appends(two_mounts, tmp_path: Path) -> None:
+    _cluster, a, b = two_mounts
+    total, step = 12 * MiB, 256 << 10
+    script = tmp_path / "appender.py"
+    script.write_text(APPENDER.format(root=str(Path(__file__).resolve().parents[2])))
+    target = a.path / "appended.bin"
+    target.write_bytes(b"")
+    writer = subprocess.Popen([sys.executable, str(script), str(target), str(total), str(step)])
+    bad: list[str] = []
+    reads = {"reopen-same": 0, "tail-same": 0, "reopen-other": 0}
+
+    def check(where: str, offset: int, got: bytes) -> None:
+        if got != pattern(offset, len(got)):
+            zeros = got.count(0)
+            bad.append(f"{where}: {len(got)} bytes at {offset} differ from what was written ({zeros} zero bytes)")
+
+    def reopen(mount: Mount, name: str) -> None:
+        while writer.poll() is None and not bad:
+            got = (mount.path / "appended.bin").read_bytes()
+            check(name, 0, got)
+            reads[name] += 1
+
+    def tail() -> None:
+        with open(target, "rb", buffering=0) as fh:
+            pos = 0
+            while not bad:
+                done = writer.poll() is not None
+                got = fh.read(1 << 20)
+                check("tail-same", pos, got)
+                pos += len(got)
+                reads["tail-same"] += 1
+                if done and not got:
+                    break
+                if not got:
+                    time.sleep(0.01)
+
+    threads = [
+        threading.Thread(target=reopen, args=(a, "reopen-same")),
+        threading.Thread(target=reopen, args=(b, "reopen-other")),
+        threading.Thread(target=tail),
+    ]
+    for t in threads:
+        t.start()
+    assert writer.wait(180) == 0
+    for t in threads:
+        t.join(60)
+    assert not bad, bad[:5]
+    assert all(reads.values()), reads
+    assert (b.path / "appended.bin").read_bytes() == pattern(0, total)
+
+
+DISJOINT_WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {root!r})
+    from tests.fuse_client.test_integrity import pattern
+    path, offset, length, barrier, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+    fd = os.open(path, os.O_WRONLY)
+    open(os.path.join(barrier, str(offset)), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(barrier)) < count and time.monotonic() < deadline:  # every writer has opened
+        time.sleep(0.01)
+    try:
+        for pos in range(offset, offset + length, 1 << 20):
+            n = min(1 << 20, offset + length - pos)
+            os.pwrite(fd, pattern(pos, n), pos)
+        os.fsync(fd)
+        os.close(fd)
+    except OSError as exc:
+        print(exc.errno)
+        sys.exit(1)
+    """
+)
+
+
+def run_disjoint_writers(script: Path, path: Path, ranges: list[tuple[int, int]]) -> list[int]:
+    """One process per (offset, length) range, all holding the file open before any writes; their exit codes."""
+    barrier = script.parent / f"barrier-{path.name}"
+    barrier.mkdir()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(path), str(off), str(n), str(barrier), str(len(ranges))],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for off, n in ranges
+    ]
+    return [p.wait(120) for p in procs]
+
+
+@pytest.mark.parametrize("prefill", [False, True], ids=["sparse", "prefilled"])
+def test_disjoint_writers_of_one_file_all_keep_their_bytes(two_mounts, tmp_path: Path, prefill: bool) -> None:
+    _cluster, a, b = two_mounts
+    script = tmp_path / "writer.py"
+    script.write_text(DISJOINT_WRITER.format(root=str(Path(__file__).resolve().parents[2])))
+    span = 3 * BLOCK
+    target = a.path / f"disjoint-{prefill}.bin"
+    if prefill:
+        target.write_bytes(b"\0" * (4 * span))
+    else:
+        subprocess.run(["truncate", "-s", str(4 * span), str(target)], check=True)
+    ranges = [(i * span, span) for i in range(4)]
+    assert run_disjoint_writers(script, target, ranges) == [0, 0, 0, 0]
+    got = (b.path / target.name).read_bytes()
+    assert len(got) == 4 * span
+    for off, n in ranges:
+        assert got[off : off + n] == pattern(off, n), f"range at {off} lost"
+
+
+def test_writers_sharing_a_block_keep_their_bytes_or_get_an_error(two_mounts, tmp_path: Path) -> None:
+    _cluster, a, b = two_mounts
+    script = tmp_path / "writer.py"
+    script.write_text(DISJOINT_WRITER.format(root=str(Path(__file__).resolve().parents[2])))
+    target = a.path / "shared-blocks.bin"
+    subprocess.run(["truncate", "-s", str(4 * BLOCK), str(target)], check=True)
+    span = BLOCK + BLOCK // 3  # every range ends inside a block the next one starts in
+    ranges = [(i * span, span) for i in range(3)]
+    codes = run_disjoint_writers(script, target, ranges)
+    got = (b.path / target.name).read_bytes()
+    for (off, n), code in zip(ranges, codes, strict=True):
+        if code == 0:
+            assert got[off : off + n] == pattern(off, n), f"writer at {off} was told ok and lost its range"
+    assert 0 in codes  # the first commit always lands
+
+
+def test_a_flipped_byte_is_never_served_after_a_warm_read(two_mounts) -> None:
+    cluster, a, _b = two_mounts
+    data = os.urandom(2 * BLOCK)
+    path = a.path / "flip.bin"
+    path.write_bytes(data)
+    assert read_with(path, MiB) == data  # warm: descriptors open, chunks verified once
+    replicas = block_files(cluster, "/flip.bin")
+    assert all(len(r) >= 2 for r in replicas)
+    flip(replicas[0][0], 4242)
+    for blk in replicas[0][0:1]:
+        drop_pages(blk)
+    assert read_with(path, 128 << 10) == data  # the good replica, or the damaged one caught
+    for blk in replicas[1]:  # every replica of block 1
+        flip(blk, 777)
+    with pytest.raises(OSError) as info:
+        read_with(path, MiB)
+    assert info.value.errno == errno.EIO
