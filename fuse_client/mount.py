@@ -128,7 +128,7 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
     """
     import mfusepy
 
-    from fuse_client.ops import PCacheOperations
+    from fuse_client.ops import PCacheFuse, PCacheOperations
     from pcache.client import Client
 
     opts = opts or MountOptions()
@@ -146,7 +146,6 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
             "attr_timeout": opts.attr_timeout,
             "entry_timeout": opts.entry_timeout,
             "negative_timeout": opts.negative_timeout,
-            "auto_cache": True,  # keep the page cache across opens unless mtime/size changed
             "debug": opts.debug,
         }
         if opts.allow_other:
@@ -157,7 +156,7 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
         logger.info("mounting %s at %s (libfuse %d)", client_cfg.master, mountpoint, mfusepy.fuse_version_major)
         raise_readahead(mountpoint, opts.max_request // 1024)
         try:
-            mfusepy.FUSE(ops, mountpoint, **kwargs)
+            PCacheFuse(ops, mountpoint, **kwargs)
         except RuntimeError as exc:
             # fuse_main() of libfuse3 returns 8 when a signal (SIGTERM, SIGINT) ended its loop;
             # mfusepy raises on any non-zero status, but that is the normal way to stop a mount

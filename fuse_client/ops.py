@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 BLOCK_REPORT = 512  # st_blocks unit
-TOLD_SIZES = 1 << 16  # inodes whose reported size a mount remembers
+KNOWN_INODES = 1 << 16  # inodes whose told size and newest version a mount remembers
 IO_SIZE = 1 << 20  # st_blksize: what cp, tar and Python use as their buffer
 XATTR_PREFIX = "user."
 UTIME_NOW = (1 << 30) - 1  # <sys/stat.h>
@@ -76,10 +76,16 @@ class PCacheOperations(mfusepy.Operations):
         self._handles: dict[int, File] = {}
         self._appending: set[int] = set()
         self._next_fh = 1
-        # inode -> the size this mount last told the kernel: a read-only handle asked for bytes past
-        # its own (older) size re-reads its layout instead of answering short (the kernel would take
-        # a short read for EOF, shrink the file and cache zeros in the pages' tails)
-        self._told: OrderedDict[int, int] = OrderedDict()
+        # inode -> (the size this mount last told the kernel, the newest version any handle here saw).
+        # The kernel's page cache is per inode, not per handle: a read-only handle with an older view
+        # would fill pages that a handle opened after a commit then reads; and one asked for bytes
+        # past its own (older) size would answer short, which the kernel takes for EOF (it shrinks
+        # the file and caches zeros in the pages' tails). Both re-read their layout first.
+        self._known: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        # inode -> the version whose bytes the kernel's page cache holds for it (0: unknown).
+        # An open keeps the page cache only when it opens that same version (close-to-open
+        # without libfuse's auto_cache window, in which a second mount read old pages).
+        self._paged: OrderedDict[int, int] = OrderedDict()
 
     # ---------------------------------------------------------- handles --
 
@@ -134,15 +140,40 @@ class PCacheOperations(mfusepy.Operations):
         st = self.client.stat(path) if f is None or f.closed else self.client.stat(f.name)
         size = f.size if f is not None and f.writable() else st.size
         if not st.is_dir:
-            self._tell(st.inode, size)
+            self._know(st.inode, size=size)
         return self._attrs(st, size)
 
-    def _tell(self, inode: int, size: int) -> None:
+    def keep_cache(self, fh: int) -> bool:
+        """Whether the kernel may keep its cached pages for the file this new handle opened."""
+        f = self._handles.get(fh)
+        if f is None:
+            return False
         with self._lock:
-            self._told[inode] = size
-            self._told.move_to_end(inode)
-            while len(self._told) > TOLD_SIZES:
-                self._told.popitem(last=False)
+            keep = self._paged.get(f.inode) == f.version
+            self._paged[f.inode] = f.version  # when not kept, the kernel drops the pages now
+            self._paged.move_to_end(f.inode)
+            while len(self._paged) > KNOWN_INODES:
+                self._paged.popitem(last=False)
+        return keep
+
+    def _committed(self, f: File, before: int) -> None:
+        """A handle of this mount committed, moving the inode from version ``before`` to ``f.version``."""
+        self._know(f.inode, version=f.version)
+        if f.version == before:
+            return  # nothing was dirty
+        with self._lock:
+            # the pages hold the old version plus this writer's bytes: the new version exactly
+            # only when nobody else committed in between (no merge)
+            exact = f.version == before + 1 and self._paged.get(f.inode) == before
+            self._paged[f.inode] = f.version if exact else 0
+
+    def _know(self, inode: int, *, size: int | None = None, version: int = 0) -> None:
+        with self._lock:
+            told, newest = self._known.get(inode, (0, 0))
+            self._known[inode] = (told if size is None else size, max(newest, version))
+            self._known.move_to_end(inode)
+            while len(self._known) > KNOWN_INODES:
+                self._known.popitem(last=False)
 
     @translate_errors
     def chmod(self, path: str, mode: int) -> int:
@@ -299,7 +330,9 @@ class PCacheOperations(mfusepy.Operations):
             mode = "w+b"
         else:
             mode = "r+b"
-        return self._add(self.client.open(path, mode), append=bool(flags & os.O_APPEND))
+        f = self.client.open(path, mode)
+        self._know(f.inode, version=f.version)
+        return self._add(f, append=bool(flags & os.O_APPEND))
 
     @translate_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -313,8 +346,9 @@ class PCacheOperations(mfusepy.Operations):
         src = f
         if not f.writable():
             src = self._writer_of(f.name) or f
-            if src is f and offset + size > f.size and self._told.get(f.inode, 0) > f.size:
-                f.refresh()  # committed since this handle opened: the kernel already knows the new size
+            told, newest = self._known.get(f.inode, (0, 0))
+            if src is f and (f.version < newest or (offset + size > f.size and told > f.size)):
+                f.refresh()  # committed since this handle opened, and this mount already knows it
         floor = max(0, min(size, src.size - offset))
         data = src.pread(offset, size)
         if not floor <= len(data) <= size:
@@ -334,8 +368,10 @@ class PCacheOperations(mfusepy.Operations):
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         f = self._handles.get(fh) if fh is not None else self._writer_of(path)
         if f is not None and f.writable():
+            before = f.version
             f.truncate(length)
             f.fsync()
+            self._committed(f, before)
         else:
             self.client.truncate(path, length)
         return 0
@@ -344,14 +380,18 @@ class PCacheOperations(mfusepy.Operations):
     def flush(self, path: str, fh: int) -> int:
         f = self._get(fh)
         if f.writable():
+            before = f.version
             f.fsync()  # close(2) returns after this: close-to-open
+            self._committed(f, before)
         return 0
 
     @translate_errors
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         f = self._get(fh)
         if f.writable():
+            before = f.version
             f.fsync()
+            self._committed(f, before)
         return 0
 
     @translate_errors
@@ -374,6 +414,25 @@ class PCacheOperations(mfusepy.Operations):
                 self.release(path, fh)
             except FuseOSError:
                 logger.warning("handle %d could not be committed at unmount", fh)
+
+
+class PCacheFuse(mfusepy.FUSE):
+    """mfusepy's FUSE, with the page-cache decision of each open made by the operations.
+
+    libfuse's ``auto_cache`` keeps pages unless a fresh getattr shows a new mtime or size, and
+    skips that getattr within ``ac_attr_timeout``: a file committed by another mount then read
+    old pages after open. Here the operations know the version each handle opened.
+    """
+
+    def open(self, path: bytes, fip) -> int:
+        ret = super().open(path, fip)
+        fip.contents.keep_cache = int(self.operations.keep_cache(fip.contents.fh))
+        return ret
+
+    def create(self, path: bytes, mode: int, fip) -> int:
+        ret = super().create(path, mode, fip)
+        fip.contents.keep_cache = int(self.operations.keep_cache(fip.contents.fh))
+        return ret
 
 
 def _now_ns() -> int:

@@ -322,6 +322,11 @@ class File(io.RawIOBase):
     def inode(self) -> int:
         return self._f.inode
 
+    @property
+    def version(self) -> int:
+        """The inode version this handle's view starts from (its open, last commit or refresh)."""
+        return self._f.version
+
     def moved(self, path: str) -> None:
         """The file was renamed to ``path`` while open (its handle keeps working)."""
         self.name = self._f.path = path

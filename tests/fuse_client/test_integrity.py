@@ -37,7 +37,15 @@ def two_mounts(fuse_ready, tmp_path_factory) -> Iterator[tuple[LocalCluster, Mou
     with LocalCluster(
         str(root / "cluster"), workers=3, master_args=FAST_MASTER, worker_args=["--worker.mem_tier_bytes=0"]
     ) as cluster:
-        opts = ("--attr-timeout", "0.5", "--entry-timeout", "0.5", f"--client.block_size={BLOCK}")
+        # no layout cache: an open sees the last commit (the interleaving model checks close-to-open)
+        opts = (
+            "--attr-timeout",
+            "0.5",
+            "--entry-timeout",
+            "0.5",
+            f"--client.block_size={BLOCK}",
+            "--client.metadata_ttl=0",
+        )
         a = Mount(cluster.master_address, root / "a", *opts).start()
         b = Mount(cluster.master_address, root / "b", *opts, f"--client.read_unit={UNIT_B}").start()
         try:
@@ -308,3 +316,137 @@ def test_a_flipped_byte_is_never_served_after_a_warm_read(two_mounts) -> None:
     with pytest.raises(OSError) as info:
         read_with(path, MiB)
     assert info.value.errno == errno.EIO
+
+
+class Model:
+    """What the mounts promise for one file of fixed size written by several handles.
+
+    Close-to-open with block-granularity merges: a handle's commit (fsync, close) lands the blocks
+    it changed unless another handle's commit changed one of them since its view, in which case it
+    fails and keeps failing; a commit adopts the merged content as the handle's view. Every byte
+    ever read was written at that offset by someone (the file starts filled with value 1, so a zero
+    is never right); a handle opened after the last commit, on a mount with no writer, reads the
+    committed content exactly; a writer reads back what it wrote.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.committed = bytearray(b"\1" * size)
+        self.gen = [0] * (size // BLOCK)  # per block: bumped by each commit that changes it
+        self.history = [{1} for _ in range(size)]  # every value each offset ever held
+        self.commits = 0
+
+    def blocks(self, off: int, n: int) -> range:
+        return range(off // BLOCK, (off + n - 1) // BLOCK + 1)
+
+
+class Handle:
+    def __init__(self, model: Model, fd: int, mount: str, writable: bool) -> None:
+        self.fd, self.mount, self.writable = fd, mount, writable
+        self.view = bytearray(model.committed)
+        self.base = list(model.gen)
+        self.dirty: set[int] = set()
+        self.mine: dict[int, int] = {}  # offset -> value this handle wrote since its last commit
+        self.opened_at = model.commits
+        self.conflicted = False
+
+
+def run_interleaving(seed: int, paths: dict[str, Path], steps: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    model = Model(4 * BLOCK)
+    name = f"model-{seed}.bin"
+    (paths["a"] / name).write_bytes(bytes(model.committed))
+    handles: list[Handle] = []
+    value = 1
+    log: list[str] = []
+
+    def writer_on(mount: str) -> Handle | None:
+        return next((h for h in handles if h.writable and h.mount == mount), None)
+
+    def commit(h: Handle, op) -> None:
+        conflict = h.conflicted or any(model.gen[i] != h.base[i] for i in h.dirty)
+        if not h.dirty:
+            op()
+            return
+        if conflict:
+            with pytest.raises(OSError) as info:
+                op()
+            assert info.value.errno == errno.ESTALE, log[-20:]
+            h.conflicted = True
+            return
+        op()
+        model.commits += 1
+        for i in h.dirty:
+            start = i * BLOCK
+            model.committed[start : start + BLOCK] = h.view[start : start + BLOCK]
+            model.gen[i] = model.commits
+        h.view, h.base, h.dirty, h.mine = bytearray(model.committed), list(model.gen), set(), {}
+
+    for _ in range(steps):
+        kinds = ["open"] if len(handles) < 4 else []
+        if handles:
+            kinds += ["write", "read", "read", "fsync", "close"]
+        kind = rng.choice(kinds)
+        if kind == "open":
+            mount = rng.choice("ab")
+            writable = writer_on(mount) is None and rng.random() < 0.6
+            fd = os.open(paths[mount] / name, os.O_RDWR if writable else os.O_RDONLY)
+            handles.append(Handle(model, fd, mount, writable))
+            log.append(f"open {mount} {'rw' if writable else 'ro'} fd={fd}")
+            continue
+        h = rng.choice(handles)
+        if kind == "write" and h.writable:
+            value = value % 254 + 2  # 2..255: never the fill value, never zero
+            n = rng.choice([1, 4096, 65536, BLOCK // 3, BLOCK + 5])
+            off = rng.randrange(0, model.size - n)
+            assert os.pwrite(h.fd, bytes([value]) * n, off) == n
+            h.view[off : off + n] = bytes([value]) * n
+            h.dirty.update(model.blocks(off, n))
+            for pos in range(off, off + n):
+                h.mine[pos] = value
+                model.history[pos].add(value)
+            log.append(f"write fd={h.fd} {off}+{n}={value}")
+        elif kind == "read":
+            n = rng.choice([4096, 131072, BLOCK, 100_003])
+            off = rng.randrange(0, model.size)
+            got = os.pread(h.fd, n, off)
+            log.append(f"read fd={h.fd} {off}+{n}")
+            assert len(got) == min(n, model.size - off), log[-20:]
+            for i, byte in enumerate(got):
+                if byte not in model.history[off + i]:
+                    raise AssertionError(f"byte {off + i} = {byte}: never written there; {log[-20:]}")
+            exact = not h.writable and h.opened_at == model.commits and writer_on(h.mount) is None
+            if exact:
+                assert got == bytes(model.committed[off : off + len(got)]), f"stale read after open; {log[-20:]}"
+            for pos, val in h.mine.items() if h.writable else ():
+                if off <= pos < off + len(got):
+                    assert got[pos - off] == val, f"a writer lost its own byte {pos}; {log[-20:]}"
+        elif kind == "fsync" and h.writable:
+            log.append(f"fsync fd={h.fd}")
+            commit(h, lambda: os.fsync(h.fd))
+        elif kind == "close":
+            log.append(f"close fd={h.fd}")
+            handles.remove(h)
+            if h.writable:
+                commit(h, lambda: os.close(h.fd))
+            else:
+                os.close(h.fd)
+    for h in list(handles):
+        handles.remove(h)
+        if h.writable:
+            commit(h, lambda: os.close(h.fd))
+        else:
+            os.close(h.fd)
+    for mount in "ab":
+        assert (paths[mount] / name).read_bytes() == bytes(model.committed), f"final content on {mount}; {log[-20:]}"
+
+
+def test_random_interleavings_of_handles_on_two_mounts_match_the_model(two_mounts) -> None:
+    _cluster, a, b = two_mounts
+    deadline = time.monotonic() + 40  # bounded in CI: as many seeds as fit
+    seed = 0
+    while seed < 3 or (time.monotonic() < deadline and seed < 40):
+        run_interleaving(seed, {"a": a.path, "b": b.path}, steps=60)
+        seed += 1

@@ -1009,3 +1009,42 @@ TestNamespaceMachineRocks = RocksNamespaceMachine.TestCase
 TestNamespaceMachineRocks.settings = settings(
     max_examples=15, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+def test_commit_merges_disjoint_writers_at_block_granularity(ns: Namespace) -> None:
+    first = write(ns, "/m", [BLOCK, BLOCK, BLOCK, 10])
+    node = ns.resolve("/m")
+    view = (node.version, list(node.blocks))
+
+    def change(index: int, length: int) -> pb.CommittedBlock:
+        return pb.CommittedBlock(block_id=ns.allocate_block(node.id)[0], length=length, replicas=["w3"])
+
+    def keep(block_id: int, length: int) -> pb.CommittedBlock:
+        return pb.CommittedBlock(block_id=block_id, length=length, replicas=["w1"])
+
+    a0 = change(0, BLOCK)
+    ns.commit_file(node.id, 3 * BLOCK + 10, [a0, keep(first[1], BLOCK), keep(first[2], BLOCK), keep(first[3], 10)],
+                   base_version=view[0], base_blocks=view[1], replace=False)  # fmt: skip
+    # a second writer from the same view changed block 2 and appended a block: merged with the first
+    b2, b4 = change(2, BLOCK), change(4, 7)
+    merged, freed = ns.commit_file(
+        node.id,
+        4 * BLOCK + 7,
+        [keep(first[0], BLOCK), keep(first[1], BLOCK), b2, keep(first[3], 10), b4],
+        base_version=view[0],
+        base_blocks=view[1],
+        replace=False,
+    )
+    assert list(merged.blocks) == [a0.block_id, first[1], b2.block_id, first[3], b4.block_id]
+    assert merged.size == 4 * BLOCK + 7 and freed_ids(freed) == [first[2]]
+    # block 3 stays 10 bytes long: the rest of its place reads as zeros
+    assert [m.length for m in ns.layout("/m")[1]] == [BLOCK, BLOCK, BLOCK, 10, 7]
+    # a third writer from the old view that changed block 0 too: conflict, nothing committed
+    c0 = change(0, BLOCK)
+    with pytest.raises(E.Conflict):
+        ns.commit_file(node.id, 3 * BLOCK + 10, [c0, keep(first[1], BLOCK), keep(first[2], BLOCK), keep(first[3], 10)],
+                       base_version=view[0], base_blocks=view[1], replace=False)  # fmt: skip
+    # a truncating writer from an old view: conflict even on blocks nobody else changed
+    with pytest.raises(E.Conflict):
+        ns.commit_file(node.id, BLOCK, [keep(first[0], BLOCK)], base_version=view[0], base_blocks=view[1], replace=True)
+    assert list(ns.resolve("/m").blocks) == list(merged.blocks) and c0.block_id in ns.pending
