@@ -405,7 +405,9 @@ class PCacheClient:
         exclude: list[str] = []
         last: PCacheError | None = None
         for _ in range(6):
-            loc = await self.master.allocate_block(inode, len(data), self.node_id, exclude)
+            # workers that stalled or failed for this client lately are left out of the pipeline
+            # (the master falls back to them only if nobody else has room)
+            loc = await self._allocate(inode, len(data), exclude)
             try:
                 stored = await self.data.write(list(loc.replicas), loc.block_id, data, crc, loc.token)
             except WRITE_RETRY_ERRORS as exc:
@@ -415,10 +417,22 @@ class PCacheClient:
                 exclude.append(loc.replicas[0].worker_id)
                 last = exc
                 continue
+            for addr in loc.replicas:
+                if addr.worker_id not in stored:  # dropped from the pipeline (stalled or failed downstream)
+                    self.data.health.suspect(addr.worker_id)
             by_id = {a.worker_id: a for a in loc.replicas}
             return loc.block_id, stored, [by_id[w] for w in stored if w in by_id]
         assert last is not None
         raise last
+
+    async def _allocate(self, inode: int, size: int, exclude: list[str]) -> pb.BlockLocation:
+        suspects = [w for w in self.data.health.suspects() if w not in exclude]
+        if suspects:
+            try:
+                return await self.master.allocate_block(inode, size, self.node_id, exclude + suspects)
+            except NoSpace:
+                pass  # only the suspects have room: better them than nothing
+        return await self.master.allocate_block(inode, size, self.node_id, exclude)
 
     async def commit(
         self,

@@ -13,7 +13,8 @@ import contextlib
 import os
 import socket
 import threading
-from collections import OrderedDict, defaultdict
+import time
+from collections import OrderedDict, defaultdict, deque
 
 from pcache.common import framing, uds
 from pcache.common.checksum import CHUNK_SIZE, crc32c
@@ -86,13 +87,62 @@ class _ScBlock:
         os.close(self.fd)
 
 
+class WorkerHealth:
+    """Workers this client saw stall or fail, tried last for every later block until they answer.
+
+    A client-wide dead-node list, as HDFS's DFSClient keeps, so one hung worker costs a reader one
+    stall, not one per block; plus the recent read latencies that set the hedging delay (Dean and
+    Barroso, "The Tail at Scale", 2013: a backup request after the 95th percentile).
+    """
+
+    def __init__(self, suspect_seconds: float) -> None:
+        self.suspect_seconds = suspect_seconds
+        self._until: dict[str, float] = {}
+        self._latencies: deque[float] = deque(maxlen=256)
+
+    def suspect(self, worker_id: str) -> None:
+        """Try ``worker_id`` last for ``suspect_seconds`` (seconds)."""
+        if worker_id:
+            self._until[worker_id] = time.monotonic() + self.suspect_seconds
+
+    def answered(self, worker_id: str, seconds: float | None = None) -> None:
+        """A request to ``worker_id`` completed (a block read: after ``seconds``): it is no suspect."""
+        self._until.pop(worker_id, None)
+        if seconds is not None:
+            self._latencies.append(seconds)
+
+    def is_suspect(self, worker_id: str) -> bool:
+        until = self._until.get(worker_id)
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self._until[worker_id]
+            return False
+        return True
+
+    def suspects(self) -> list[str]:
+        """Ids of the workers tried last right now."""
+        return [w for w in list(self._until) if self.is_suspect(w)]
+
+    def hedge_delay(self, ceiling: float) -> float:
+        """Seconds to wait for a replica before asking another: twice the p95 of recent reads,
+        at least 20 ms, at most ``ceiling`` (half the stall timeout before there are 16 samples)."""
+        if len(self._latencies) < 16:
+            return ceiling / 2
+        ordered = sorted(self._latencies)
+        p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+        return max(0.02, min(ceiling, 2 * p95))
+
+
 class DataClient:
     """Reads and writes blocks on workers."""
 
     def __init__(self, cfg: ClientConfig) -> None:
         self.cfg = cfg
+        self.health = WorkerHealth(cfg.suspect_seconds)
+        self._detached: set[asyncio.Task] = set()
         self._idle: dict[tuple[str, int], list[Conn]] = defaultdict(list)
-        self._sc_dead: set[str] = set()  # UNIX sockets that failed: use TCP
+        self._sc_dead: dict[str, float] = {}  # UNIX socket -> until when it is skipped (TCP instead)
         self._sc_open: OrderedDict[tuple[str, int], _ScBlock] = OrderedDict()
 
     # -------------------------------------------------------------- pool --
@@ -114,6 +164,8 @@ class DataClient:
 
     async def close(self) -> None:
         """Close every pooled connection and cached descriptor."""
+        for task in list(self._detached):
+            task.cancel()
         for conns in self._idle.values():
             for _, writer in conns:
                 framing.close_writer(writer)
@@ -125,12 +177,14 @@ class DataClient:
     def can_short_circuit(self, addr: pb.WorkerAddr) -> bool:
         """Whether this worker's UNIX socket is reachable from here (its path names the worker id,
         so another node's worker never aliases the local one)."""
-        return bool(
-            self.cfg.short_circuit
-            and addr.uds_path
-            and addr.uds_path not in self._sc_dead
-            and os.path.exists(addr.uds_path)
-        )
+        if not (self.cfg.short_circuit and addr.uds_path):
+            return False
+        until = self._sc_dead.get(addr.uds_path)
+        if until is not None:
+            if until > time.monotonic():
+                return False
+            del self._sc_dead[addr.uds_path]
+        return os.path.exists(addr.uds_path)
 
     # ------------------------------------------------------------- reads --
 
@@ -141,18 +195,27 @@ class DataClient:
             Unavailable, Timeout: the worker is gone or stalled.
             NotFound, CorruptBlock: the replica is missing or bad.
         """
-        conn = await self._acquire(addr)
+        started = time.monotonic()
+        try:
+            conn = await self._acquire(addr)
+        except (Unavailable, Timeout):
+            self.health.suspect(addr.worker_id)
+            raise
         ok = False
         try:
             hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length)
-            await framing.write_frame(conn[1], hdr, timeout=self.cfg.io_timeout)
-            reply, plen = await framing.read_header(conn[0], self.cfg.io_timeout)
-            data = await framing.read_exactly(conn[0], plen, self.cfg.io_timeout) if plen else b""
+            await framing.write_frame(conn[1], hdr, timeout=self.cfg.stall_timeout)
+            reply, plen = await framing.read_header(conn[0], self.cfg.stall_timeout)  # first byte
+            data = await framing.read_exactly(conn[0], plen, self.cfg.stall_timeout) if plen else b""
             ok = True
+            self.health.answered(addr.worker_id, time.monotonic() - started)
             framing.raise_if_error(reply)
             if len(data) != length:
                 raise CorruptBlock(f"block {block_id}: asked {length} bytes, got {len(data)}")
             return data
+        except (Unavailable, Timeout):
+            self.health.suspect(addr.worker_id)
+            raise
         finally:
             if ok:
                 self._release(addr, conn)
@@ -166,10 +229,15 @@ class DataClient:
         """
         sock = await self._sc_connect(addr)
         try:
-            await uds.send_frame(sock, pb.DataHeader(op=pb.SC_READ_OPEN, block_id=block_id), None, self.cfg.io_timeout)
-            reply, fd = await uds.recv_frame(sock, self.cfg.io_timeout)
+            timeout = self.cfg.stall_timeout
+            await uds.send_frame(sock, pb.DataHeader(op=pb.SC_READ_OPEN, block_id=block_id), None, timeout)
+            reply, fd = await uds.recv_frame(sock, timeout)
+        except (Unavailable, Timeout):
+            self.health.suspect(addr.worker_id)
+            raise
         finally:
             sock.close()
+        self.health.answered(addr.worker_id)
         if reply.error:
             if fd is not None:
                 os.close(fd)
@@ -201,16 +269,28 @@ class DataClient:
         if not entry.acquire():  # closed by a concurrent eviction: open afresh
             self._sc_open.pop(key, None)
             return await self.sc_read(addr, block_id, offset, length)
+        # the descriptor is released when the thread is done with it, even if this caller is
+        # cancelled first (a hedged read that lost): never close an fd a thread still reads
+        work = asyncio.ensure_future(asyncio.to_thread(entry.pread, offset, length))
+        work.add_done_callback(lambda done: self._sc_done(key, entry, done))
         try:
-            return await asyncio.to_thread(entry.pread, offset, length)
+            return await asyncio.shield(work)
         except CorruptBlock:
             self.sc_forget(addr, block_id)
             raise
-        finally:
-            entry.release()
-            if self._sc_open.get(key) is not entry:  # forgotten or evicted while in use
-                entry.close_when_idle()
-            self._sc_trim()
+
+    def _sc_done(self, key: tuple[str, int], entry: _ScBlock, done: asyncio.Future) -> None:
+        if not done.cancelled():
+            done.exception()  # retrieved here when the caller went away
+        entry.release()
+        if self._sc_open.get(key) is not entry:  # forgotten or evicted while in use
+            entry.close_when_idle()
+        self._sc_trim()
+
+    def detach(self, task: asyncio.Task) -> None:
+        """Let ``task`` (a request whose answer nobody waits for) finish in the background; cancelled at close."""
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
 
     def sc_read_open(self, uds_path: str, block_id: int, offset: int, length: int) -> bytes | None:
         """Blocking read through an already open short-circuit descriptor, from any thread.
@@ -253,7 +333,8 @@ class DataClient:
                 await loop.sock_connect(sock, addr.uds_path)
         except (OSError, TimeoutError) as exc:
             sock.close()
-            self._sc_dead.add(addr.uds_path)
+            self._sc_dead[addr.uds_path] = time.monotonic() + self.cfg.suspect_seconds
+            self.health.suspect(addr.worker_id)
             if isinstance(exc, TimeoutError):
                 raise Timeout(f"short-circuit connect to {addr.uds_path} timed out") from None
             raise Unavailable(f"short-circuit socket {addr.uds_path}: {exc}") from None
@@ -282,17 +363,25 @@ class DataClient:
         if self.can_short_circuit(head):
             with contextlib.suppress(Unavailable):
                 return await self._sc_write(head, rest, block_id, data, crc)
-        conn = await self._acquire(head)
+        try:
+            conn = await self._acquire(head)
+        except (Unavailable, Timeout):
+            self.health.suspect(head.worker_id)
+            raise
         ok = False
         try:
             hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=crc, pipeline=rest, token=token)
-            await framing.write_frame(conn[1], hdr, data, timeout=self.cfg.io_timeout + len(data) / (50 << 20))
+            await framing.write_frame_paced(conn[1], hdr, data, stall=self.cfg.stall_timeout)
             reply, plen = await framing.read_header(conn[0], self.cfg.io_timeout + len(rest) * self.cfg.io_timeout)
             if plen:
                 await framing.read_exactly(conn[0], plen, self.cfg.io_timeout)
             ok = not reply.error
+            self.health.answered(head.worker_id)
             framing.raise_if_error(reply)
             return list(reply.replicas)
+        except (Unavailable, Timeout):
+            self.health.suspect(head.worker_id)
+            raise
         finally:
             if ok:
                 self._release(head, conn)
@@ -311,10 +400,14 @@ class DataClient:
         fd: int | None = None
         try:
             timeout = self.cfg.io_timeout
-            await uds.send_frame(
-                sock, pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=block_id, length=len(data)), None, timeout
-            )
-            reply, fd = await uds.recv_frame(sock, timeout)
+            stall = self.cfg.stall_timeout
+            opener = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=block_id, length=len(data))
+            await uds.send_frame(sock, opener, None, stall)
+            try:
+                reply, fd = await uds.recv_frame(sock, stall)
+            except Timeout:
+                self.health.suspect(head.worker_id)
+                raise
             framing.raise_if_error(reply)
             if fd is None:
                 raise Unavailable("short-circuit reply carried no descriptor")

@@ -263,19 +263,9 @@ class PCacheFile:
         slot = self.slots[idx]
         errors: list[str] = []
         for attempt in range(2):
-            for addr in self._ordered(slot.locations):
-                short_circuit = self.client.data.can_short_circuit(addr)
-                try:
-                    if short_circuit:
-                        return await self.client.data.sc_read(addr, slot.block_id, offset, length)
-                    return await self.client.data.read(addr, slot.block_id, offset, length)
-                except READ_FAILOVER_ERRORS as exc:
-                    errors.append(f"{addr.worker_id}: {exc}")
-                    if short_circuit:
-                        self.client.data.sc_forget(addr, slot.block_id)
-                    if short_circuit and isinstance(exc, CorruptBlock):
-                        # over TCP the worker reports it; here only the client saw it
-                        await self._report_bad(addr.worker_id, slot.block_id)
+            data = await self._hedged(self._ordered(slot.locations), slot.block_id, offset, length, errors)
+            if data is not None:
+                return data
             if attempt == 0:
                 await self._refresh_locations()
                 slot = self.slots[idx]
@@ -283,13 +273,73 @@ class PCacheFile:
             f"{self.path}: no replica of block {slot.block_id} could be read ({'; '.join(errors) or 'no live replica'})"
         )
 
+    async def _hedged(
+        self, order: list[pb.WorkerAddr], block_id: int, offset: int, length: int, errors: list[str]
+    ) -> bytes | None:
+        """Read from ``order[0]``; when it fails, or is slower than the hedging delay, from the next.
+
+        The first good answer wins; a replica that lost the race becomes a suspect (tried last for
+        later blocks), and its request finishes or times out in the background. Returns None when
+        every replica failed (``errors`` says why). Source: hedged requests ("The Tail at Scale",
+        Dean and Barroso 2013; HDFS ``dfs.client.hedged.read.threshold.millis``).
+        """
+        data = self.client.data
+        pending: dict[asyncio.Task, pb.WorkerAddr] = {}
+        queue = list(order)
+        try:
+            while queue or pending:
+                if not pending:  # nothing in flight: the next replica
+                    addr = queue.pop(0)
+                    pending[self._read_task(addr, block_id, offset, length)] = addr
+                hedge = data.health.hedge_delay(self.cfg.stall_timeout) if self.cfg.hedge_reads and queue else None
+                done, _ = await asyncio.wait(pending, timeout=hedge, return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # slow: ask the next replica too
+                    addr = queue.pop(0)
+                    pending[self._read_task(addr, block_id, offset, length)] = addr
+                    continue
+                for task in done:
+                    addr = pending.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        for loser in pending.values():
+                            data.health.suspect(loser.worker_id)
+                        return task.result()
+                    if not isinstance(exc, READ_FAILOVER_ERRORS):
+                        raise exc
+                    errors.append(f"{addr.worker_id}: {exc}")
+            return None
+        finally:
+            for task in pending:
+                task.add_done_callback(_consume_exception)
+                data.detach(task)
+
+    def _read_task(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> asyncio.Task:
+        return asyncio.ensure_future(self._read_one(addr, block_id, offset, length))
+
+    async def _read_one(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
+        data = self.client.data
+        if not data.can_short_circuit(addr):
+            return await data.read(addr, block_id, offset, length)
+        try:
+            return await data.sc_read(addr, block_id, offset, length)
+        except READ_FAILOVER_ERRORS as exc:
+            data.sc_forget(addr, block_id)
+            if isinstance(exc, CorruptBlock):  # over TCP the worker reports it; here only the client saw it
+                await self._report_bad(addr.worker_id, block_id)
+            raise
+
     def _ordered(self, locations: list[pb.WorkerAddr]) -> list[pb.WorkerAddr]:
+        """Replicas in the order to try: local, then remote (rotated per file), suspects last."""
+        health = self.client.data.health
         local = [a for a in locations if self.client.data.can_short_circuit(a)]
         remote = [a for a in locations if a not in local]
         if remote:  # spread concurrent readers of one file over the replicas
             shift = hash((self.client.client_id, self.inode)) % len(remote)
             remote = remote[shift:] + remote[:shift]
-        return local + remote
+        ordered = local + remote
+        return [a for a in ordered if not health.is_suspect(a.worker_id)] + [
+            a for a in ordered if health.is_suspect(a.worker_id)
+        ]
 
     async def _report_bad(self, worker_id: str, block_id: int) -> None:
         try:

@@ -91,6 +91,9 @@ class WorkerConfig:
     """Serve same-host clients through file descriptors over a UNIX socket."""
     io_timeout: float = 10.0
     """Seconds a data-plane peer may stall before the connection is dropped."""
+    peer_timeout: float = 2.0
+    """Seconds a downstream replica may go without progress before a pipeline write goes on without
+    it (the block is acknowledged with fewer replicas and the master re-replicates it)."""
     block_report_interval: float = 600.0
     """Seconds between full block reports (the master deletes blocks no file references)."""
     bandwidth_limit: int = 0
@@ -110,7 +113,15 @@ class ClientConfig:
     connect_timeout: float = 3.0
     """Seconds to open a data-plane connection."""
     io_timeout: float = 10.0
-    """Seconds a data-plane request may stall."""
+    """Seconds a data-plane request may take in all."""
+    stall_timeout: float = 2.0
+    """Seconds a worker may go without progress (the first byte of a reply, accepting a write)
+    before this request goes to another replica and the worker becomes a suspect."""
+    suspect_seconds: float = 30.0
+    """Seconds a worker that stalled or failed is tried last (for every block, not only the one
+    that failed); an answer from it clears it sooner."""
+    hedge_reads: bool = True
+    """Ask a second replica when the first is slower than twice the 95th percentile of recent reads."""
     metadata_ttl: float = 1.0
     """Seconds a cached stat / block location stays valid (own writes invalidate at once)."""
     read_unit: int = 8 * MiB
@@ -233,10 +244,13 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("worker", "reserve_bytes"): (0, 1 << 60),
     ("worker", "mem_tier_bytes"): (0, 1 << 50),
     ("worker", "io_timeout"): (0.1, 3600),
+    ("worker", "peer_timeout"): (0.05, 3600),
     ("worker", "bandwidth_limit"): (0, 1 << 50),
     ("client", "rpc_timeout"): (0.1, 3600),
     ("client", "connect_timeout"): (0.05, 3600),
     ("client", "io_timeout"): (0.1, 3600),
+    ("client", "stall_timeout"): (0.05, 3600),
+    ("client", "suspect_seconds"): (0, 86400),
     ("client", "metadata_ttl"): (0, 3600),
     ("client", "read_unit"): (64 * KiB, GiB),
     ("client", "readahead_units"): (0, 64),

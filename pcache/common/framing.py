@@ -92,6 +92,32 @@ async def write_frame(
     await drain(writer, timeout)
 
 
+async def write_frame_paced(
+    writer: asyncio.StreamWriter,
+    header: pb.DataHeader,
+    payload: bytes | bytearray | memoryview,
+    *,
+    stall: float,
+    piece: int = 1 << 20,
+) -> None:
+    """Send a header and payload in ``piece``-byte slices, each drained within ``stall`` seconds.
+
+    A peer that stops reading (hung, SIGSTOPped) is found after ``stall`` seconds, not after a
+    deadline sized for the whole transfer.
+
+    Raises:
+        Unavailable: the connection broke. Timeout: a slice was not taken within ``stall`` seconds.
+    """
+    view = memoryview(payload).cast("B")
+    await write_frame(writer, header, view[:piece], payload_len=len(view), timeout=stall)
+    for offset in range(piece, len(view), piece):
+        try:
+            writer.write(view[offset : offset + piece])
+        except (ConnectionError, OSError) as exc:
+            raise Unavailable(f"connection lost: {exc}") from None
+        await drain(writer, stall)
+
+
 async def drain(writer: asyncio.StreamWriter, timeout: float) -> None:
     """Wait until the write buffer is flushed, with a deadline."""
     try:

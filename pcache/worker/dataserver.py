@@ -17,10 +17,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from pcache.common import framing
 from pcache.common.checksum import CHUNK_SIZE
-from pcache.common.errors import CorruptBlock, InvalidArgument, PCacheError, ProtocolError
+from pcache.common.errors import CorruptBlock, InvalidArgument, PCacheError, ProtocolError, Timeout, Unavailable
 from pcache.common.metrics import CRC_FAILURES, DATA_BYTES, DATA_OPS, DATA_SECONDS
 from pcache.proto import pcache_pb2 as pb
 from pcache.worker.blockstore import DiskBlockStore
@@ -29,6 +30,18 @@ from pcache.worker.memtier import MemoryTier
 logger = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = 300.0  # seconds a pooled client connection may sit unused
+
+
+STALLED_PEER_SECONDS = 10.0  # how long pipelines skip a downstream replica that stalled
+
+
+@dataclass
+class _Downstream:
+    """The connection to the next replica of a pipeline write."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    worker_id: str
 
 
 class DataServer:
@@ -43,11 +56,14 @@ class DataServer:
         io_timeout: float,
         on_corrupt: Callable[[int], Awaitable[None]],
         bandwidth_limit: float = 0.0,
+        peer_timeout: float = 2.0,
     ) -> None:
         self.worker_id = worker_id
         self.store = store
         self.tier = tier
         self.io_timeout = io_timeout
+        self.peer_timeout = peer_timeout  # a stalled downstream replica is dropped after this
+        self._stalled: dict[str, float] = {}  # downstream worker id -> until when pipelines skip it
         self.on_corrupt = on_corrupt
         self.inflight = 0
         self._throttle_until = 0.0
@@ -131,7 +147,11 @@ class DataServer:
     # ------------------------------------------------------------ writes --
 
     async def receive_block(self, header: pb.DataHeader, payload_len: int, reader: asyncio.StreamReader) -> list[str]:
-        """Store a block arriving on ``reader`` and forward it down the pipeline."""
+        """Store a block arriving on ``reader`` and forward it down the pipeline.
+
+        A downstream replica that stalls for ``peer_timeout`` seconds is dropped (the block is
+        acknowledged without it) and skipped by later pipelines for ``STALLED_PEER_SECONDS``.
+        """
         block_id = header.block_id
         writer = await asyncio.to_thread(self.store.begin_write, block_id, payload_len)
         downstream = await self._open_downstream(header, payload_len)
@@ -150,24 +170,30 @@ class DataServer:
         except BaseException:
             writer.abort()
             if downstream is not None:
-                framing.close_writer(downstream[1])
+                framing.close_writer(downstream.writer)
             raise
         DATA_BYTES.labels("write").inc(payload_len)
         for index, chunk in enumerate(staged):
             self.tier.put(block_id, index, chunk)
         replicas = [self.worker_id]
         if downstream is not None:
-            replicas += await self._downstream_ack(downstream)
+            replicas += await self._downstream_ack(downstream, len(header.pipeline))
         return replicas
 
-    async def _open_downstream(
-        self, header: pb.DataHeader, payload_len: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    def _peer_stalled(self, worker_id: str) -> None:
+        self._stalled[worker_id] = time.monotonic() + STALLED_PEER_SECONDS
+
+    async def _open_downstream(self, header: pb.DataHeader, payload_len: int) -> _Downstream | None:
         if not header.pipeline:
             return None
         nxt = header.pipeline[0]
+        if self._stalled.get(nxt.worker_id, 0.0) > time.monotonic():
+            logger.warning(
+                "block %d: downstream %s stalled lately; going on without it", header.block_id, nxt.worker_id
+            )
+            return None
         try:
-            conn = await framing.open_connection(nxt.host, nxt.port, self.io_timeout)
+            reader, writer = await framing.open_connection(nxt.host, nxt.port, self.peer_timeout)
             fwd = pb.DataHeader(
                 op=pb.WRITE_BLOCK,
                 block_id=header.block_id,
@@ -176,36 +202,37 @@ class DataServer:
                 token=header.token,
                 epoch=header.epoch,
             )
-            await framing.write_frame(conn[1], fwd, payload_len=payload_len, timeout=self.io_timeout)
-            return conn
+            await framing.write_frame(writer, fwd, payload_len=payload_len, timeout=self.peer_timeout)
+            return _Downstream(reader, writer, nxt.worker_id)
         except PCacheError as exc:
+            self._peer_stalled(nxt.worker_id)
             logger.warning(
-                "block %d: downstream %s unreachable, continuing without it: %s", header.block_id, nxt.worker_id, exc
+                "block %d: downstream %s unreachable; going on without it: %s", header.block_id, nxt.worker_id, exc
             )
             return None
 
-    async def _forward(
-        self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], chunk: bytes
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    async def _forward(self, down: _Downstream, chunk: bytes) -> _Downstream | None:
         try:
-            conn[1].write(chunk)
-            await framing.drain(conn[1], self.io_timeout)
-            return conn
+            down.writer.write(chunk)
+            await framing.drain(down.writer, self.peer_timeout)
+            return down
         except PCacheError as exc:
-            logger.warning("downstream replica failed mid-block: %s", exc)
-            framing.close_writer(conn[1])
+            self._peer_stalled(down.worker_id)
+            logger.warning("downstream replica %s failed mid-block: %s", down.worker_id, exc)
+            framing.close_writer(down.writer)
             return None
 
-    async def _downstream_ack(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> list[str]:
-        try:
-            reply, plen = await framing.read_header(conn[0], self.io_timeout)
+    async def _downstream_ack(self, down: _Downstream, hops: int) -> list[str]:
+        try:  # each hop stores (fsyncs) the block's tail and waits for its own downstream
+            reply, _plen = await framing.read_header(down.reader, self.peer_timeout * hops)
             framing.raise_if_error(reply)
             return list(reply.replicas)
         except PCacheError as exc:
-            logger.warning("downstream replica did not acknowledge: %s", exc)
+            self._peer_stalled(down.worker_id)
+            logger.warning("downstream replica %s did not acknowledge: %s", down.worker_id, exc)
             return []
         finally:
-            framing.close_writer(conn[1])
+            framing.close_writer(down.writer)
 
     # ------------------------------------------------------------- reads --
 
@@ -270,20 +297,37 @@ class DataServer:
         length: int,
         piece: Callable[[int, int], Awaitable[bytes]],
         targets: list[pb.WorkerAddr],
+        *,
+        pipeline: bool = False,
     ) -> list[str]:
-        """Stream ``length`` bytes from ``piece(offset, n)`` as a WRITE_BLOCK down ``targets``."""
+        """Stream ``length`` bytes from ``piece(offset, n)`` as a WRITE_BLOCK down ``targets``.
+
+        ``pipeline``: part of a client's write, so the first target gets ``peer_timeout`` seconds
+        to make progress (and is skipped when it stalled lately), not ``io_timeout``.
+
+        Raises:
+            Unavailable, Timeout: the first target is unreachable or stalled.
+        """
         head, rest = targets[0], list(targets[1:])
-        reader, writer = await framing.open_connection(head.host, head.port, self.io_timeout)
+        stall = self.peer_timeout if pipeline else self.io_timeout
+        if pipeline and self._stalled.get(head.worker_id, 0.0) > time.monotonic():
+            raise Unavailable(f"replica {head.worker_id} stalled lately")
         try:
-            hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=crc, pipeline=rest)
-            await framing.write_frame(writer, hdr, payload_len=length, timeout=self.io_timeout)
-            for offset in range(0, length, CHUNK_SIZE):
-                data = await piece(offset, min(CHUNK_SIZE, length - offset))
-                await self.throttle(len(data))
-                writer.write(data)
-                await framing.drain(writer, self.io_timeout)
-            reply, _ = await framing.read_header(reader, self.io_timeout * (1 + len(rest)))
-            framing.raise_if_error(reply)
-            return list(reply.replicas)
-        finally:
-            framing.close_writer(writer)
+            reader, writer = await framing.open_connection(head.host, head.port, stall)
+            try:
+                hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=crc, pipeline=rest)
+                await framing.write_frame(writer, hdr, payload_len=length, timeout=stall)
+                for offset in range(0, length, CHUNK_SIZE):
+                    data = await piece(offset, min(CHUNK_SIZE, length - offset))
+                    await self.throttle(len(data))
+                    writer.write(data)
+                    await framing.drain(writer, stall)
+                reply, _ = await framing.read_header(reader, stall * (1 + len(rest)))
+                framing.raise_if_error(reply)
+                return list(reply.replicas)
+            finally:
+                framing.close_writer(writer)
+        except (Unavailable, Timeout):
+            if pipeline:
+                self._peer_stalled(head.worker_id)
+            raise

@@ -74,6 +74,7 @@ class WorkerServer:
             self.store,
             self.tier,
             io_timeout=cfg.io_timeout,
+            peer_timeout=cfg.peer_timeout,
             on_corrupt=self.report_bad_block,
             bandwidth_limit=cfg.bandwidth_limit,
         )

@@ -164,7 +164,7 @@ class ShortCircuitServer:
             return await asyncio.to_thread(os.pread, fd, length, offset)
 
         try:
-            return await self.data.send_block(writer.block_id, writer.crc, writer.length, piece, targets)
+            return await self.data.send_block(writer.block_id, writer.crc, writer.length, piece, targets, pipeline=True)
         except PCacheError as exc:
             logger.warning("block %d: pipeline after short-circuit write failed: %s", writer.block_id, exc)
             return []

@@ -425,18 +425,18 @@ def run_interleaving(seed: int, paths: dict[str, Path], steps: int) -> None:
                     assert got[pos - off] == val, f"a writer lost its own byte {pos}; {log[-20:]}"
         elif kind == "fsync" and h.writable:
             log.append(f"fsync fd={h.fd}")
-            commit(h, lambda: os.fsync(h.fd))
+            commit(h, lambda fd=h.fd: os.fsync(fd))
         elif kind == "close":
             log.append(f"close fd={h.fd}")
             handles.remove(h)
             if h.writable:
-                commit(h, lambda: os.close(h.fd))
+                commit(h, lambda fd=h.fd: os.close(fd))
             else:
                 os.close(h.fd)
     for h in list(handles):
         handles.remove(h)
         if h.writable:
-            commit(h, lambda: os.close(h.fd))
+            commit(h, lambda fd=h.fd: os.close(fd))
         else:
             os.close(h.fd)
     for mount in "ab":
