@@ -56,9 +56,9 @@ def resolve_master(ctx: click.Context) -> str:
 
 
 def _register() -> None:
-    from pcache.cli import fs, serve, status, up
+    from pcache.cli import fs, fsck, serve, status, up
 
-    for module in (serve, up, fs, status):
+    for module in (serve, up, fs, status, fsck):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -14,7 +14,7 @@ from pcache.cli.main import resolve_master
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> int:
-    """Show the cluster's workers and block health; exit 1 if any block is missing."""
+    """Show the cluster's workers and block health; exit 1 if any block is missing or corrupt."""
     from pcache.client import Client
 
     with Client(master=resolve_master(ctx)) as pc:
@@ -28,7 +28,10 @@ def status(ctx: click.Context, as_json: bool) -> int:
     else:
         alive = sum(1 for w in st.workers if w.alive)
         click.echo(f"epoch {st.epoch}  workers {alive}/{len(st.workers)} alive  inodes {st.inodes}  blocks {st.blocks}")
-        click.echo(f"under-replicated {st.under_replicated_blocks}  missing {st.missing_blocks}")
+        click.echo(
+            f"under-replicated {st.under_replicated_blocks}  missing {st.missing_blocks}  corrupt {st.corrupt_blocks}"
+            f"  damaged files {st.damaged_files}" + ("  (pcache fsck names them)" if st.damaged_files else "")
+        )
         click.echo(
             f"{'worker':<14} {'address':<22} {'node':<16} {'state':<6} {'used':>12} {'free':>14} {'inflight':>8} {'tier hit':>8}"
         )
@@ -39,7 +42,7 @@ def status(ctx: click.Context, as_json: bool) -> int:
                 f"{info.addr.worker_id:<14} {info.addr.host + ':' + str(info.addr.port):<22} {info.addr.node_id[:16]:<16} "
                 f"{state:<6} {info.used_bytes:>12} {info.free_bytes:>14} {info.inflight:>8} {info.mem_tier_hit_ratio:>8.2f}"
             )
-    return 1 if st.missing_blocks else 0
+    return 1 if st.missing_blocks or st.corrupt_blocks else 0
 
 
 COMMANDS = [status]

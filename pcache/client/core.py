@@ -23,10 +23,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from cachetools import TTLCache
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from pcache.client.data import DataClient
 from pcache.client.file import PCacheFile, parse_mode
 from pcache.client.master import MasterClient
+from pcache.client.salvage import SalvageResult, salvage
 from pcache.common.config import ClientConfig, default_node_id
 from pcache.common.errors import (
     AlreadyExists,
@@ -327,6 +329,14 @@ class PCacheClient:
         """Workers, capacity, load and replication health."""
         return await self.master.cluster_status()
 
+    async def fsck(self, path: str = "/") -> pb.FsckReport:
+        """Files under ``path`` with corrupt, missing or under-replicated blocks (see ``pcache fsck``)."""
+        return await self.master.fsck(normalize(path))
+
+    async def salvage(self, path: str, dest: str) -> SalvageResult:
+        """Copy every readable chunk of a (damaged) file to the local file ``dest``; see :mod:`pcache.client.salvage`."""
+        return await salvage(self, path, dest)
+
     # ----------------------------------------------------------- files ---
 
     async def open(
@@ -397,11 +407,25 @@ class PCacheClient:
         """Allocate a block for ``inode`` and store ``data`` on its pipeline.
 
         Retries on another worker when the first target is dead, stalled or
-        full. Returns (block id, ids of replicas that stored it, their addresses).
+        full, and waits up to ``client.nospace_wait`` seconds when every worker
+        is full. Returns (block id, ids of replicas that stored it, their addresses).
 
         Raises:
-            NoSpace: every worker is full. Unavailable: no worker took it.
+            NoSpace: every worker stayed full. Unavailable: no worker took it.
         """
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(NoSpace),
+            stop=stop_after_delay(self.cfg.nospace_wait),
+            wait=wait_exponential(multiplier=0.1, max=2.0),
+            reraise=True,
+        ):
+            with attempt:  # deletions free space within seconds: a full cluster is waited for a little
+                return await self._write_block_once(inode, data, crc)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _write_block_once(
+        self, inode: int, data: bytes | bytearray, crc: int
+    ) -> tuple[int, list[str], list[pb.WorkerAddr]]:
         exclude: list[str] = []
         last: PCacheError | None = None
         for _ in range(6):

@@ -25,6 +25,7 @@ from pcache.proto import pcache_pb2 as pb
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 POOL_PER_WORKER = 8
 MAX_SC_FDS = 256  # short-circuit block descriptors kept open per client
+SC_SWEEP_SECONDS = 1.0  # how often cached descriptors of deleted block files are closed
 
 
 class _ScBlock:
@@ -76,6 +77,13 @@ class _ScBlock:
                 raise CorruptBlock(f"block {info.block_id}: chunk {idx} failed its CRC32C check")
         skip = offset - start
         return raw if skip == 0 and length == len(raw) else raw[skip : skip + length]
+
+    def unlinked(self) -> bool:
+        """Whether the worker deleted the block's file (the open descriptor alone keeps its space)."""
+        try:
+            return os.fstat(self.fd).st_nlink == 0
+        except OSError:
+            return True
 
     def close_when_idle(self) -> None:
         """Close now, or when the last reader releases it."""
@@ -141,6 +149,7 @@ class DataClient:
         self.cfg = cfg
         self.health = WorkerHealth(cfg.suspect_seconds)
         self._detached: set[asyncio.Task] = set()
+        self._sweeper: asyncio.Task | None = None
         self._idle: dict[tuple[str, int], list[Conn]] = defaultdict(list)
         self._sc_dead: dict[str, float] = {}  # UNIX socket -> until when it is skipped (TCP instead)
         self._sc_open: OrderedDict[tuple[str, int], _ScBlock] = OrderedDict()
@@ -166,6 +175,8 @@ class DataClient:
         """Close every pooled connection and cached descriptor."""
         for task in list(self._detached):
             task.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for conns in self._idle.values():
             for _, writer in conns:
                 framing.close_writer(writer)
@@ -265,6 +276,8 @@ class DataClient:
             entry = self._sc_open.setdefault(key, _ScBlock(fd, info))
             if entry.fd != fd:
                 os.close(fd)
+            if self._sweeper is None or self._sweeper.done():
+                self._sweeper = asyncio.ensure_future(self._sweep_unlinked())
         self._sc_open.move_to_end(key)
         if not entry.acquire():  # closed by a concurrent eviction: open afresh
             self._sc_open.pop(key, None)
@@ -315,6 +328,17 @@ class DataClient:
         entry = self._sc_open.pop((addr.uds_path, block_id), None)
         if entry is not None:
             entry.close_when_idle()
+
+    async def _sweep_unlinked(self) -> None:
+        """While descriptors are cached: every ``SC_SWEEP_SECONDS``, close those whose block file
+        the worker deleted (a deleted or replaced file), so its disk space comes back while this
+        client lives (an open descriptor keeps an unlinked file's blocks allocated)."""
+        while self._sc_open:
+            await asyncio.sleep(SC_SWEEP_SECONDS)
+            for key, entry in list(self._sc_open.items()):
+                if entry.unlinked():
+                    self._sc_open.pop(key, None)
+                    entry.close_when_idle()
 
     def _sc_trim(self) -> None:
         while len(self._sc_open) > MAX_SC_FDS:

@@ -142,6 +142,9 @@ class MasterClient:
     async def report_bad_block(self, worker_id: str, block_id: int) -> None:
         await self._call("ReportBadBlock", pb.BlockReport(header=self.header(), worker_id=worker_id, block_id=block_id))
 
+    async def fsck(self, path: str = "/") -> pb.FsckReport:
+        return await self._call("Fsck", pb.FsckRequest(header=self.header(), path=path))
+
     async def cluster_status(self) -> pb.ClusterStatus:
         status = await self._call("GetClusterStatus", pb.ClusterStatusRequest(header=self.header()))
         self.epoch = max(self.epoch, status.epoch)

@@ -146,6 +146,12 @@ class Client:
     def status(self) -> pb.ClusterStatus:
         return self._run(self.aio.status())
 
+    def fsck(self, path: str = "/") -> pb.FsckReport:
+        return self._run(self.aio.fsck(path))
+
+    def salvage(self, path: str, dest: str):
+        return self._run(self.aio.salvage(path, dest))
+
     def du(self, path: str) -> tuple[int, int, int]:
         return self._run(self.aio.du(path))
 

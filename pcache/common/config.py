@@ -96,6 +96,12 @@ class WorkerConfig:
     it (the block is acknowledged with fewer replicas and the master re-replicates it)."""
     block_report_interval: float = 600.0
     """Seconds between full block reports (the master deletes blocks no file references)."""
+    block_check_interval: float = 5.0
+    """Seconds between checks that every block file is still on disk (lost ones are reported at once)."""
+    scrub_bytes_per_s: int = 16 * MiB
+    """Bytes/s the background scrub reads to verify every block's CRC32Cs; 0 disables the scrub."""
+    scrub_interval: float = 7 * 86400.0
+    """Seconds between the starts of two full scrub passes."""
     bandwidth_limit: int = 0
     """Bytes/s the TCP data plane may move (emulates a node NIC in benchmarks); 0 = unlimited."""
     metrics_port: int = -1
@@ -120,6 +126,9 @@ class ClientConfig:
     suspect_seconds: float = 30.0
     """Seconds a worker that stalled or failed is tried last (for every block, not only the one
     that failed); an answer from it clears it sooner."""
+    nospace_wait: float = 10.0
+    """Seconds a write waits for space when every worker is full (deleted files free theirs
+    within seconds) before it fails with ENOSPC."""
     hedge_reads: bool = True
     """Ask a second replica when the first is slower than twice the 95th percentile of recent reads."""
     metadata_ttl: float = 1.0
@@ -245,12 +254,16 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("worker", "mem_tier_bytes"): (0, 1 << 50),
     ("worker", "io_timeout"): (0.1, 3600),
     ("worker", "peer_timeout"): (0.05, 3600),
+    ("worker", "block_check_interval"): (0.05, 86400),
+    ("worker", "scrub_bytes_per_s"): (0, 1 << 40),
+    ("worker", "scrub_interval"): (0.1, 365 * 86400),
     ("worker", "bandwidth_limit"): (0, 1 << 50),
     ("client", "rpc_timeout"): (0.1, 3600),
     ("client", "connect_timeout"): (0.05, 3600),
     ("client", "io_timeout"): (0.1, 3600),
     ("client", "stall_timeout"): (0.05, 3600),
     ("client", "suspect_seconds"): (0, 86400),
+    ("client", "nospace_wait"): (0, 3600),
     ("client", "metadata_ttl"): (0, 3600),
     ("client", "read_unit"): (64 * KiB, GiB),
     ("client", "readahead_units"): (0, 64),

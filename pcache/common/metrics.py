@@ -46,6 +46,21 @@ MASTER_WORKERS = Gauge("pcache_master_live_workers", "Workers currently alive.",
 MASTER_UNDER_REPLICATED = Gauge(
     "pcache_master_under_replicated_blocks", "Blocks below their replica target.", registry=_MASTER
 )
+MASTER_MISSING = Gauge("pcache_master_missing_blocks", "Blocks with no copy on a live worker.", registry=_MASTER)
+MASTER_CORRUPT = Gauge(
+    "pcache_master_corrupt_blocks", "Blocks with no good replica, only quarantined copies.", registry=_MASTER
+)
+MASTER_DAMAGED_FILES = Gauge(
+    "pcache_master_damaged_files", "Files with a corrupt or missing block (pcache fsck names them).", registry=_MASTER
+)
+MASTER_BAD_REPLICAS = Counter(
+    "pcache_master_corrupt_replicas_total",
+    "Replicas reported failing their CRC32C, by workers, same-host readers and scrubs alike.",
+    registry=_MASTER,
+)
+MASTER_LOST_REPLICAS = Counter(
+    "pcache_master_lost_replicas_total", "Replicas whose block file a worker found gone.", registry=_MASTER
+)
 
 DATA_OPS = Counter("pcache_worker_ops_total", "Data-plane requests served.", ["op"], registry=_WORKER)
 DATA_BYTES = Counter(
@@ -65,6 +80,15 @@ TIER_HIT_RATIO = Gauge(
 )
 TIER_BYTES = Gauge("pcache_worker_mem_tier_bytes", "Bytes held by the memory tier.", registry=_WORKER)
 CRC_FAILURES = Counter("pcache_worker_crc_failures_total", "Chunks that failed their CRC32C check.", registry=_WORKER)
+SCRUB_BYTES = Counter("pcache_worker_scrub_bytes_total", "Block bytes the scrub read and verified.", registry=_WORKER)
+SCRUB_CORRUPT = Counter(
+    "pcache_worker_scrub_corrupt_total", "Blocks the scrub found failing their CRC32C.", registry=_WORKER
+)
+LOST_BLOCKS = Counter(
+    "pcache_worker_lost_blocks_total",
+    "Block files found gone from the disk (reported to the master).",
+    registry=_WORKER,
+)
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1", *, role: Literal["master", "worker"]) -> int | None:

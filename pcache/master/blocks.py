@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+from pcache.common.metrics import MASTER_BAD_REPLICAS, MASTER_LOST_REPLICAS
 from pcache.master.namespace import HOLE, Freed, Namespace
 from pcache.master.registry import WorkerRegistry, WorkerState
 from pcache.proto import pcache_pb2 as pb
@@ -31,9 +32,15 @@ class BlockManager:
         self.by_worker: dict[str, set[int]] = {}
         self.under: set[int] = set()
         self.inflight: dict[int, float] = {}  # block -> time a REPLICATE was issued
+        # block -> workers holding a copy that failed its CRC. Kept (evidence, and often mostly
+        # good: `pcache fsck --salvage` reads its good chunks), never served, and deleted only once
+        # good replicas are back (HDFS likewise never deletes the last replica, even corrupt).
+        self.quarantined: dict[int, set[str]] = {}
         self.corrupt: dict[int, set[str]] = {}  # block -> workers told to delete a bad copy
         for meta in ns.iter_blocks():
             self._track(meta.block_id, set(meta.replicas), meta.replication or 1)
+            if meta.quarantined:
+                self.quarantined[meta.block_id] = set(meta.quarantined)
         # until workers report in, every replica is unconfirmed
         self.under.update(self.locations)
 
@@ -72,6 +79,7 @@ class BlockManager:
             self.under.discard(meta.block_id)
             self.inflight.pop(meta.block_id, None)
             self.corrupt.pop(meta.block_id, None)
+            replicas |= self.quarantined.pop(meta.block_id, set())  # the file is gone: so is the evidence
             for wid in replicas:
                 self.by_worker.get(wid, set()).discard(meta.block_id)
                 self._command(wid, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=meta.block_id))
@@ -80,6 +88,8 @@ class BlockManager:
         """Reconcile a full block report: adopt known blocks, delete orphans."""
         have = set(reported)
         for block_id in have:
+            if worker_id in self.quarantined.get(block_id, ()):
+                continue  # its bad copy stays out of service
             if block_id in self.locations:
                 if worker_id not in self.locations[block_id]:
                     self.locations[block_id].add(worker_id)
@@ -91,6 +101,19 @@ class BlockManager:
         for block_id in list(self.by_worker.get(worker_id, ())):
             if block_id not in have:
                 self._drop_replica(block_id, worker_id)
+        for block_id, holders in list(self.quarantined.items()):
+            if worker_id in holders and block_id not in have:
+                self._unquarantine(block_id, worker_id)
+
+    def lost(self, worker_id: str, block_ids: list[int]) -> None:
+        """A worker found these block files gone (incremental report): re-replicate from others."""
+        for block_id in block_ids:
+            if worker_id in self.locations.get(block_id, ()):
+                logger.warning("block %d: the copy on %s is lost; repairing", block_id, worker_id)
+                MASTER_LOST_REPLICAS.inc()
+                self._drop_replica(block_id, worker_id)
+            if worker_id in self.quarantined.get(block_id, ()):
+                self._unquarantine(block_id, worker_id)
 
     def worker_died(self, worker_id: str) -> None:
         """Forget every replica on a dead worker; its blocks become under-replicated."""
@@ -110,12 +133,38 @@ class BlockManager:
         self._check(block_id)
 
     def bad_block(self, worker_id: str, block_id: int) -> None:
-        """A replica failed its CRC: drop and delete it, then re-replicate from a good one."""
-        logger.warning("corrupt replica of block %d on %s: repairing", block_id, worker_id)
-        if block_id in self.locations:
-            self._drop_replica(block_id, worker_id)
-            self.corrupt.setdefault(block_id, set()).add(worker_id)
-        self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
+        """A replica failed its CRC: quarantine it (out of service, kept) and re-replicate from a
+        good one; the bad copy is deleted once the block has its good replicas back."""
+        if block_id not in self.locations:
+            if block_id not in self.ns.pending:  # no file has it: an orphan
+                self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
+            return
+        if worker_id in self.quarantined.get(block_id, ()):
+            return
+        logger.warning("corrupt replica of block %d on %s: quarantined; repairing", block_id, worker_id)
+        MASTER_BAD_REPLICAS.inc()
+        self.locations[block_id].discard(worker_id)
+        self.by_worker.get(worker_id, set()).discard(block_id)
+        self.quarantined.setdefault(block_id, set()).add(worker_id)
+        self.under.add(block_id)
+        self._persist(block_id)
+        if not self.live_replicas(block_id):
+            logger.error("block %d has no good replica left: its copies are kept for salvage", block_id)
+        self._check(block_id)
+
+    def _unquarantine(self, block_id: int, worker_id: str) -> None:
+        holders = self.quarantined.get(block_id, set())
+        holders.discard(worker_id)
+        if not holders:
+            self.quarantined.pop(block_id, None)
+        self._persist(block_id)
+
+    def _release_quarantine(self, block_id: int) -> None:
+        """Delete the bad copies of a block that has good replicas again."""
+        for wid in self.quarantined.pop(block_id, set()):
+            self.corrupt.setdefault(block_id, set()).add(wid)
+            self._command(wid, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
+        self._persist(block_id)
 
     # ------------------------------------------------------------- work --
 
@@ -142,8 +191,13 @@ class BlockManager:
             meta = self.ns.get_block(block_id)
             size = meta.length if meta else 0
             holders = [w.worker_id for w in live] + list(self.locations[block_id])
-            targets = self.registry.choose(want - len(live), size=size, exclude=holders + self._deleting(block_id))
+            bad = list(self.quarantined.get(block_id, ()))
+            targets = self.registry.choose(
+                want - len(live), size=size, exclude=holders + bad + self._deleting(block_id)
+            )
             if not targets:
+                if bad:  # only the bad copies' workers could take it: replace those copies
+                    self._release_quarantine(block_id)
                 continue
             source = min(live, key=lambda w: w.load())
             source.commands.append(
@@ -156,8 +210,25 @@ class BlockManager:
         return issued
 
     def missing(self) -> int:
-        """Blocks with no live replica."""
-        return sum(1 for b in self.under if b in self.locations and not self.live_replicas(b))
+        """Blocks with no copy at all on a live worker (not even a quarantined one)."""
+        return sum(1 for b in self.unreadable() if not self.quarantined_live(b))
+
+    def corrupt_blocks(self) -> int:
+        """Blocks with no good replica but a quarantined copy: damaged, salvageable in part."""
+        return sum(1 for b in self.unreadable() if self.quarantined_live(b))
+
+    def unreadable(self) -> list[int]:
+        """Blocks of files with no good live replica."""
+        return [b for b in self.under if b in self.locations and not self.live_replicas(b)]
+
+    def quarantined_live(self, block_id: int) -> list[WorkerState]:
+        """Alive workers holding a quarantined copy of ``block_id``."""
+        out = []
+        for wid in self.quarantined.get(block_id, ()):
+            state = self.registry.get_alive(wid)
+            if state is not None:
+                out.append(state)
+        return out
 
     def under_replicated(self) -> int:
         """Blocks with fewer live replicas than their target (capped by the live workers)."""
@@ -196,9 +267,13 @@ class BlockManager:
         if len(self.live_replicas(block_id)) >= self.target.get(block_id, 1):
             self.under.discard(block_id)
             self.inflight.pop(block_id, None)
+            if block_id in self.quarantined:
+                self._release_quarantine(block_id)
 
     def _persist(self, block_id: int) -> None:
-        self.ns.set_replicas(block_id, sorted(self.locations.get(block_id, ())))
+        self.ns.set_replicas(
+            block_id, sorted(self.locations.get(block_id, ())), sorted(self.quarantined.get(block_id, ()))
+        )
 
     def _command(self, worker_id: str, cmd: pb.WorkerCommand) -> None:
         state = self.registry.workers.get(worker_id)

@@ -479,6 +479,30 @@ class Namespace:
 
     # ------------------------------------------------------------- blocks --
 
+    def walk(self, path: str = "/") -> Iterable[tuple[str, pb.Inode]]:
+        """Every regular file under ``path`` (or ``path`` itself) as (path, inode), depth first.
+
+        Raises:
+            NotFound: no such path.
+        """
+        node = self.resolve(path)
+        if node.type == pb.REGULAR:
+            yield path, node
+            return
+        if node.type != pb.DIRECTORY:
+            return
+        stack = [(path.rstrip("/"), node.id)]
+        while stack:
+            base, ino = stack.pop()
+            prefix = b"d" + U64.pack(ino)
+            for key, raw in self.store.scan(prefix, None):
+                child = self._get_inode(U64.unpack(raw)[0])
+                child_path = f"{base}/{key[len(prefix) :].decode('utf-8', 'surrogateescape')}"
+                if child.type == pb.DIRECTORY:
+                    stack.append((child_path, child.id))
+                elif child.type == pb.REGULAR:
+                    yield child_path, child
+
     def layout(self, path: str = "", inode: int = 0) -> tuple[pb.Inode, list[pb.BlockMeta]]:
         """Return a file's inode and its block records in file order.
 
@@ -653,13 +677,18 @@ class Namespace:
         node.name = name
         return Freed(freed)
 
-    def set_replicas(self, block_id: int, replicas: list[str]) -> pb.BlockMeta | None:
-        """Record the live replica set of a block; None if the block is gone."""
+    def set_replicas(
+        self, block_id: int, replicas: list[str], quarantined: list[str] | None = None
+    ) -> pb.BlockMeta | None:
+        """Record the live replica set of a block (and the workers holding quarantined copies);
+        None if the block is gone."""
         meta = self.get_block(block_id)
         if meta is None:
             return None
         del meta.replicas[:]
         meta.replicas.extend(replicas)
+        del meta.quarantined[:]
+        meta.quarantined.extend(quarantined or [])
         self.store.write([(_bkey(block_id), meta.SerializeToString())])
         return meta
 

@@ -12,9 +12,17 @@ import time
 import grpc
 
 from pcache.common.config import MasterConfig, describe
-from pcache.common.metrics import MASTER_UNDER_REPLICATED, MASTER_WORKERS, serve_metrics
+from pcache.common.metrics import (
+    MASTER_CORRUPT,
+    MASTER_DAMAGED_FILES,
+    MASTER_MISSING,
+    MASTER_UNDER_REPLICATED,
+    MASTER_WORKERS,
+    serve_metrics,
+)
 from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import channel_options
+from pcache.master import fsck
 from pcache.master.blocks import BlockManager
 from pcache.master.metastore import MetaStore, open_metastore
 from pcache.master.namespace import Namespace
@@ -99,7 +107,10 @@ class MasterServer:
             if when < horizon:
                 del self.ns.pending[block_id]
         MASTER_WORKERS.set(len(self.registry.alive()))
-        MASTER_UNDER_REPLICATED.set(len(self.blocks.under))
+        MASTER_UNDER_REPLICATED.set(self.blocks.under_replicated())  # the figure `pcache status` shows
+        MASTER_MISSING.set(self.blocks.missing())
+        MASTER_CORRUPT.set(self.blocks.corrupt_blocks())
+        MASTER_DAMAGED_FILES.set(fsck.damaged_files(self.ns, self.blocks))
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop serving and close the metastore."""

@@ -14,6 +14,7 @@ import grpc
 from pcache.common import errors as E
 from pcache.common.metrics import RPC_SECONDS
 from pcache.common.rpc import rpc_method
+from pcache.master import fsck
 from pcache.master.blocks import BlockManager
 from pcache.master.namespace import Namespace
 from pcache.master.registry import WorkerRegistry
@@ -224,6 +225,20 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.Empty()
 
     @rpc_method
+    async def ReportBlocks(self, request: pb.IncrementalBlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
+        self._check(request.header, "ReportBlocks")
+        self.blocks.lost(request.worker_id, list(request.lost))
+        for block_id in request.corrupt:
+            self.blocks.bad_block(request.worker_id, block_id)
+        return pb.Empty()
+
+    @rpc_method
+    async def Fsck(self, request: pb.FsckRequest, context: grpc.aio.ServicerContext) -> pb.FsckReport:
+        self._check(request.header, "Fsck")
+        with RPC_SECONDS.labels("Fsck").time():
+            return fsck.check(self.ns, self.blocks, request.path or "/")
+
+    @rpc_method
     async def GetClusterStatus(
         self, request: pb.ClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.ClusterStatus:
@@ -242,4 +257,6 @@ class MasterServicer(pb_grpc.MasterServicer):
             blocks=nblocks,
             default_replication=self.ns.default_replication,
             default_block_size=self.ns.default_block_size,
+            corrupt_blocks=self.blocks.corrupt_blocks(),
+            damaged_files=fsck.damaged_files(self.ns, self.blocks),
         )

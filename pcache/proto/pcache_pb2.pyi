@@ -121,20 +121,22 @@ class Inode(_message.Message):
     def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ...) -> None: ...
 
 class BlockMeta(_message.Message):
-    __slots__ = ("block_id", "inode", "length", "crc32c", "replicas", "replication")
+    __slots__ = ("block_id", "inode", "length", "crc32c", "replicas", "replication", "quarantined")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     inode: int
     length: int
     crc32c: int
     replicas: _containers.RepeatedScalarFieldContainer[str]
     replication: int
-    def __init__(self, block_id: _Optional[int] = ..., inode: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., replication: _Optional[int] = ...) -> None: ...
+    quarantined: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, block_id: _Optional[int] = ..., inode: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., replication: _Optional[int] = ..., quarantined: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BlockLocation(_message.Message):
     __slots__ = ("block_id", "offset", "length", "crc32c", "replicas", "token")
@@ -466,7 +468,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size")
+    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size", "corrupt_blocks", "damaged_files")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     UNDER_REPLICATED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -475,6 +477,8 @@ class ClusterStatus(_message.Message):
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_REPLICATION_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_FILES_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     under_replicated_blocks: int
@@ -483,7 +487,61 @@ class ClusterStatus(_message.Message):
     blocks: int
     default_replication: int
     default_block_size: int
-    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ...) -> None: ...
+    corrupt_blocks: int
+    damaged_files: int
+    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., damaged_files: _Optional[int] = ...) -> None: ...
+
+class FsckRequest(_message.Message):
+    __slots__ = ("header", "path")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    path: str
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
+
+class DamagedBlock(_message.Message):
+    __slots__ = ("path", "index", "block_id", "offset", "length", "state", "good", "quarantined", "crc32c")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GOOD_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    index: int
+    block_id: int
+    offset: int
+    length: int
+    state: str
+    good: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
+    quarantined: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
+    crc32c: int
+    def __init__(self, path: _Optional[str] = ..., index: _Optional[int] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., state: _Optional[str] = ..., good: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., quarantined: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., crc32c: _Optional[int] = ...) -> None: ...
+
+class FsckReport(_message.Message):
+    __slots__ = ("files", "blocks", "damaged")
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_FIELD_NUMBER: _ClassVar[int]
+    files: int
+    blocks: int
+    damaged: _containers.RepeatedCompositeFieldContainer[DamagedBlock]
+    def __init__(self, files: _Optional[int] = ..., blocks: _Optional[int] = ..., damaged: _Optional[_Iterable[_Union[DamagedBlock, _Mapping]]] = ...) -> None: ...
+
+class IncrementalBlockReport(_message.Message):
+    __slots__ = ("header", "worker_id", "lost", "corrupt")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    worker_id: str
+    lost: _containers.RepeatedScalarFieldContainer[int]
+    corrupt: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., lost: _Optional[_Iterable[int]] = ..., corrupt: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

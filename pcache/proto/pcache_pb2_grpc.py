@@ -114,6 +114,16 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.ClusterStatus.FromString,
                 _registered_method=True)
+        self.Fsck = channel.unary_unary(
+                '/pcache.Master/Fsck',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.FsckRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.FsckReport.FromString,
+                _registered_method=True)
+        self.ReportBlocks = channel.unary_unary(
+                '/pcache.Master/ReportBlocks',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.IncrementalBlockReport.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -215,6 +225,18 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Fsck(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportBlocks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -297,6 +319,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.GetClusterStatus,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.ClusterStatus.SerializeToString,
+            ),
+            'Fsck': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fsck,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.FsckRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.FsckReport.SerializeToString,
+            ),
+            'ReportBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportBlocks,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.IncrementalBlockReport.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -731,6 +763,60 @@ class Master:
             '/pcache.Master/GetClusterStatus',
             pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.ClusterStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fsck(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/Fsck',
+            pcache_dot_proto_dot_pcache__pb2.FsckRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.FsckReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/ReportBlocks',
+            pcache_dot_proto_dot_pcache__pb2.IncrementalBlockReport.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

@@ -358,3 +358,28 @@ class DiskBlockStore:
     def block_ids(self) -> list[int]:
         """Every block file present."""
         return self._scan()
+
+    def open_read(self, block_id: int) -> int:
+        """A read-only descriptor of the block's file (the caller closes it).
+
+        Raises:
+            NotFound: the file is gone.
+        """
+        try:
+            return os.open(self.block_path(block_id), os.O_RDONLY)
+        except FileNotFoundError:
+            raise NotFound(f"block {block_id} data file is missing") from None
+
+    def forget(self, block_id: int) -> bool:
+        """Drop the record of a block whose file vanished behind the store's back; True if it had one."""
+        with self._lock:
+            info = self._infos.pop(block_id, None)
+            if info is not None:
+                self.used_bytes -= info.length
+        return info is not None
+
+    def vanished(self) -> list[int]:
+        """Blocks the store holds a record of whose file is gone (forgotten as they are found)."""
+        present = set(self._scan())
+        gone = [b for b in list(self._infos) if b not in present and not os.path.exists(self.block_path(b))]
+        return [b for b in gone if self.forget(b)]

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 
 from pcache.common import framing
 from pcache.common.checksum import CHUNK_SIZE
-from pcache.common.errors import CorruptBlock, InvalidArgument, PCacheError, ProtocolError, Timeout, Unavailable
+from pcache.common.errors import (
+    CorruptBlock,
+    InvalidArgument,
+    NotFound,
+    PCacheError,
+    ProtocolError,
+    Timeout,
+    Unavailable,
+)
 from pcache.common.metrics import CRC_FAILURES, DATA_BYTES, DATA_OPS, DATA_SECONDS
 from pcache.proto import pcache_pb2 as pb
 from pcache.worker.blockstore import DiskBlockStore
@@ -57,6 +65,7 @@ class DataServer:
         on_corrupt: Callable[[int], Awaitable[None]],
         bandwidth_limit: float = 0.0,
         peer_timeout: float = 2.0,
+        on_lost: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.store = store
@@ -65,6 +74,7 @@ class DataServer:
         self.peer_timeout = peer_timeout  # a stalled downstream replica is dropped after this
         self._stalled: dict[str, float] = {}  # downstream worker id -> until when pipelines skip it
         self.on_corrupt = on_corrupt
+        self.on_lost = on_lost
         self.inflight = 0
         self._throttle_until = 0.0
         self.bandwidth_limit = bandwidth_limit  # bytes/s, 0 = unlimited
@@ -254,6 +264,9 @@ class DataServer:
             lo, hi = missing[0], missing[-1]
             try:
                 loaded = await asyncio.to_thread(self.store.read_chunks, block_id, lo, hi)
+            except NotFound:
+                await self.lost(block_id)
+                raise
             except CorruptBlock:
                 CRC_FAILURES.inc()
                 self.tier.drop(block_id)
@@ -267,6 +280,15 @@ class DataServer:
         joined = b"".join(c for c in chunks if c is not None)
         skip = offset - first * CHUNK_SIZE
         return joined[skip : skip + length], info
+
+    async def lost(self, block_id: int) -> None:
+        """A block's file vanished under a read: tell the master (best effort)."""
+        self.tier.drop(block_id)
+        if self.on_lost is not None:
+            try:
+                await self.on_lost(block_id)
+            except PCacheError as exc:
+                logger.warning("cannot report lost block %d: %s", block_id, exc)
 
     async def delete(self, block_id: int) -> bool:
         """Drop a block from the tier and the disk."""

@@ -20,7 +20,7 @@ import grpc
 
 from pcache.common.config import WorkerConfig, default_node_id, describe
 from pcache.common.errors import InvalidArgument, NotFound, PCacheError
-from pcache.common.metrics import serve_metrics
+from pcache.common.metrics import LOST_BLOCKS, serve_metrics
 from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import call, channel_options
 from pcache.proto import pcache_pb2 as pb
@@ -28,6 +28,7 @@ from pcache.proto import pcache_pb2_grpc as pb_grpc
 from pcache.worker.blockstore import DiskBlockStore
 from pcache.worker.dataserver import DataServer
 from pcache.worker.memtier import MemoryTier
+from pcache.worker.scrub import BlockChecker
 from pcache.worker.shortcircuit import ShortCircuitServer
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,15 @@ class WorkerServer:
             io_timeout=cfg.io_timeout,
             peer_timeout=cfg.peer_timeout,
             on_corrupt=self.report_bad_block,
+            on_lost=self.report_lost,
             bandwidth_limit=cfg.bandwidth_limit,
+        )
+        self.checker = BlockChecker(
+            self.store,
+            self.report_blocks,
+            check_interval=cfg.block_check_interval,
+            scrub_bytes_per_s=cfg.scrub_bytes_per_s,
+            scrub_interval=cfg.scrub_interval,
         )
         # the socket's name carries the worker id: clients treat a worker as local when its advertised
         # socket exists, so two nodes with the same data_dir path must not advertise the same path
@@ -106,6 +115,9 @@ class WorkerServer:
         self.channel = grpc.aio.insecure_channel(self.cfg.master, options=channel_options())
         self.stub = pb_grpc.MasterStub(self.channel)
         self._spawn(self.heartbeat_loop())
+        self._spawn(self.checker.run_presence_checks())
+        if self.cfg.scrub_bytes_per_s > 0:
+            self._spawn(self.checker.run_scrub())
         logger.info(
             "worker %s on %s:%d node=%s capacity=%d blocks=%d",
             self.worker_id, self.advertised_host, self.port, self.node_id, self.store.capacity_bytes, len(self.store.block_ids()),
@@ -217,6 +229,23 @@ class WorkerServer:
             logger.info("command %s for block %d: block not here", cmd.kind, cmd.block_id)
         except PCacheError as exc:
             logger.warning("command %s for block %d failed: %s", cmd.kind, cmd.block_id, exc)
+
+    async def report_blocks(self, lost: list[int], corrupt: list[int]) -> None:
+        """Incremental block report: block files gone and blocks failing their CRCs."""
+        assert self.stub is not None
+        await call(
+            self.stub.ReportBlocks,
+            pb.IncrementalBlockReport(header=self._header(), worker_id=self.worker_id, lost=lost, corrupt=corrupt),
+            timeout=RPC_TIMEOUT,
+            target="master",
+        )
+
+    async def report_lost(self, block_id: int) -> None:
+        """A read found a block's file gone: forget it and tell the master (it re-replicates)."""
+        if self.store.forget(block_id):
+            LOST_BLOCKS.inc()
+            logger.error("block %d: its file is gone; reporting it lost", block_id)
+            await self.report_blocks([block_id], [])
 
     async def report_bad_block(self, block_id: int) -> None:
         """Tell the master a local replica failed its CRC (it deletes and re-replicates)."""

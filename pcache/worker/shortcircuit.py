@@ -25,7 +25,7 @@ import socket
 import uuid
 
 from pcache.common import uds
-from pcache.common.errors import CorruptBlock, InvalidArgument, PCacheError, ProtocolError
+from pcache.common.errors import CorruptBlock, InvalidArgument, NotFound, PCacheError, ProtocolError
 from pcache.common.metrics import DATA_BYTES, DATA_OPS
 from pcache.proto import pcache_pb2 as pb
 from pcache.worker.blockstore import BlockWriter
@@ -113,7 +113,11 @@ class ShortCircuitServer:
         store = self.data.store
         if header.op == pb.SC_READ_OPEN:
             info = await asyncio.to_thread(store.info, header.block_id)
-            fd = os.open(store.block_path(header.block_id), os.O_RDONLY)
+            try:
+                fd = store.open_read(header.block_id)
+            except NotFound:
+                await self.data.lost(header.block_id)
+                raise
             reply = pb.DataHeader(
                 op=pb.RESPONSE,
                 block_id=info.block_id,

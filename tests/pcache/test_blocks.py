@@ -153,40 +153,52 @@ def test_block_received_for_unknown_block_is_deleted(c: Cluster) -> None:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_bad_block_deletes_the_replica_and_repairs(seed: int) -> None:
+def test_bad_block_is_quarantined_repaired_then_deleted(seed: int) -> None:
     c = Cluster(seed=seed)
     (b,) = c.write("/f", [["w1", "w2"]])
     c.bm.bad_block("w1", b)
     assert c.bm.locations[b] == {"w2"} and c.stored_replicas(b) == ["w2"]
-    assert c.bm.under == {b}
-    assert c.reg.workers["w1"].commands == [pb.WorkerCommand(kind=DELETE, block_id=b)]
+    assert c.bm.under == {b} and list(c.ns.get_block(b).quarantined) == ["w1"]
+    assert c.reg.workers["w1"].commands == []  # kept until a good replica is back
     assert c.bm.schedule() == 1
     ((kind, block, targets),) = c.take("w2")
     assert (kind, block) == (REPLICATE, b)
-    # not onto the worker whose corrupt copy is about to be deleted: that DELETE could land after the copy
-    assert targets[0] in ("w3", "w4")
-    assert c.take("w1") == [(DELETE, b, [])]
+    assert targets[0] in ("w3", "w4")  # never onto the worker holding the bad copy
+    assert c.take("w1") == []
     c.bm.block_received(targets[0], b)
     assert c.bm.under == set() and c.stored_replicas(b) == sorted(["w2", targets[0]])
+    assert c.take("w1") == [(DELETE, b, [])]  # good replicas are back: now the bad copy goes
+    assert list(c.ns.get_block(b).quarantined) == []
 
 
-def test_bad_block_target_waits_for_the_delete_to_be_sent() -> None:
+def test_bad_block_with_no_other_target_replaces_the_bad_copy() -> None:
     """With only two workers the repaired copy must go back to the bad one, after its DELETE left."""
     c = Cluster(workers=2)
     (b,) = c.write("/f", [["w1", "w2"]])
     c.bm.bad_block("w1", b)
-    assert c.bm.schedule() == 0  # the DELETE is still queued on w1
+    assert c.bm.schedule() == 0  # no target but w1: its bad copy is released (a good one exists)
     assert c.take("w1") == [(DELETE, b, [])]
     assert c.bm.schedule() == 1
     assert c.take("w2") == [(REPLICATE, b, ["w1"])]
 
 
-def test_bad_block_of_the_last_replica(c: Cluster) -> None:
-    (b,) = c.write("/f", [["w1"]], replication=1)
+def test_the_last_copies_of_a_block_are_never_deleted(c: Cluster) -> None:
+    (b,) = c.write("/f", [["w1", "w2"]])
     c.bm.bad_block("w1", b)
-    assert c.bm.missing() == 1 and c.bm.under_replicated() == 1
-    assert c.bm.schedule() == 0  # nothing to copy from
-    assert c.take_all() == {"w1": [(DELETE, b, [])]}
+    c.bm.bad_block("w2", b)
+    assert c.bm.missing() == 0 and c.bm.corrupt_blocks() == 1 and c.bm.under_replicated() == 1
+    assert c.bm.schedule() == 0  # nothing good to copy from
+    assert c.take_all() == {}  # and nothing deleted
+    assert sorted(c.ns.get_block(b).quarantined) == ["w1", "w2"]
+    # a restarted master keeps them quarantined, and a full block report does not bring them back
+    bm = BlockManager(c.ns, c.reg, replication_timeout=30.0)
+    assert bm.quarantined == {b: {"w1", "w2"}}
+    bm.worker_registered("w1", [b])
+    assert bm.locations[b] == set() and bm.corrupt_blocks() == 1
+    # deleting the file deletes the evidence too
+    freed = c.ns.delete("/f")
+    c.bm.freed(freed)
+    assert c.take_all() == {"w1": [(DELETE, b, [])], "w2": [(DELETE, b, [])]}
 
 
 def test_bad_block_of_unknown_block_only_deletes(c: Cluster) -> None:

@@ -1,0 +1,59 @@
+"""``pcache fsck``: find files with corrupt, missing or under-replicated blocks; salvage one."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from google.protobuf.json_format import MessageToDict
+
+from pcache.cli.main import resolve_master
+
+
+@click.command(
+    epilog="Examples: pcache fsck /ckpt ; pcache fsck /ckpt/step-100/shard-0.distcp --salvage ./shard-0.distcp"
+)
+@click.argument("path", default="/")
+@click.option(
+    "--salvage",
+    "dest",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Copy the readable chunks of the file PATH here.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def fsck(ctx: click.Context, path: str, dest: str | None, as_json: bool) -> int:
+    """Check the files under PATH; exit 1 if any block is corrupt or missing."""
+    from pcache.client import Client
+
+    with Client(master=resolve_master(ctx)) as pc:
+        report = pc.fsck(path)
+        result = pc.salvage(path, dest) if dest else None
+    damaged = [d for d in report.damaged if d.state in ("corrupt", "missing")]
+    if as_json:
+        out = MessageToDict(report, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        if result is not None:
+            out["salvage"] = {"dest": dest, "size": result.size, "lost": [list(r) for r in result.lost]}
+        click.echo(json.dumps(out, indent=2))
+    else:
+        for d in report.damaged:
+            holders = ",".join(a.worker_id for a in d.good) or "-"
+            bad = ",".join(a.worker_id for a in d.quarantined) or "-"
+            click.echo(
+                f"{d.state.upper():<17} {d.path}  block {d.index} (id {d.block_id}, bytes {d.offset}+{d.length})"
+                f"  good: {holders}  quarantined: {bad}"
+            )
+        files = len({d.path for d in damaged})
+        click.echo(
+            f"{report.files} files, {report.blocks} blocks: {len(damaged)} damaged blocks in {files} files,"
+            f" {len(report.damaged) - len(damaged)} under-replicated"
+        )
+        if result is not None:
+            click.echo(
+                f"salvaged {path} -> {dest}: {result.size - result.lost_bytes} of {result.size} bytes;"
+                f" lost (zeros): {', '.join(f'{o}+{n}' for o, n in result.lost) or 'none'}"
+            )
+    return 1 if damaged or (result is not None and result.lost) else 0
+
+
+COMMANDS = [fsck]
