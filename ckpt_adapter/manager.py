@@ -19,14 +19,16 @@ never reach the checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -38,7 +40,7 @@ from torch.distributed.tensor import DTensor
 from ckpt_adapter.planner import NodeAwareSavePlanner, gather_nodes
 from ckpt_adapter.storage import METADATA, PCacheStorageReader, PCacheStorageWriter
 from ckpt_adapter.uri import client_for, join_uri, split_uri
-from pcache.common.errors import NotFound
+from pcache.common.errors import InvalidArgument, NotFound, Timeout
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +99,8 @@ class CheckpointManager:
         async_mode: stage into shared memory and persist in the background.
         planner_factory: the DCP save planner (default: node-aware, Ling report §2.3.1).
         thread_count: shard-writing threads per rank.
+        collective_timeout: seconds a rank waits for the others in a checkpoint's collectives
+            (they run on the manager's own gloo group, never on the training's default group).
 
     Raises:
         InvalidArgument: ``root`` is not a ``pcache://`` URI.
@@ -112,6 +116,7 @@ class CheckpointManager:
         async_mode: bool = False,
         planner_factory: Callable[[], dcp.SavePlanner] = NodeAwareSavePlanner,
         thread_count: int = 1,
+        collective_timeout: float = 300.0,
     ) -> None:
         self.master, self.root_path = split_uri(root)
         self.root = root.rstrip("/")
@@ -124,7 +129,13 @@ class CheckpointManager:
         self.client = client_for(self.master)
         self._distributed = dist.is_available() and dist.is_initialized()
         self._rank = dist.get_rank() if self._distributed else 0
-        self._pg = dist.new_group(backend="gloo") if (async_mode and self._distributed) else None
+        self.collective_timeout = collective_timeout
+        # the checkpoint's own group, sync or async: a save called on one rank alone must not meet
+        # the other ranks' training collectives (a barrier() would match one of DCP's and hang for
+        # gloo's 30-minute default); its timeout bounds every wait for a missing or dead rank
+        self._pg = (
+            dist.new_group(backend="gloo", timeout=timedelta(seconds=collective_timeout)) if self._distributed else None
+        )
         # node ids once, here on the caller's thread: a planner gathering them on the persist
         # thread would run a collective on the default group next to the training's own
         self.nodes = gather_nodes()
@@ -194,10 +205,41 @@ class CheckpointManager:
         planner = self.planner_factory()
         if isinstance(planner, NodeAwareSavePlanner):
             planner.use_nodes(self.nodes)
-        dcp.save(state, storage_writer=writer, planner=planner, process_group=self._pg)
+        self._agree("save", step)
+        with self._bounded("save", step):
+            dcp.save(state, storage_writer=writer, planner=planner, process_group=self._pg)
         logger.info("checkpoint step %d committed at %s", step, uri)
         if self._rank == 0:
             self.collect_garbage(keep_step=step)
+
+    def _agree(self, what: str, step: int) -> int:
+        """Every rank joins ``what`` for the same step, within ``collective_timeout``; returns rank 0's step.
+
+        Raises:
+            Timeout: a rank did not join (it skipped the call, died or hangs).
+            InvalidArgument: the ranks asked for different steps (a save).
+        """
+        if self._pg is None:
+            return step
+        steps: list[int | None] = [None] * dist.get_world_size(self._pg)
+        with self._bounded(what, step):
+            dist.all_gather_object(steps, step, group=self._pg)
+        if what == "save" and len(set(steps)) != 1:
+            raise InvalidArgument(
+                f"checkpoint save: the ranks asked for different steps {steps}; every rank saves the same step"
+            )
+        return int(steps[0])  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def _bounded(self, what: str, step: int) -> Iterator[None]:
+        try:
+            yield
+        except RuntimeError as exc:  # gloo: a timed-out or broken collective (DistBackendError too)
+            raise Timeout(
+                f"checkpoint {what} of step {step} on rank {self._rank}: not every rank took part within"
+                f" {self.collective_timeout:.0f} s (collective_timeout). Every rank must call {what}() for the"
+                f" same step; a rank that skipped it, died or hangs leaves the others waiting ({exc})"
+            ) from exc
 
     def wait(self) -> None:
         """Block until a pending async persist is done; re-raise its error."""
@@ -245,8 +287,15 @@ class CheckpointManager:
             if not matches:
                 raise NotFound(f"no complete checkpoint for step {step}", path=self.uri_of(step))
             info = matches[0]
+        chosen = self._agree("load", info.step)  # rank 0's choice: a commit landing between two ranks' listings
+        if chosen != info.step:
+            matches = [c for c in complete if c.step == chosen]
+            if not matches:
+                raise NotFound(f"rank 0 loads step {chosen}, which is not complete here", path=self.uri_of(chosen))
+            info = matches[0]
         state = self._state_dict()
-        dcp.load(state, storage_reader=PCacheStorageReader(info.uri), process_group=self._pg)
+        with self._bounded("load", info.step):
+            dcp.load(state, storage_reader=PCacheStorageReader(info.uri), process_group=self._pg)
         for name, obj in self.states.items():
             if isinstance(obj, Stateful):
                 obj.load_state_dict(state[name])

@@ -12,7 +12,6 @@ target is dead or full.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import posixpath
@@ -559,10 +558,7 @@ class PCacheClient:
                     total += len(buf)
                 await dst.close()
             except BaseException:
-                await dst.abort()  # an existing file keeps its old content
-                if dst.created:
-                    with contextlib.suppress(PCacheError):
-                        await self.unlink(remote)
+                await dst.abort()  # an existing file keeps its old content, a new one goes
                 raise
         return total
 

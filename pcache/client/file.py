@@ -98,6 +98,7 @@ class PCacheFile:
         self.closed = False
         self.dirty = False
         self.created = layout.inode.version <= 1 and not layout.inode.blocks  # made by this open
+        self._committed = False
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
         self._flush_slots = asyncio.Semaphore(max(1, self.cfg.max_inflight_blocks))
@@ -523,6 +524,7 @@ class PCacheFile:
         )
         self.dirty = False
         self.replace = False
+        self._committed = True
         if list(node.blocks) != [b.block_id for b in blocks] or node.size != self.size:
             await self._adopt()  # merged with another writer's commit: its blocks are this handle's view now
         else:
@@ -554,6 +556,9 @@ class PCacheFile:
         try:
             if self.writable and self._error is None:
                 await self.fsync()
+        except BaseException:
+            await self._discard_if_created()
+            raise
         finally:
             self.closed = True
             for slot in self.slots:
@@ -563,15 +568,31 @@ class PCacheFile:
                 task.cancel()
             self._units.clear()
         if self._error is not None:
+            await self._discard_if_created()
             raise self._error
 
     async def abort(self) -> None:
-        """Drop the handle without committing: the file keeps its last committed content."""
+        """Drop the handle without committing: the file keeps its last committed content (a file
+        this handle created goes away)."""
         if self.closed:
             return
         self.dirty = False
         self._error = None
         await self.close()
+        await self._discard_if_created()
+
+    async def _discard_if_created(self) -> None:
+        """A file this handle created and never committed goes with a failed close or an abort:
+        a failed create leaves no empty file behind."""
+        if not (self.created and self.writable and not self._committed):
+            return
+        self.created = False
+        try:
+            st = await self.client.stat(self.path)
+            if st.inode == self.inode and st.size == 0:  # still ours, untouched by another writer
+                await self.client.unlink(self.path)
+        except PCacheError as exc:
+            logger.warning("%s: cannot remove the file a failed writer created: %s", self.path, exc)
 
     async def __aenter__(self) -> PCacheFile:
         return self

@@ -116,7 +116,7 @@ class ClientConfig:
     """Master address host:port (default: $PCACHE_MASTER, else 127.0.0.1:19600)."""
     rpc_timeout: float = 10.0
     """Seconds any master RPC may take."""
-    connect_timeout: float = 3.0
+    connect_timeout: float = 1.0
     """Seconds to open a data-plane connection."""
     io_timeout: float = 10.0
     """Seconds a data-plane request may take in all."""

@@ -82,6 +82,12 @@ class InvalidPath(InvalidArgument):
     """A path is not absolute, has ``..``, NUL, or an empty component."""
 
 
+class InvalidEncoding(InvalidPath):
+    """A name is not valid UTF-8 (PCache stores and sends names as UTF-8 strings)."""
+
+    errno_code = _errno.EILSEQ
+
+
 class NameTooLong(InvalidPath):
     """A path component is longer than 255 bytes, or the path than 4096."""
 
@@ -169,6 +175,7 @@ ERRORS_BY_NAME: dict[str, type[PCacheError]] = {
         DirectoryNotEmpty,
         InvalidArgument,
         InvalidPath,
+        InvalidEncoding,
         NameTooLong,
         SymlinkLoop,
         Conflict,

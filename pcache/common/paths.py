@@ -8,7 +8,7 @@ component (``NAME_MAX``), 4096 bytes per path (``PATH_MAX``).
 
 from __future__ import annotations
 
-from pcache.common.errors import InvalidPath, NameTooLong
+from pcache.common.errors import InvalidEncoding, InvalidPath, NameTooLong
 
 NAME_MAX = 255
 PATH_MAX = 4096
@@ -29,9 +29,9 @@ def split_path(path: str) -> list[str]:
     if not path.startswith("/"):
         raise InvalidPath("path must be absolute", path=path)
     try:
-        size = len(path.encode("utf-8", "surrogateescape"))
-    except UnicodeEncodeError:  # a lone surrogate that no byte string decodes to
-        raise InvalidPath("path is not encodable as UTF-8", path=repr(path)) from None
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:  # bytes that are not UTF-8 (FUSE hands them over as surrogate escapes)
+        raise InvalidEncoding("name is not valid UTF-8 (PCache names are UTF-8)", path=repr(path)) from None
     if size > PATH_MAX:
         raise NameTooLong(f"path longer than {PATH_MAX} bytes", path=path[:64] + "...")
     trimmed = path.strip("/")
@@ -43,7 +43,7 @@ def split_path(path: str) -> list[str]:
             raise InvalidPath("empty path component", path=path)
         if part in (".", ".."):
             raise InvalidPath(f"'{part}' is not allowed in a path", path=path)
-        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        if len(part.encode("utf-8")) > NAME_MAX:
             raise NameTooLong(f"component longer than {NAME_MAX} bytes", path=path[:64] + "...")
     return parts
 

@@ -32,6 +32,7 @@ STATUS_BY_ERROR: dict[type[E.PCacheError], grpc.StatusCode] = {
     E.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     E.InvalidPath: grpc.StatusCode.INVALID_ARGUMENT,
     E.NameTooLong: grpc.StatusCode.INVALID_ARGUMENT,
+    E.InvalidEncoding: grpc.StatusCode.INVALID_ARGUMENT,
     E.NoSpace: grpc.StatusCode.RESOURCE_EXHAUSTED,
     E.SymlinkLoop: grpc.StatusCode.INVALID_ARGUMENT,
     E.Conflict: grpc.StatusCode.ABORTED,

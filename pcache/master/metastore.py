@@ -92,7 +92,8 @@ class RocksMetaStore:
     def __init__(self, path: str, *, sync: bool = False) -> None:
         import rocksdict
 
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)  # the namespace (names, xattrs, tenants later) is the master's alone
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(True)
         self._rd = rocksdict

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -133,3 +134,28 @@ def test_rank_killed_mid_save_leaves_the_last_complete_checkpoint(make_cluster) 
         mgr.save(3, force=True)  # the next complete checkpoint garbage-collects the partial one
         assert {c.step: c.complete for c in mgr.list()} == {1: True, 3: True}
         mgr.close()
+
+
+@pytest.mark.parametrize("scenario", ["alone", "dead"])
+def test_a_save_not_every_rank_joins_fails_in_bounded_time_naming_the_cause(shared_cluster, scenario: str) -> None:
+    root = f"pcache://{shared_cluster.master_address}/ckpt/misuse-{scenario}"
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.ckpt_adapter.misuse_worker", scenario, root, str(r), str(port)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    rank0 = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert "Timeout" in rank0["error"] and "not every rank took part" in rank0["error"], outs[0][1][-2000:]
+    assert rank0["seconds"] < 30  # collective_timeout=5, not gloo's 30 minutes
+    if scenario == "alone":
+        assert json.loads(outs[1][0].strip().splitlines()[-1])["rank"] == 1  # its barrier completed
+    with Client(master=shared_cluster.master_address) as pc:  # nothing was committed
+        assert not pc.exists(f"/ckpt/misuse-{scenario}/step-00000001/.metadata")

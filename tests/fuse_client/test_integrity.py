@@ -450,3 +450,14 @@ def test_random_interleavings_of_handles_on_two_mounts_match_the_model(two_mount
     while seed < 3 or (time.monotonic() < deadline and seed < 40):
         run_interleaving(seed, {"a": a.path, "b": b.path}, steps=60)
         seed += 1
+
+
+def test_a_name_that_is_not_utf8_gets_eilseq_not_eio(two_mounts) -> None:
+    _cluster, a, _b = two_mounts
+    bad = os.path.join(os.fsencode(a.path), b"caf\xe9.bin")
+    with pytest.raises(OSError) as info:
+        os.close(os.open(bad, os.O_CREAT | os.O_WRONLY, 0o644))
+    assert info.value.errno == errno.EILSEQ
+    with pytest.raises(OSError) as info:
+        os.mkdir(os.path.join(os.fsencode(a.path), b"dir\xff"))
+    assert info.value.errno == errno.EILSEQ

@@ -214,3 +214,15 @@ def test_positional_reads_across_unit_and_block_boundaries_are_never_short(share
             pos += len(chunk)
         assert bytes(got) == data
         f.close()
+
+
+def test_a_new_file_whose_writer_fails_or_aborts_is_not_left_behind(client: Client) -> None:
+    with pytest.raises(RuntimeError), client.open("/aborted-new", "wb") as f:
+        f.write(b"half")
+        raise RuntimeError("the job died")
+    assert not client.exists("/aborted-new")
+    client.write_file("/aborted-old", b"old")
+    with pytest.raises(RuntimeError), client.open("/aborted-old", "wb") as f:
+        f.write(b"new")
+        raise RuntimeError("the job died")
+    assert client.read_file("/aborted-old") == b"old"  # an existing file keeps its content

@@ -157,19 +157,22 @@ def test_full_workers_spill_then_enospc_without_losing_data(make_cluster) -> Non
         per_worker_args={0: [f"--worker.capacity_bytes={cap}"], 1: [f"--worker.capacity_bytes={3 * cap}"]},
     )
     written: dict[str, bytes] = {}
-    with Client(master=cluster.master_address) as pc:
+    with Client(ClientConfig(master=cluster.master_address, nospace_wait=1.0)) as pc:
         # worker 0 fills up first; writes keep landing on worker 1
         for i in range(12):
             data = os.urandom(4 * MiB)
             pc.write_file(f"/fill{i}", data, replication=1, block_size=4 * MiB)
             written[f"/fill{i}"] = data
         time.sleep(1.5)  # heartbeats report the new free space
+        failed = ""
         with pytest.raises(E.NoSpace) as info:
             for i in range(12, 40):
                 data = os.urandom(4 * MiB)
-                pc.write_file(f"/fill{i}", data, replication=1, block_size=4 * MiB)
-                written[f"/fill{i}"] = data
+                failed = f"/fill{i}"
+                pc.write_file(failed, data, replication=1, block_size=4 * MiB)
+                written[failed] = data
         assert info.value.errno == 28  # ENOSPC
+        assert not pc.exists(failed)  # the failed create left no empty file behind
         status = pc.status()
         for w in status.workers:
             assert w.info.used_bytes <= w.info.capacity_bytes

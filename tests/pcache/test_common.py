@@ -72,11 +72,12 @@ def test_name_and_path_limits() -> None:
 
 
 def test_undecodable_names() -> None:
-    # FUSE hands over names that are not UTF-8 as surrogate escapes: they are valid
-    assert split_path("/caf\udce9") == ["caf\udce9"]
-    # lone surrogates that no encoding can produce are invalid paths, not a UnicodeEncodeError
-    with pytest.raises(E.InvalidPath):
-        split_path("/a\ud800b")
+    # FUSE hands over names that are not UTF-8 as surrogate escapes: a clear EILSEQ, not an EIO
+    for bad in ("/caf\udce9", "/a\ud800b"):
+        with pytest.raises(E.InvalidEncoding) as info:
+            split_path(bad)
+        assert info.value.errno == errno.EILSEQ and isinstance(info.value, E.InvalidPath)
+    assert split_path("/café/ü") == ["café", "ü"]
 
 
 def test_parent_and_name() -> None:
@@ -272,6 +273,7 @@ EXPECTED = {
     "InvalidArgument": (errno.EINVAL, (ValueError,), False),
     "InvalidPath": (errno.EINVAL, (ValueError,), False),
     "NameTooLong": (errno.ENAMETOOLONG, (ValueError,), False),
+    "InvalidEncoding": (errno.EILSEQ, (ValueError,), False),
     "NoSpace": (errno.ENOSPC, (OSError,), False),
     "PermissionDenied": (errno.EACCES, (PermissionError,), False),
     "NotSupported": (errno.EOPNOTSUPP, (OSError,), False),

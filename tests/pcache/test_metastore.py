@@ -274,3 +274,13 @@ def test_sync_option(tmp_path: Path) -> None:
         assert store.get(b"a") == b"b"
     finally:
         store.close()
+
+
+def test_the_rocksdb_directory_is_the_masters_alone(tmp_path) -> None:
+    path = tmp_path / "meta"
+    path.mkdir(mode=0o755)
+    store = open_metastore(f"rocksdb://{path}")
+    try:
+        assert (path.stat().st_mode & 0o777) == 0o700
+    finally:
+        store.close()
