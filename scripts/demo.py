@@ -7,7 +7,8 @@ Every part is a real process on loopback, started here and stopped at the end:
 2. token shards built from the Python standard library's sources (``python -m trainer_ref.data
    build``) and uploaded to region A with ``babel sync``;
 3. ``babel sync`` region A -> ``pcache://`` (runtime CRC32C, metadata and sampled verification),
-   then the shards' SHA-256s checked through the FUSE mount;
+   then the shards' SHA-256s checked through the FUSE mount; a byte flipped in one replica of a
+   shard on a worker's disk is caught, never served, and repaired from the good replica;
 4. the reference Ling MoE trainer, 2 data-parallel ranks under ``trainer_ref.launch``, reading the
    shards through the mount and saving asynchronous checkpoints through ``ckpt_adapter``;
 5. rank 1 killed with SIGKILL mid-run: the supervisor restarts both ranks from the newest complete
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -231,6 +233,38 @@ class Demo:
         log(f"      every shard's SHA-256 in index.json matches, read through {self.mnt} "
             f"({nbytes / 1e6:.1f} MB in {took:.1f} s, {nbytes / 1e6 / max(took, 1e-9):.0f} MB/s with the hashing)")  # fmt: skip
         self.result["dataset"]["to_pcache"] = report
+        self.integrity_drill()
+
+    def integrity_drill(self) -> None:
+        """A byte flipped in one replica of a shard on a worker's disk: the worker holding it catches
+        it, the master quarantines that copy and repairs it from the good replica, the shard still
+        reads right through the mount, and ``pcache fsck`` ends clean."""
+        index = json.loads((self.mnt / "datasets" / DATASET / "index.json").read_text())
+        shard = index["splits"]["train"]["shards"][0]
+        path = f"/datasets/{DATASET}/{shard['name']}"
+        t0 = time.monotonic()
+        caught = asyncio.run(_flip_and_catch(self.master, path))
+        data = (self.mnt / "datasets" / DATASET / shard["name"]).read_bytes()
+        served_right = hashlib.sha256(data).hexdigest() == shard["sha256"]
+        deadline = time.monotonic() + 60
+        while True:
+            st = self.cluster_status()
+            fsck = self.run_cmd("pcache fsck", ["pcache", "--master", self.master, "fsck", "/"], timeout=60)
+            if (
+                not st["under_replicated"] and not st["corrupt"] and fsck.returncode == 0
+            ) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        repaired = not st["under_replicated"] and not st["corrupt"] and fsck.returncode == 0
+        self.checks["a flipped byte on disk was caught, never served, and repaired"] = (
+            caught and served_right and repaired
+        )
+        log(f"      flipped a byte in one replica of {shard['name']}: {'caught' if caught else 'NOT caught'} by its "
+            f"worker, the shard read {'right' if served_right else 'WRONG'} through the mount, "
+            f"{'repaired' if repaired else 'NOT repaired'} in {time.monotonic() - t0:.1f} s "
+            f"({fsck.stdout.strip().splitlines()[-1] if fsck.stdout.strip() else 'no fsck output'})")  # fmt: skip
+        self.result["integrity"] = {"shard": shard["name"], "caught": caught, "served_right": served_right,
+                                    "repaired": repaired, "seconds": time.monotonic() - t0}  # fmt: skip
 
     def train_with_a_kill(self) -> None:
         """Stages 4-5: 2 ranks under the supervisor; rank 1 gets SIGKILL once it reports ``kill_at``."""
@@ -346,7 +380,7 @@ class Demo:
             st = pc.status()
         return {"inodes": st.inodes, "blocks": st.blocks, "replication": st.default_replication,
                 "under_replicated": st.under_replicated_blocks, "missing": st.missing_blocks,
-                "workers": len(st.workers)}  # fmt: skip
+                "corrupt": st.corrupt_blocks, "workers": len(st.workers)}  # fmt: skip
 
     # ------------------------------------------------------------------ cleanup --
 
@@ -365,6 +399,32 @@ class Demo:
         for server in self.servers:
             server.stop()
         return problems
+
+
+async def _flip_and_catch(master: str, path: str) -> bool:
+    """Flip one byte in the first replica of ``path``'s first block, on that worker's disk, then read
+    that replica over TCP (as the scrub would): True when its worker refuses it as corrupt."""
+    from pcache.client.core import PCacheClient
+    from pcache.common.config import ClientConfig
+    from pcache.common.errors import CorruptBlock
+
+    client = PCacheClient(ClientConfig(master=master, short_circuit=False))
+    try:
+        layout = await client.master.layout(path=path)
+        block, addr = layout.blocks[0], layout.blocks[0].replicas[0]
+        blk = Path(addr.uds_path).parent / "blocks" / f"{block.block_id & 0xFF:02x}" / f"{block.block_id}.blk"
+        with open(blk, "r+b") as fh:
+            fh.seek(100)
+            byte = fh.read(1)
+            fh.seek(100)
+            fh.write(bytes([byte[0] ^ 0xFF]))
+        try:
+            await client.data.read(addr, block.block_id, 0, min(block.length, 1 << 20))
+        except CorruptBlock:
+            return True
+        return False
+    finally:
+        await client.close()
 
 
 def _stop_group(proc: subprocess.Popen, grace: float) -> None:
@@ -452,7 +512,13 @@ def print_summary(demo: Demo, seconds: float) -> None:
         f"{'yes' if r['restore']['equal'] else 'NO'} ({r['restore']['tensors']} tensors)")  # fmt: skip
     if st:
         log(f"  PCache              {st['inodes']} inodes, {st['blocks']} blocks at RF {st['replication']} on "
-            f"{st['workers']} workers, {st['under_replicated']} under-replicated, {st['missing']} missing")  # fmt: skip
+            f"{st['workers']} workers, {st['under_replicated']} under-replicated, {st['missing']} missing, "
+            f"{st['corrupt']} corrupt")  # fmt: skip
+    if "integrity" in r:
+        i = r["integrity"]
+        log(f"  integrity           a byte flipped on disk in {i['shard']}: caught {'yes' if i['caught'] else 'NO'}, "
+            f"served right {'yes' if i['served_right'] else 'NO'}, repaired {'yes' if i['repaired'] else 'NO'} "
+            f"({i['seconds']:.1f} s)")  # fmt: skip
     log("  where the data lives (until cleanup)")
     log(f"    shards            {demo.work / 'shards'}  ->  {demo.region_a(f'datasets/{DATASET}').split('?')[0]} "
         f"(region A)  ->  {demo.pcache(f'datasets/{DATASET}')}")  # fmt: skip

@@ -42,7 +42,7 @@ def leftovers(work_dir: str) -> list[str]:
 def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_at: int) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert s["status"] == 0 and s["checks"] and all(s["checks"].values()), s["checks"]
-    assert len(s["checks"]) == 11
+    assert len(s["checks"]) == 12
     # 1: two regions and a cluster of a master and 3 workers with a mount
     assert s["services"]["workers"] == 3 and s["services"]["region_a"] != s["services"]["region_b"]
     # 2-3: the shards went local -> A -> PCache with every object CRC'd in-stream and checked
@@ -52,6 +52,8 @@ def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_
         assert v["runtime"]["crc32c_in_stream"] == rep["copied"] and v["metadata"]["failed"] == 0
         assert v["metadata"]["checked"] == rep["copied"] and not v["failures"]
     assert s["dataset"]["train_tokens"] > 500_000
+    # 3: a byte flipped on a worker's disk was caught, never served, and repaired from the good replica
+    assert s["integrity"]["caught"] and s["integrity"]["served_right"] and s["integrity"]["repaired"]
     # 4-5: trained to the end through one SIGKILL and one recovery from a checkpoint before the kill
     tr = s["training"]
     assert tr["steps"] == steps and tr["restarts"] == 1 and tr["events"][-1] == "finished"
@@ -70,7 +72,7 @@ def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_
     assert s["restore"]["equal"] is True and s["restore"]["step"] == steps and s["restore"]["tensors"] > 10
     assert s["restore"]["sync"]["copied_bytes"] == ck["bytes"]
     # 8: the plot, and nothing left behind
-    assert s["cluster"]["missing"] == 0 and s["cluster"]["under_replicated"] == 0
+    assert s["cluster"]["missing"] == 0 and s["cluster"]["under_replicated"] == 0 and s["cluster"]["corrupt"] == 0
     assert s["cleanup_problems"] == []
     assert not os.path.exists(s["work_dir"])
     assert leftovers(s["work_dir"]) == []
@@ -83,7 +85,7 @@ def test_the_main_job_runs_twice_and_leaves_the_machine_clean(tmp_path: Path) ->
     check_outcomes(first, s1, steps=30, kill_at=18)
     png = (out / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
-    assert "checks              11/11 held" in first.stdout
+    assert "checks              12/12 held" in first.stdout
     for needle in ("loss                first", "tokens/s", "recovery", "where the data lives", "region B"):
         assert needle in first.stdout
     (out / "loss.png").unlink()
