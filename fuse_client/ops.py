@@ -75,6 +75,7 @@ class PCacheOperations(mfusepy.Operations):
         self._lock = threading.Lock()
         self._handles: dict[int, File] = {}
         self._appending: set[int] = set()
+        self._writers: dict[int, list[File]] = {}  # inode -> its writable handles in this mount
         self._next_fh = 1
         # inode -> (the size this mount last told the kernel, the newest version any handle here saw).
         # The kernel's page cache is per inode, not per handle: a read-only handle with an older view
@@ -94,6 +95,8 @@ class PCacheOperations(mfusepy.Operations):
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = f
+            if f.writable():
+                self._writers.setdefault(f.inode, []).append(f)
             if append:
                 self._appending.add(fh)
         return fh
@@ -107,10 +110,16 @@ class PCacheOperations(mfusepy.Operations):
     def _writer_of(self, path: str) -> File | None:
         """An open writable handle of ``path`` in this mount (its size is the truth here)."""
         with self._lock:
-            for f in self._handles.values():
-                if f.writable() and f.name == path and not f.closed:
-                    return f
+            for writers in self._writers.values():
+                for f in writers:
+                    if f.name == path and not f.closed:
+                        return f
         return None
+
+    def _writer_of_inode(self, inode: int) -> File | None:
+        """An open writable handle of ``inode`` in this mount."""
+        with self._lock:
+            return next((f for f in self._writers.get(inode, ()) if not f.closed), None)
 
     # ------------------------------------------------------------ attrs --
 
@@ -136,7 +145,7 @@ class PCacheOperations(mfusepy.Operations):
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         f = self._handles.get(fh) if fh is not None else self._writer_of(path)
         if f is not None and not f.writable():
-            f = self._writer_of(f.name) or f
+            f = self._writer_of_inode(f.inode) or f
         st = self.client.stat(path) if f is None or f.closed else self.client.stat(f.name)
         size = f.size if f is not None and f.writable() else st.size
         if not st.is_dir:
@@ -345,7 +354,7 @@ class PCacheOperations(mfusepy.Operations):
         f = self._get(fh)
         src = f
         if not f.writable():
-            src = self._writer_of(f.name) or f
+            src = self._writer_of_inode(f.inode) or f
             told, newest = self._known.get(f.inode, (0, 0))
             if src is f and (f.version < newest or (offset + size > f.size and told > f.size)):
                 f.refresh()  # committed since this handle opened, and this mount already knows it
@@ -399,6 +408,12 @@ class PCacheOperations(mfusepy.Operations):
         with self._lock:
             f = self._handles.pop(fh, None)
             self._appending.discard(fh)
+            if f is not None and f.writable():
+                writers = self._writers.get(f.inode, [])
+                if f in writers:
+                    writers.remove(f)
+                if not writers:
+                    self._writers.pop(f.inode, None)
         if f is not None:
             f.close()
         return 0

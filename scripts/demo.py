@@ -407,17 +407,13 @@ async def _flip_and_catch(master: str, path: str) -> bool:
     from pcache.client.core import PCacheClient
     from pcache.common.config import ClientConfig
     from pcache.common.errors import CorruptBlock
+    from pcache.testing.faults import flip_byte, replica_file
 
     client = PCacheClient(ClientConfig(master=master, short_circuit=False))
     try:
         layout = await client.master.layout(path=path)
         block, addr = layout.blocks[0], layout.blocks[0].replicas[0]
-        blk = Path(addr.uds_path).parent / "blocks" / f"{block.block_id & 0xFF:02x}" / f"{block.block_id}.blk"
-        with open(blk, "r+b") as fh:
-            fh.seek(100)
-            byte = fh.read(1)
-            fh.seek(100)
-            fh.write(bytes([byte[0] ^ 0xFF]))
+        flip_byte(replica_file(addr, block.block_id), 100)
         try:
             await client.data.read(addr, block.block_id, 0, min(block.length, 1 << 20))
         except CorruptBlock:

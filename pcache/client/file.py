@@ -279,8 +279,8 @@ class PCacheFile:
     ) -> bytes | None:
         """Read from ``order[0]``; when it fails, or is slower than the hedging delay, from the next.
 
-        The first good answer wins; a replica that lost the race becomes a suspect (tried last for
-        later blocks), and its request finishes or times out in the background. Returns None when
+        The first good answer wins; the request that lost finishes or times out in the background
+        (a timeout makes its worker a suspect, tried last for later blocks). Returns None when
         every replica failed (``errors`` says why). Source: hedged requests ("The Tail at Scale",
         Dean and Barroso 2013; HDFS ``dfs.client.hedged.read.threshold.millis``).
         """
@@ -301,9 +301,7 @@ class PCacheFile:
                 for task in done:
                     addr = pending.pop(task)
                     exc = task.exception()
-                    if exc is None:
-                        for loser in pending.values():
-                            data.health.suspect(loser.worker_id)
+                    if exc is None:  # a loser that stalls becomes a suspect by its own timeout
                         return task.result()
                     if not isinstance(exc, READ_FAILOVER_ERRORS):
                         raise exc

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 from pcache.common.metrics import MASTER_BAD_REPLICAS, MASTER_LOST_REPLICAS
 from pcache.master.namespace import HOLE, Freed, Namespace
@@ -51,13 +52,15 @@ class BlockManager:
             self.by_worker.setdefault(wid, set()).add(block_id)
 
     def live_replicas(self, block_id: int) -> list[WorkerState]:
-        """Alive workers holding ``block_id``."""
-        out = []
-        for wid in self.locations.get(block_id, ()):
-            state = self.registry.get_alive(wid)
-            if state is not None:
-                out.append(state)
-        return out
+        """Alive workers holding a good copy of ``block_id``."""
+        return self._alive(self.locations.get(block_id, ()))
+
+    def quarantined_live(self, block_id: int) -> list[WorkerState]:
+        """Alive workers holding a quarantined copy of ``block_id``."""
+        return self._alive(self.quarantined.get(block_id, ()))
+
+    def _alive(self, worker_ids: Iterable[str]) -> list[WorkerState]:
+        return [s for s in (self.registry.get_alive(w) for w in worker_ids) if s is not None]
 
     # ----------------------------------------------------------- events --
 
@@ -220,15 +223,6 @@ class BlockManager:
     def unreadable(self) -> list[int]:
         """Blocks of files with no good live replica."""
         return [b for b in self.under if b in self.locations and not self.live_replicas(b)]
-
-    def quarantined_live(self, block_id: int) -> list[WorkerState]:
-        """Alive workers holding a quarantined copy of ``block_id``."""
-        out = []
-        for wid in self.quarantined.get(block_id, ()):
-            state = self.registry.get_alive(wid)
-            if state is not None:
-                out.append(state)
-        return out
 
     def under_replicated(self) -> int:
         """Blocks with fewer live replicas than their target (capped by the live workers)."""

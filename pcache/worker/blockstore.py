@@ -178,6 +178,11 @@ class BlockWriter:
             os.unlink(self.path)
 
 
+def block_file(data_dir: str, block_id: int) -> str:
+    """Path of ``block_id``'s file under a worker's ``data_dir``: ``blocks/<low byte in hex>/<id>.blk``."""
+    return os.path.join(data_dir, "blocks", f"{block_id & 0xFF:02x}", f"{block_id}.blk")
+
+
 class DiskBlockStore:
     """:class:`BlockStore` on a local directory, with a byte quota."""
 
@@ -207,7 +212,7 @@ class DiskBlockStore:
 
     def block_path(self, block_id: int) -> str:
         """Path of the file of ``block_id`` (its first ``length`` bytes are the data)."""
-        return os.path.join(self.blocks_dir, f"{block_id & 0xFF:02x}", f"{block_id}.blk")
+        return block_file(self.root, block_id)
 
     def _scan(self) -> list[int]:
         ids = []

@@ -21,6 +21,7 @@ import pytest
 
 from pcache.client import Client
 from pcache.local import LocalCluster
+from pcache.testing.faults import flip_byte, replica_files
 from tests.conftest import FAST_MASTER
 from tests.fuse_client.conftest import Mount
 
@@ -94,19 +95,7 @@ def read_with(path: Path, bufsize: int) -> bytes:
 def block_files(cluster: LocalCluster, path: str) -> list[list[Path]]:
     """For each block of ``path``, the files of its replicas on the workers' disks."""
     with Client(master=cluster.master_address) as pc:
-        layout = pc._run(pc.aio.master.layout(path=path))
-    return [
-        [Path(r.uds_path).parent / "blocks" / f"{b.block_id & 0xFF:02x}" / f"{b.block_id}.blk" for r in b.replicas]
-        for b in layout.blocks
-    ]
-
-
-def flip(blk: Path, at: int) -> None:
-    with open(blk, "r+b") as fh:  # in place: an open descriptor of the block file sees it
-        fh.seek(at)
-        byte = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([byte[0] ^ 0xFF]))
+        return replica_files(pc._run(pc.aio.master.layout(path=path)))
 
 
 @pytest.mark.parametrize("bufsize", [4096, 32 << 10, 128 << 10, MiB, 100_003, 777])
@@ -307,12 +296,12 @@ def test_a_flipped_byte_is_never_served_after_a_warm_read(two_mounts) -> None:
     assert read_with(path, MiB) == data  # warm: descriptors open, chunks verified once
     replicas = block_files(cluster, "/flip.bin")
     assert all(len(r) >= 2 for r in replicas)
-    flip(replicas[0][0], 4242)
+    flip_byte(replicas[0][0], 4242)
     for blk in replicas[0][0:1]:
         drop_pages(blk)
     assert read_with(path, 128 << 10) == data  # the good replica, or the damaged one caught
     for blk in replicas[1]:  # every replica of block 1
-        flip(blk, 777)
+        flip_byte(blk, 777)
     with pytest.raises(OSError) as info:
         read_with(path, MiB)
     assert info.value.errno == errno.EIO

@@ -16,19 +16,11 @@ from pcache.client import Client
 from pcache.common import errors as E
 from pcache.common.checksum import crc32c
 from pcache.common.config import ClientConfig
+from pcache.testing.faults import replica_file, wait_for
+from pcache.worker.blockstore import block_file
 
 MiB = 1 << 20
 GiB = 1 << 30
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def replica_counts(pc: Client, path: str) -> list[int]:
@@ -126,7 +118,7 @@ def test_flipped_byte_is_detected_and_repaired(make_cluster) -> None:
         layout = pc._run(pc.aio.master.layout(path="/victim"))
         block = layout.blocks[0]
         holder = block.replicas[0]
-        blk_file = Path(holder.uds_path).parent / "blocks" / f"{block.block_id & 0xFF:02x}" / f"{block.block_id}.blk"
+        blk_file = replica_file(holder, block.block_id)
         raw = bytearray(blk_file.read_bytes())
         raw[1234] ^= 0xFF
         blk_file.write_bytes(bytes(raw))
@@ -193,8 +185,7 @@ def test_blocks_of_a_writer_that_never_committed_are_collected(make_cluster) -> 
         # the writer stores a block, then "dies" before close: nothing commits it
         block_id, stored, _ = pc._run(pc.aio.write_block(f._f.inode, data, crc32c(data)))
         assert stored
-        blocks_dir = cluster.root / "worker-0" / "blocks"
-        orphan = blocks_dir / f"{block_id & 0xFF:02x}" / f"{block_id}.blk"
+        orphan = Path(block_file(str(cluster.root / "worker-0"), block_id))
         assert orphan.exists()
         wait_for(lambda: not orphan.exists(), 20, "the orphan block to be deleted")
         assert pc.read_file("/kept") == b"committed"

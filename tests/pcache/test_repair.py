@@ -16,6 +16,7 @@ from pcache.common import errors as E
 from pcache.common.checksum import CHUNK_SIZE
 from pcache.common.config import ClientConfig
 from pcache.local import LocalCluster
+from pcache.testing.faults import flip_byte, replica_files, wait_for
 
 MiB = 1 << 20
 BLOCK = 4 * MiB
@@ -24,29 +25,7 @@ CHECKS = ["--worker.mem_tier_bytes=0", "--worker.block_check_interval=1"]
 
 def block_files(pc: Client, path: str) -> list[list[Path]]:
     """For each block of ``path``, its replicas' files on the workers' disks."""
-    layout = pc._run(pc.aio.master.layout(path=path))
-    return [
-        [Path(r.uds_path).parent / "blocks" / f"{b.block_id & 0xFF:02x}" / f"{b.block_id}.blk" for r in b.replicas]
-        for b in layout.blocks
-    ]
-
-
-def flip(blk: Path, at: int) -> None:
-    with open(blk, "r+b") as fh:
-        fh.seek(at)
-        byte = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([byte[0] ^ 0xFF]))
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
+    return replica_files(pc._run(pc.aio.master.layout(path=path)))
 
 
 def pcache_cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess:
@@ -75,7 +54,7 @@ def test_every_replica_corrupt_fails_cleanly_keeps_the_copies_and_salvages(
         files = block_files(pc, "/damaged.bin")
         bad_chunks = (0, 2)  # block 1's chunk 0 is bad on one copy, chunk 2 on the other
         for blk, chunk in zip(files[1], bad_chunks, strict=True):
-            flip(blk, chunk * CHUNK_SIZE + 17)
+            flip_byte(blk, chunk * CHUNK_SIZE + 17)
         with pytest.raises((E.Unavailable, E.CorruptBlock)):
             pc.read_file("/damaged.bin")
         # the master quarantined both copies: nothing was deleted, status and fsck say so
@@ -96,7 +75,7 @@ def test_every_replica_corrupt_fails_cleanly_keeps_the_copies_and_salvages(
     assert "lost (zeros): none" in out.stdout, out.stdout + out.stderr
     assert dest.read_bytes() == bytes(data)
     # the same chunk bad on both copies: that MiB is zeros and reported lost, the rest is right
-    flip(files[1][1], 0 * CHUNK_SIZE + 5)
+    flip_byte(files[1][1], 0 * CHUNK_SIZE + 5)
     with Client(cfg) as pc:
         result = pc.salvage("/damaged.bin", str(dest))
     lost_at = BLOCK  # block 1, chunk 0
@@ -112,7 +91,7 @@ def test_a_good_replica_back_releases_the_quarantined_copy(make_cluster) -> None
     with Client(master=cluster.master_address) as pc:
         pc.write_file("/one-bad.bin", data, block_size=BLOCK, replication=2)
         bad = block_files(pc, "/one-bad.bin")[0][0]
-        flip(bad, 99)
+        flip_byte(bad, 99)
     with Client(ClientConfig(master=cluster.master_address, short_circuit=False)) as pc:
         layout = pc._run(pc.aio.master.layout(path="/one-bad.bin"))
         block = layout.blocks[0]
@@ -156,7 +135,7 @@ def test_scrub_finds_and_repairs_a_replica_nobody_reads(make_cluster) -> None:
         pc.write_file("/cold.bin", data, block_size=BLOCK, replication=2)
         wait_for(lambda: healthy(pc), 10, "a healthy start")
         bad = block_files(pc, "/cold.bin")[1][1]
-        flip(bad, BLOCK - 3)
+        flip_byte(bad, BLOCK - 3)
         # nobody reads it: only the scrub can find it
         wait_for(lambda: bad not in block_files(pc, "/cold.bin")[1], 20, "the scrub to find it")
         wait_for(lambda: healthy(pc), 20, "the repair")
