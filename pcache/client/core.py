@@ -47,6 +47,7 @@ from pcache.proto import pcache_pb2 as pb
 logger = logging.getLogger(__name__)
 
 WRITE_RETRY_ERRORS = (Unavailable, Timeout, NoSpace)
+VERDICT_SECONDS = 2.0  # how often a client with suspects asks the master which workers are dead
 METADATA_CACHE_ENTRIES = 100_000
 MAX_SYMLINK_HOPS = 40  # as Linux's MAXSYMLINKS
 MIN_BLOCK_SIZE = 64 << 10
@@ -151,14 +152,38 @@ class PCacheClient:
         self.node_id = cfg.node_id or default_node_id()
         self.master = MasterClient(cfg, self.client_id)
         self.data = DataClient(cfg)
+        self.data.health.on_suspect = self._follow_verdicts_soon
+        self._verdicts: asyncio.Task | None = None
         ttl = max(cfg.metadata_ttl, 1e-9)
         self._stat_cache: TTLCache[str, pb.Inode] = TTLCache(maxsize=METADATA_CACHE_ENTRIES, ttl=ttl)
         self._layout_cache: TTLCache[str, pb.FileLayout] = TTLCache(maxsize=LAYOUT_CACHE_ENTRIES, ttl=ttl)
 
     async def close(self) -> None:
         """Close connections."""
+        if self._verdicts is not None:
+            self._verdicts.cancel()
         await self.data.close()
         await self.master.close()
+
+    def _follow_verdicts_soon(self) -> None:
+        if self._verdicts is None or self._verdicts.done():
+            self._verdicts = asyncio.ensure_future(self._follow_verdicts())
+
+    async def _follow_verdicts(self) -> None:
+        """While a worker is suspect or dead: every ``VERDICT_SECONDS``, take the master's verdicts.
+
+        A worker the master declared dead is avoided by every open file of this client, not only
+        by those that already stalled on it; one it sees alive again (SIGCONT, a restart) is used
+        again at once.
+        """
+        while self.data.health.watching():
+            try:
+                status = await self.master.cluster_status()
+            except PCacheError as exc:
+                logger.debug("cannot fetch worker verdicts: %s", exc)
+            else:
+                self.data.health.verdicts({w.info.addr.worker_id: w.alive for w in status.workers})
+            await asyncio.sleep(VERDICT_SECONDS)
 
     async def __aenter__(self) -> PCacheClient:
         return self

@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable
 
 from pcache.common import framing, uds
 from pcache.common.checksum import CHUNK_SIZE, crc32c
@@ -106,12 +107,30 @@ class WorkerHealth:
     def __init__(self, suspect_seconds: float) -> None:
         self.suspect_seconds = suspect_seconds
         self._until: dict[str, float] = {}
+        self._dead: set[str] = set()  # declared dead by the master: suspects until it says alive
         self._latencies: deque[float] = deque(maxlen=256)
+        self.on_suspect: Callable[[], None] | None = None  # the client follows the master's verdicts
 
     def suspect(self, worker_id: str) -> None:
         """Try ``worker_id`` last for ``suspect_seconds`` (seconds)."""
         if worker_id:
             self._until[worker_id] = time.monotonic() + self.suspect_seconds
+            if self.on_suspect is not None:
+                self.on_suspect()
+
+    def verdicts(self, alive: dict[str, bool]) -> None:
+        """The master's view (worker id -> alive): dead ones stay suspects until it sees them
+        again, and a suspect it sees alive again has rejoined."""
+        for worker_id, ok in alive.items():
+            if not ok:
+                self._dead.add(worker_id)
+            elif worker_id in self._dead:
+                self._dead.discard(worker_id)
+                self._until.pop(worker_id, None)
+
+    def watching(self) -> bool:
+        """Whether any worker is a suspect or dead (the master's verdicts are worth following)."""
+        return bool(self._dead or self.suspects())
 
     def answered(self, worker_id: str, seconds: float | None = None) -> None:
         """A request to ``worker_id`` completed (a block read: after ``seconds``): it is no suspect."""
@@ -120,6 +139,8 @@ class WorkerHealth:
             self._latencies.append(seconds)
 
     def is_suspect(self, worker_id: str) -> bool:
+        if worker_id in self._dead:
+            return True
         until = self._until.get(worker_id)
         if until is None:
             return False
@@ -130,7 +151,7 @@ class WorkerHealth:
 
     def suspects(self) -> list[str]:
         """Ids of the workers tried last right now."""
-        return [w for w in list(self._until) if self.is_suspect(w)]
+        return sorted(self._dead | {w for w in list(self._until) if self.is_suspect(w)})
 
     def hedge_delay(self, ceiling: float) -> float:
         """Seconds to wait for a replica before asking another: twice the p95 of recent reads,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import errno
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,28 @@ def test_specific_relations() -> None:
     assert not issubclass(E.DirectoryNotEmpty, FileExistsError)
     assert not issubclass(E.Unavailable, TimeoutError)
     assert not issubclass(E.Timeout, ConnectionError)
+
+
+def test_worker_health_suspects_and_the_masters_verdicts() -> None:
+    from pcache.client.data import WorkerHealth
+
+    calls: list[int] = []
+    health = WorkerHealth(suspect_seconds=0.2)
+    health.on_suspect = lambda: calls.append(1)
+    health.suspect("w1")
+    assert health.is_suspect("w1") and health.suspects() == ["w1"] and calls == [1]
+    health.answered("w1", 0.01)  # it answered: no suspect
+    assert not health.is_suspect("w1")
+    health.suspect("w2")
+    time.sleep(0.25)  # suspicion expires
+    assert not health.is_suspect("w2") and not health.watching()
+    health.verdicts({"w3": False, "w4": True})  # the master declared w3 dead
+    assert health.is_suspect("w3") and health.watching()
+    time.sleep(0.25)
+    assert health.is_suspect("w3")  # dead stays suspect past suspect_seconds
+    health.verdicts({"w3": True})  # it rejoined
+    assert not health.is_suspect("w3") and not health.watching()
+    assert health.hedge_delay(2.0) == 1.0  # too few samples: half the ceiling
+    for _ in range(20):
+        health.answered("w4", 0.1)
+    assert abs(health.hedge_delay(2.0) - 0.2) < 1e-9  # twice the p95
