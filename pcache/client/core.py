@@ -353,6 +353,14 @@ class PCacheClient:
         """Workers, capacity, load and replication health."""
         return await self.master.cluster_status()
 
+    async def layout(self, path: str) -> pb.FileLayout:
+        """A file's inode and blocks, each with the addresses of its live replicas (not cached).
+
+        Raises:
+            NotFound. IsADirectory.
+        """
+        return await self.master.layout(path=normalize(path))
+
     async def fsck(self, path: str = "/") -> pb.FsckReport:
         """Files under ``path`` with corrupt, missing or under-replicated blocks (see ``pcache fsck``)."""
         return await self.master.fsck(normalize(path))

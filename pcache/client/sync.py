@@ -146,6 +146,9 @@ class Client:
     def status(self) -> pb.ClusterStatus:
         return self._run(self.aio.status())
 
+    def layout(self, path: str) -> pb.FileLayout:
+        return self._run(self.aio.layout(path))
+
     def fsck(self, path: str = "/") -> pb.FsckReport:
         return self._run(self.aio.fsck(path))
 

@@ -95,7 +95,7 @@ def read_with(path: Path, bufsize: int) -> bytes:
 def block_files(cluster: LocalCluster, path: str) -> list[list[Path]]:
     """For each block of ``path``, the files of its replicas on the workers' disks."""
     with Client(master=cluster.master_address) as pc:
-        return replica_files(pc._run(pc.aio.master.layout(path=path)))
+        return replica_files(pc.layout(path))
 
 
 @pytest.mark.parametrize("bufsize", [4096, 32 << 10, 128 << 10, MiB, 100_003, 777])

@@ -24,7 +24,7 @@ GiB = 1 << 30
 
 
 def replica_counts(pc: Client, path: str) -> list[int]:
-    layout = pc._run(pc.aio.master.layout(path=path))
+    layout = pc.layout(path)
     return [len(b.replicas) for b in layout.blocks]
 
 
@@ -69,7 +69,7 @@ def test_kill_worker_during_1gib_read(make_cluster) -> None:
         status = pc.status()
         assert status.under_replicated_blocks == 0
         dead = [w.info.addr.worker_id for w in status.workers if not w.alive]
-        layout = pc._run(pc.aio.master.layout(path="/big"))
+        layout = pc.layout("/big")
         assert all(r.worker_id not in dead for b in layout.blocks for r in b.replicas)
         assert hashlib.sha256(pc.read_file("/big")).digest() == digest.digest()
 
@@ -115,7 +115,7 @@ def test_flipped_byte_is_detected_and_repaired(make_cluster) -> None:
     data = os.urandom(3 * MiB)
     with Client(master=cluster.master_address) as pc:
         pc.write_file("/victim", data, replication=2)
-        layout = pc._run(pc.aio.master.layout(path="/victim"))
+        layout = pc.layout("/victim")
         block = layout.blocks[0]
         holder = block.replicas[0]
         blk_file = replica_file(holder, block.block_id)
@@ -135,7 +135,7 @@ def test_flipped_byte_is_detected_and_repaired(make_cluster) -> None:
 
     wait_for(repaired, 30, "the corrupt replica to be replaced")
     with Client(ClientConfig(master=cluster.master_address, short_circuit=False)) as pc:
-        layout = pc._run(pc.aio.master.layout(path="/victim"))
+        layout = pc.layout("/victim")
         for addr in layout.blocks[0].replicas:  # every replica now serves the right bytes
             got = pc._run(pc.aio.data.read(addr, block.block_id, 0, len(data)))
             assert got == data

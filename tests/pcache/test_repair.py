@@ -25,7 +25,7 @@ CHECKS = ["--worker.mem_tier_bytes=0", "--worker.block_check_interval=1"]
 
 def block_files(pc: Client, path: str) -> list[list[Path]]:
     """For each block of ``path``, its replicas' files on the workers' disks."""
-    return replica_files(pc._run(pc.aio.master.layout(path=path)))
+    return replica_files(pc.layout(path))
 
 
 def pcache_cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess:
@@ -93,7 +93,7 @@ def test_a_good_replica_back_releases_the_quarantined_copy(make_cluster) -> None
         bad = block_files(pc, "/one-bad.bin")[0][0]
         flip_byte(bad, 99)
     with Client(ClientConfig(master=cluster.master_address, short_circuit=False)) as pc:
-        layout = pc._run(pc.aio.master.layout(path="/one-bad.bin"))
+        layout = pc.layout("/one-bad.bin")
         block = layout.blocks[0]
         with pytest.raises(E.CorruptBlock):  # the worker holding the bad copy finds it and reports it
             pc._run(pc.aio.data.read(block.replicas[0], block.block_id, 0, block.length))
