@@ -75,7 +75,11 @@ class PCacheOperations(mfusepy.Operations):
         self._lock = threading.Lock()
         self._handles: dict[int, File] = {}
         self._appending: set[int] = set()
-        self._writers: dict[int, list[File]] = {}  # inode -> its writable handles in this mount
+        # inode -> the one writable File all of this mount's write handles of it share (and how
+        # many): as in a local file system's page cache, every process's writes land in one place,
+        # O_APPEND appends at the one end, and every reader of the mount sees them
+        self._writers: dict[int, File] = {}
+        self._writer_refs: dict[int, int] = {}
         self._next_fh = 1
         # inode -> (the size this mount last told the kernel, the newest version any handle here saw).
         # The kernel's page cache is per inode, not per handle: a read-only handle with an older view
@@ -90,15 +94,28 @@ class PCacheOperations(mfusepy.Operations):
 
     # ---------------------------------------------------------- handles --
 
-    def _add(self, f: File, append: bool = False) -> int:
+    def _add(self, f: File, append: bool = False, truncate: bool = False) -> int:
+        """A new kernel handle of ``f``; a writable ``f`` of an inode another handle of this mount
+        writes is dropped for that handle's File (two opens that raced), truncated if asked."""
+        extra = None
         with self._lock:
+            if f.writable():
+                shared = self._writers.get(f.inode)
+                if shared is not None and shared is not f and not shared.closed:
+                    extra, f = f, shared
+                if self._writers.get(f.inode) is f:
+                    self._writer_refs[f.inode] += 1
+                else:
+                    self._writers[f.inode], self._writer_refs[f.inode] = f, 1
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = f
-            if f.writable():
-                self._writers.setdefault(f.inode, []).append(f)
             if append:
                 self._appending.add(fh)
+        if extra is not None:
+            extra.abort()  # nothing written through it; not the creator's (the master says who created)
+            if truncate:
+                f.truncate(0)
         return fh
 
     def _get(self, fh: int) -> File:
@@ -108,18 +125,14 @@ class PCacheOperations(mfusepy.Operations):
             raise FuseOSError(errno.EBADF) from None
 
     def _writer_of(self, path: str) -> File | None:
-        """An open writable handle of ``path`` in this mount (its size is the truth here)."""
+        """The writer of ``path`` in this mount (its size and bytes are the truth here)."""
         with self._lock:
-            for writers in self._writers.values():
-                for f in writers:
-                    if f.name == path and not f.closed:
-                        return f
-        return None
+            return next((f for f in self._writers.values() if f.name == path and not f.closed), None)
 
     def _writer_of_inode(self, inode: int) -> File | None:
-        """An open writable handle of ``inode`` in this mount."""
-        with self._lock:
-            return next((f for f in self._writers.get(inode, ()) if not f.closed), None)
+        """The writer of ``inode`` in this mount."""
+        f = self._writers.get(inode)
+        return f if f is not None and not f.closed else None
 
     # ------------------------------------------------------------ attrs --
 
@@ -324,11 +337,16 @@ class PCacheOperations(mfusepy.Operations):
     def create(self, path: str, mode: int, fi: Any = None) -> int:
         flags = fi if isinstance(fi, int) else os.O_RDWR
         kind = "xb" if flags & os.O_EXCL else "w+b"
+        shared = None if flags & os.O_EXCL else self._writer_of(path)
+        if shared is not None:
+            if flags & os.O_TRUNC:
+                shared.truncate(0)
+            return self._add(shared, append=bool(flags & os.O_APPEND))
         try:
             f = self.client.open(path, kind, perm=stat_mod.S_IMODE(mode), owner=_caller())
         except AlreadyExists:
             raise FuseOSError(errno.EEXIST) from None
-        return self._add(f, append=bool(flags & os.O_APPEND))
+        return self._add(f, append=bool(flags & os.O_APPEND), truncate=True)
 
     @translate_errors
     def open(self, path: str, flags: int) -> int:
@@ -339,9 +357,14 @@ class PCacheOperations(mfusepy.Operations):
             mode = "w+b"
         else:
             mode = "r+b"
+        shared = self._writer_of(path) if mode != "rb" else None
+        if shared is not None:  # another handle of this mount writes it: share its File
+            if flags & os.O_TRUNC:
+                shared.truncate(0)
+            return self._add(shared, append=bool(flags & os.O_APPEND))
         f = self.client.open(path, mode)
         self._know(f.inode, version=f.version)
-        return self._add(f, append=bool(flags & os.O_APPEND))
+        return self._add(f, append=bool(flags & os.O_APPEND), truncate=bool(flags & os.O_TRUNC))
 
     @translate_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -369,8 +392,7 @@ class PCacheOperations(mfusepy.Operations):
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         f = self._get(fh)
         if fh in self._appending:
-            f.seek(0, os.SEEK_END)
-            return f.write(data)
+            return f.append(data)  # at the shared end, one append at a time
         return f.pwrite(data, offset)
 
     @translate_errors
@@ -408,12 +430,11 @@ class PCacheOperations(mfusepy.Operations):
         with self._lock:
             f = self._handles.pop(fh, None)
             self._appending.discard(fh)
-            if f is not None and f.writable():
-                writers = self._writers.get(f.inode, [])
-                if f in writers:
-                    writers.remove(f)
-                if not writers:
-                    self._writers.pop(f.inode, None)
+            if f is not None and f.writable() and self._writers.get(f.inode) is f:
+                self._writer_refs[f.inode] -= 1
+                if self._writer_refs[f.inode] > 0:
+                    return 0  # other handles still write it (flush committed this one's close)
+                del self._writers[f.inode], self._writer_refs[f.inode]
         if f is not None:
             f.close()
         return 0

@@ -254,6 +254,23 @@ class DataClient:
             else:
                 framing.close_writer(conn[1])
 
+    async def read_raw(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
+        """Salvage: unchecked bytes of a block's file on one worker (TCP); the caller verifies them.
+
+        Raises:
+            Unavailable, Timeout, NotFound.
+        """
+        conn = await self._acquire(addr)
+        try:
+            hdr = pb.DataHeader(op=pb.READ_RAW, block_id=block_id, offset=offset, length=length)
+            await framing.write_frame(conn[1], hdr, timeout=self.cfg.stall_timeout)
+            reply, plen = await framing.read_header(conn[0], self.cfg.stall_timeout)
+            data = await framing.read_exactly(conn[0], plen, self.cfg.io_timeout) if plen else b""
+            framing.raise_if_error(reply)
+            return data
+        finally:
+            framing.close_writer(conn[1])
+
     async def sc_open_read(self, addr: pb.WorkerAddr, block_id: int) -> tuple[int, pb.DataHeader]:
         """Short circuit: get a read-only fd of the block file and its CRC record.
 
@@ -417,7 +434,7 @@ class DataClient:
         try:
             hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=crc, pipeline=rest, token=token)
             await framing.write_frame_paced(conn[1], hdr, data, stall=self.cfg.stall_timeout)
-            reply, plen = await framing.read_header(conn[0], self.cfg.io_timeout + len(rest) * self.cfg.io_timeout)
+            reply, plen = await self._await_reply(head, conn, self.cfg.io_timeout * (1 + len(rest)))
             if plen:
                 await framing.read_exactly(conn[0], plen, self.cfg.io_timeout)
             ok = not reply.error
@@ -432,6 +449,43 @@ class DataClient:
                 self._release(head, conn)
             else:
                 framing.close_writer(conn[1])
+
+    async def _await_reply(self, head: pb.WorkerAddr, conn: Conn, cap: float) -> tuple[pb.DataHeader, int]:
+        """The reply to a write: the head stores (fsyncs) the block and waits for its downstream
+        replicas first, which shows no progress; so every ``stall_timeout`` seconds without it,
+        the head is asked whether it lives (a PING on another connection): a hung head is given up
+        on after about 1.5 stall timeouts, not after ``cap``.
+
+        Raises:
+            Timeout: the head stopped answering, or no reply within ``cap`` seconds.
+        """
+        reply = asyncio.ensure_future(framing.read_header(conn[0], cap))
+        try:
+            while True:
+                done, _ = await asyncio.wait({reply}, timeout=self.cfg.stall_timeout)
+                if done:
+                    return reply.result()
+                if not await self.ping(head, self.cfg.stall_timeout / 2):
+                    raise Timeout(f"worker {head.worker_id} stopped answering while storing a block")
+        finally:
+            if not reply.done():
+                reply.cancel()
+            reply.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def ping(self, addr: pb.WorkerAddr, timeout: float) -> bool:
+        """Whether the worker answers a PING within ``timeout`` seconds (on a fresh connection)."""
+        try:
+            reader, writer = await framing.open_connection(addr.host, addr.port, timeout)
+        except PCacheError:
+            return False
+        try:
+            await framing.write_frame(writer, pb.DataHeader(op=pb.PING), timeout=timeout)
+            reply, _ = await framing.read_header(reader, timeout)
+            return not reply.error
+        except PCacheError:
+            return False
+        finally:
+            framing.close_writer(writer)
 
     async def _sc_write(
         self,

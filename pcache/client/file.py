@@ -21,6 +21,7 @@ import asyncio
 import io
 import logging
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -97,12 +98,13 @@ class PCacheFile:
         self.pos = self.size if self.append else 0
         self.closed = False
         self.dirty = False
-        self.created = layout.inode.version <= 1 and not layout.inode.blocks  # made by this open
+        self.created = layout.inode.created  # made by this open (the master says so)
         self._committed = False
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
         self._flush_slots = asyncio.Semaphore(max(1, self.cfg.max_inflight_blocks))
         self._slot_lock = asyncio.Lock()  # concurrent pwrites into one block load its old bytes once
+        self._append_lock = asyncio.Lock()
         self._error: BaseException | None = None
 
     # ------------------------------------------------------------ basics --
@@ -280,28 +282,38 @@ class PCacheFile:
         """Read from ``order[0]``; when it fails, or is slower than the hedging delay, from the next.
 
         The first good answer wins; the request that lost finishes or times out in the background
-        (a timeout makes its worker a suspect, tried last for later blocks). Returns None when
+        (a timeout makes its worker a suspect, tried last for later blocks; so does losing after
+        half the stall timeout without an answer, so that the next blocks do not wait for it
+        meanwhile). Returns None when
         every replica failed (``errors`` says why). Source: hedged requests ("The Tail at Scale",
         Dean and Barroso 2013; HDFS ``dfs.client.hedged.read.threshold.millis``).
         """
         data = self.client.data
         pending: dict[asyncio.Task, pb.WorkerAddr] = {}
+        started: dict[asyncio.Task, float] = {}
         queue = list(order)
+
+        def ask(addr: pb.WorkerAddr) -> None:
+            task = self._read_task(addr, block_id, offset, length)
+            pending[task], started[task] = addr, time.monotonic()
+
         try:
             while queue or pending:
                 if not pending:  # nothing in flight: the next replica
-                    addr = queue.pop(0)
-                    pending[self._read_task(addr, block_id, offset, length)] = addr
+                    ask(queue.pop(0))
                 hedge = data.health.hedge_delay(self.cfg.stall_timeout) if self.cfg.hedge_reads and queue else None
                 done, _ = await asyncio.wait(pending, timeout=hedge, return_when=asyncio.FIRST_COMPLETED)
                 if not done:  # slow: ask the next replica too
-                    addr = queue.pop(0)
-                    pending[self._read_task(addr, block_id, offset, length)] = addr
+                    ask(queue.pop(0))
                     continue
                 for task in done:
                     addr = pending.pop(task)
                     exc = task.exception()
-                    if exc is None:  # a loser that stalls becomes a suspect by its own timeout
+                    if exc is None:
+                        now = time.monotonic()
+                        for loser, where in pending.items():
+                            if now - started[loser] >= self.cfg.stall_timeout / 2:
+                                data.health.suspect(where.worker_id)
                         return task.result()
                     if not isinstance(exc, READ_FAILOVER_ERRORS):
                         raise exc
@@ -371,6 +383,12 @@ class PCacheFile:
         except BaseException:
             self.pos = start
             raise
+
+    async def append_write(self, data: bytes | bytearray | memoryview) -> int:
+        """Write ``data`` at the current end of the file; concurrent appends never overlap."""
+        self._check(want_write=True)
+        async with self._append_lock:
+            return await self._write_at(data, self.size)
 
     async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
         """Write at ``offset`` without moving the position; safe to run concurrently on one handle."""

@@ -8,12 +8,13 @@ quarantined copies, and writes zeros only where no copy has a chunk that passes 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pcache.common.checksum import CHUNK_SIZE
-from pcache.common.errors import CorruptBlock, NotFound, Timeout, Unavailable
+from pcache.common.checksum import CHUNK_SIZE, crc32c
+from pcache.common.errors import CorruptBlock, InvalidArgument, NotFound, Timeout, Unavailable
 from pcache.common.paths import normalize
 
 if TYPE_CHECKING:
@@ -39,14 +40,20 @@ class SalvageResult:
 async def salvage(client: PCacheClient, path: str, dest: str) -> SalvageResult:
     """Write the readable content of ``path`` to the local file ``dest``.
 
+    Each 1 MiB chunk comes from the first copy whose worker finds it matching its CRC32C; when
+    a block still lacks chunks (the copies' CRC records may be what is damaged), a copy whose
+    unchecked bytes match the block's CRC32C as committed is taken whole.
+
     Raises:
         NotFound: no such file. IsADirectory: a directory. OSError: ``dest`` cannot be written.
+        InvalidArgument: ``dest`` is inside a PCache mount.
     """
     path = normalize(path)
     layout = await client.master.layout(path=path)
     report = await client.master.fsck(path)
     quarantined = {d.index: list(d.quarantined) for d in report.damaged if d.path == path}
     size, block_size = layout.inode.size, layout.inode.block_size
+    _refuse_pcache_mount(dest)
     result = SalvageResult(size=size)
     tmp = f"{dest}.salvage-{os.getpid()}"
     with open(tmp, "wb") as out:
@@ -54,12 +61,18 @@ async def salvage(client: PCacheClient, path: str, dest: str) -> SalvageResult:
             start = index * block_size
             extent = min(block_size, size - start)
             holders = list(loc.replicas) + quarantined.get(index, [])
+            chunks: list[bytes | None] = []
             for offset in range(0, loc.length if loc.block_id else 0, CHUNK_SIZE):
-                n = min(CHUNK_SIZE, loc.length - offset)
-                chunk = await _chunk(client, holders, loc.block_id, offset, n)
+                chunks.append(await _chunk(client, holders, loc.block_id, offset, min(CHUNK_SIZE, loc.length - offset)))
+            if None in chunks:  # maybe the CRC record is what is damaged: the bytes may match the block's CRC
+                whole = await _whole(client, holders, loc)
+                if whole is not None:
+                    chunks = [whole[i : i + CHUNK_SIZE] for i in range(0, loc.length, CHUNK_SIZE)]
+            for i, chunk in enumerate(chunks):
                 if chunk is None:
+                    n = min(CHUNK_SIZE, loc.length - i * CHUNK_SIZE)
                     chunk = bytes(n)
-                    _add_lost(result.lost, start + offset, n)
+                    _add_lost(result.lost, start + i * CHUNK_SIZE, n)
                 out.write(chunk)
             stored = loc.length if loc.block_id else 0
             if extent > stored:
@@ -76,6 +89,35 @@ async def _chunk(client: PCacheClient, holders: list, block_id: int, offset: int
         except SALVAGE_ERRORS:
             continue
     return None
+
+
+async def _whole(client: PCacheClient, holders: list, loc) -> bytes | None:
+    """A copy whose unchecked bytes match the block's CRC32C as committed (the master's record)."""
+    for addr in holders:
+        try:
+            raw = await client.data.read_raw(addr, loc.block_id, 0, loc.length)
+        except SALVAGE_ERRORS:
+            continue
+        if len(raw) == loc.length and crc32c(raw) == loc.crc32c:
+            return raw
+    return None
+
+
+def _refuse_pcache_mount(dest: str) -> None:
+    """Salvage goes to local disk: into a PCache mount it could replace the damaged file itself
+    (and with it the quarantined copies being read)."""
+    target = os.path.realpath(os.path.dirname(os.path.abspath(dest)) or ".")
+    best, fstype = "", ""
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) < 3:
+                continue
+            point = parts[1].replace("\\040", " ")
+            if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                best, fstype = point, parts[2]
+    if fstype.startswith("fuse.pcache"):
+        raise InvalidArgument(f"salvage writes to local disk, not into the PCache mount at {best}", path=dest)
 
 
 def _add_lost(lost: list[tuple[int, int]], offset: int, n: int) -> None:

@@ -34,6 +34,15 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
+async def _cancel_the_rest(timeout: float = 2.0) -> None:
+    """Cancel every other task of this loop and let them finish (``asyncio.run``'s teardown)."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+
+
 class _LoopThread:
     def __init__(self) -> None:
         self.loop = new_event_loop()
@@ -81,8 +90,11 @@ class Client:
     def close(self) -> None:
         """Close connections and stop the loop thread."""
         if self._loop.thread.is_alive():
-            self._run(self.aio.close())
-            self._loop.stop()
+            try:
+                self._run(self.aio.close())
+            finally:
+                self._run(_cancel_the_rest())  # read-ahead of files left open, hedges that lost
+                self._loop.stop()
 
     def __enter__(self) -> Client:
         return self
@@ -305,6 +317,10 @@ class File(io.RawIOBase):
 
     def pwrite(self, data, offset: int) -> int:
         return self._client._run(self._f.pwrite(data, offset))
+
+    def append(self, data) -> int:
+        """Write ``data`` at the end of the file, whatever the position (O_APPEND); returns its length."""
+        return self._client._run(self._f.append_write(data))
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         return self._f.seek(offset, whence)

@@ -225,11 +225,12 @@ class BlockManager:
         return [b for b in self.under if b in self.locations and not self.live_replicas(b)]
 
     def under_replicated(self) -> int:
-        """Blocks with fewer live replicas than their target (capped by the live workers)."""
+        """Blocks with some but fewer good live replicas than their target (capped by the live
+        workers); blocks with none are counted as missing or corrupt instead, as ``pcache fsck`` does."""
         alive = len(self.registry.alive())
         return sum(
             1 for b in self.under
-            if b in self.locations and len(self.live_replicas(b)) < min(self.target.get(b, 1), alive)
+            if b in self.locations and 0 < len(self.live_replicas(b)) < min(self.target.get(b, 1), alive)
         )  # fmt: skip
 
     # ---------------------------------------------------------- helpers --

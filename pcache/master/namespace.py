@@ -275,6 +275,7 @@ class Namespace:
             ]
         )
         node.name = name
+        node.created = True
         return node, Freed([])
 
     def symlink(self, path: str, target: str, *, uid: int = 0, gid: int = 0) -> pb.Inode:
@@ -694,10 +695,11 @@ class Namespace:
 
 
 def _record(node: pb.Inode) -> bytes:
-    """Serialise an inode for storage, without the response-only ``name``."""
-    if not node.name:
+    """Serialise an inode for storage, without the response-only ``name`` and ``created``."""
+    if not node.name and not node.created:
         return node.SerializeToString()
     rec = pb.Inode()
     rec.CopyFrom(node)
     rec.ClearField("name")
+    rec.ClearField("created")
     return rec.SerializeToString()

@@ -364,6 +364,19 @@ class DiskBlockStore:
         """Every block file present."""
         return self._scan()
 
+    def read_raw(self, block_id: int, offset: int, length: int) -> bytes:
+        """Bytes ``offset .. offset+length`` of the block's file, unchecked: for salvage, when the
+        CRC record itself is damaged (the caller checks the bytes against the master's CRC).
+
+        Raises:
+            NotFound: no file for the block.
+        """
+        fd = self.open_read(block_id)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
     def open_read(self, block_id: int) -> int:
         """A read-only descriptor of the block's file (the caller closes it).
 

@@ -147,6 +147,9 @@ class DataServer:
                 ),
                 data,
             )
+        if header.op == pb.READ_RAW:
+            data = await asyncio.to_thread(self.store.read_raw, header.block_id, header.offset, header.length)
+            return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id, length=len(data)), data
         if header.op == pb.DELETE_BLOCK:
             await self.delete(header.block_id)
             return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id), b""

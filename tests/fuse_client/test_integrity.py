@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pcache.client import Client
+from pcache.common import errors as E
 from pcache.local import LocalCluster
 from pcache.testing.faults import flip_byte, replica_files
 from tests.conftest import FAST_MASTER
@@ -450,3 +451,50 @@ def test_a_name_that_is_not_utf8_gets_eilseq_not_eio(two_mounts) -> None:
     with pytest.raises(OSError) as info:
         os.mkdir(os.path.join(os.fsencode(a.path), b"dir\xff"))
     assert info.value.errno == errno.EILSEQ
+
+
+def test_salvage_refuses_to_write_into_a_pcache_mount(two_mounts, tmp_path: Path) -> None:
+    cluster, a, _b = two_mounts
+    (a.path / "victim.bin").write_bytes(b"x" * 1000)
+    with Client(master=cluster.master_address) as pc:
+        with pytest.raises(E.InvalidArgument):  # it could replace the very file it salvages
+            pc.salvage("/victim.bin", str(a.path / "victim.bin"))
+        assert pc.salvage("/victim.bin", str(tmp_path / "ok.bin")).lost == []
+    assert (a.path / "victim.bin").read_bytes() == b"x" * 1000 == (tmp_path / "ok.bin").read_bytes()
+
+
+def test_two_write_handles_on_one_mount_share_their_bytes_and_appends(two_mounts) -> None:
+    _cluster, a, b = two_mounts
+    path = a.path / "shared.bin"
+    path.write_bytes(b"")
+    f1 = os.open(path, os.O_WRONLY | os.O_APPEND)
+    f2 = os.open(path, os.O_WRONLY | os.O_APPEND)
+    os.write(f1, b"AAAAA")
+    os.write(f2, b"BBB")
+    assert path.read_bytes() == b"AAAAABBB"  # a reader of the mount sees both handles' bytes
+    os.write(f1, b"CC")  # O_APPEND appends at the one end of the file
+    os.close(f1)
+    os.close(f2)  # no ESTALE: one File behind both handles
+    assert (b.path / "shared.bin").read_bytes() == b"AAAAABBBCC"
+    # two processes appending a line per open/write/close: every line kept, every close ok
+    log = a.path / "lines.log"
+    log.write_bytes(b"")
+    child = (
+        "import os, sys\n"
+        "errors = 0\n"
+        "for i in range(40):\n"
+        "    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)\n"
+        "    os.write(fd, f'{sys.argv[2]} {i}\\n'.encode())\n"
+        "    try:\n"
+        "        os.close(fd)\n"
+        "    except OSError:\n"
+        "        errors += 1\n"
+        "print(errors)\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", child, str(log), tag], stdout=subprocess.PIPE, text=True)
+        for tag in "AB"
+    ]
+    assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["0", "0"]
+    lines = (b.path / "lines.log").read_text().splitlines()
+    assert sorted(lines) == sorted(f"{t} {i}" for t in "AB" for i in range(40))

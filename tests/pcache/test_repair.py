@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -189,3 +190,26 @@ def test_deleted_files_free_their_space_while_a_reader_lives(small_disks: Path) 
             assert failures == 0
             for f in held:
                 f.close()
+
+
+def test_salvage_takes_a_whole_copy_whose_crc_record_is_damaged(make_cluster, tmp_path: Path) -> None:
+    cluster = make_cluster(workers=3, worker_args=CHECKS)
+    data = os.urandom(3 * BLOCK)
+    with Client(master=cluster.master_address) as pc:
+        pc.write_file("/record.bin", data, block_size=BLOCK, replication=2)
+        files = block_files(pc, "/record.bin")[1]
+    for blk in files:  # the data bytes stay intact; the footer no longer sits at the end
+        with open(blk, "ab") as fh:
+            fh.write(b"\0" * 4096)
+    holders = {p.parents[2].name for p in files}  # worker-<i> directories
+    for i, proc in enumerate(cluster.worker_procs):
+        if proc.name in holders:  # restarted: they read the damaged records afresh
+            cluster.kill(proc, signal.SIGTERM)
+            cluster.start_worker(i)
+    cluster.wait_workers(3)
+    with Client(ClientConfig(master=cluster.master_address, short_circuit=False)) as pc:
+        with pytest.raises((E.Unavailable, E.CorruptBlock)):
+            pc.read_file("/record.bin")
+        wait_for(lambda: pc.status().corrupt_blocks == 1, 15, "the block to be marked corrupt")
+        result = pc.salvage("/record.bin", str(tmp_path / "out.bin"))
+    assert result.lost == [] and (tmp_path / "out.bin").read_bytes() == data  # matched the committed CRC
