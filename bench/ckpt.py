@@ -46,7 +46,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +59,7 @@ from benchlib import REPO as _REPO  # noqa: E402
 from benchlib import mbps, print_result
 
 from pcache.common.config import parse_size  # noqa: E402
+from pcache.common.process import free_port
 
 MiB = 1 << 20
 NODES = 4
@@ -77,12 +77,6 @@ VARIANTS = ("baseline", "node_aware", "async", "sdk", "local_fs")
 def log(msg: str) -> None:
     """Progress on stderr, so stdout holds only the report."""
     print(msg, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_disk_bytes(worker_dirs: list[str]) -> list[int]:

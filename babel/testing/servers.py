@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pcache.common.process import free_port
+
 
 class ServerError(RuntimeError):
     """A server exited or did not answer in time; the message ends with the tail of its log."""
@@ -55,13 +57,6 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_endpoint(

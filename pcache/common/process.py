@@ -1,10 +1,18 @@
-"""Process lifecycle helpers shared by the master and worker entry points."""
+"""Process lifecycle helpers shared by the entry points, launchers, tests and benchmarks."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import socket
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago (another process may take it first)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def write_ready_file(path: str, address: str) -> None:

@@ -8,11 +8,12 @@ import datetime
 import ipaddress
 import os
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from pcache.common.process import free_port
 
 pytestmark = pytest.mark.s3
 
@@ -23,12 +24,6 @@ def fake_credentials() -> tuple[str, str]:
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     return os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,7 @@ from babel.daemon import (
 from babel.errors import TransientError
 from babel.journal import list_jobs
 from babel.sync import SyncOptions
-from tests.babel.conftest import free_port
+from pcache.common.process import free_port
 
 pytestmark = pytest.mark.s3
 

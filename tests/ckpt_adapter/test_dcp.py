@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,15 +13,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ckpt_adapter import CheckpointManager
+from pcache.common.process import free_port
 from tests.ckpt_adapter.dist_worker import expected
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(scenario: str, root: str, world: int, tp: int, step: int, timeout: float = 240) -> list[dict]:

@@ -14,8 +14,9 @@ import torch
 
 from ckpt_adapter import CheckpointManager, load, save
 from pcache.client import Client
+from pcache.common.process import free_port
 from tests.ckpt_adapter.dist_worker import expected
-from tests.ckpt_adapter.test_dcp import REPO, free_port, run_ranks
+from tests.ckpt_adapter.test_dcp import REPO, run_ranks
 
 MiB = 1 << 20
 

@@ -161,7 +161,7 @@ def test_lr_schedule() -> None:
 
 
 def test_runs_under_torchrun(shards: Path, tmp_path: Path) -> None:
-    from trainer_ref.launch import free_port
+    from pcache.common.process import free_port
 
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
