@@ -58,7 +58,6 @@ from babel.backends.tree import (
 )
 from babel.errors import AccessDenied, BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, TransientError
 from pcache.client import PCacheClient, PCacheFile
-from pcache.client.core import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from pcache.common.config import ClientConfig
 from pcache.common.errors import (
     InvalidPath,
@@ -68,6 +67,7 @@ from pcache.common.errors import (
     PCacheError,
     PermissionDenied,
 )
+from pcache.common.layout import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from pcache.common.paths import normalize
 from pcache.proto import pcache_pb2 as pb
 

@@ -41,6 +41,7 @@ from pcache.common.errors import (
     Unavailable,
 )
 from pcache.common.inodes import file_mode, type_of_mode
+from pcache.common.layout import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from pcache.common.paths import join, normalize
 from pcache.proto import pcache_pb2 as pb
 
@@ -50,8 +51,6 @@ WRITE_RETRY_ERRORS = (Unavailable, Timeout, NoSpace)
 VERDICT_SECONDS = 2.0  # how often a client with suspects asks the master which workers are dead
 METADATA_CACHE_ENTRIES = 100_000
 MAX_SYMLINK_HOPS = 40  # as Linux's MAXSYMLINKS
-MIN_BLOCK_SIZE = 64 << 10
-MAX_BLOCK_SIZE = 1 << 30
 LAYOUT_CACHE_ENTRIES = 10_000
 COPY_CONCURRENCY = 16
 COPY_BUFFER = 8 << 20

@@ -36,6 +36,7 @@ from pcache.common.errors import (
     Timeout,
     Unavailable,
 )
+from pcache.common.layout import HOLE
 from pcache.proto import pcache_pb2 as pb
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 READ_FAILOVER_ERRORS = (Unavailable, Timeout, CorruptBlock, NotFound)
-HOLE = 0  # block id of a never-written block: reads as zeros, stores nothing
 MAX_FILE_SIZE = 1 << 42  # 4 TiB: keeps the per-handle slot list (one entry per block) small
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pcache.common.errors import InvalidArgument
+from pcache.common.layout import MAX_BLOCK_SIZE, MAX_REPLICATION, MIN_BLOCK_SIZE
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -243,8 +244,8 @@ def _apply(
 LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("master", "port"): (0, 65535),
     ("worker", "port"): (0, 65535),
-    ("master", "default_block_size"): (64 * KiB, GiB),
-    ("master", "default_replication"): (1, 16),
+    ("master", "default_block_size"): (MIN_BLOCK_SIZE, MAX_BLOCK_SIZE),
+    ("master", "default_replication"): (1, MAX_REPLICATION),
     ("master", "dead_after"): (0.1, 86400),
     ("master", "heartbeat_interval"): (0.01, 3600),
     ("master", "replication_check_interval"): (0.01, 3600),
@@ -268,8 +269,8 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("client", "read_unit"): (64 * KiB, GiB),
     ("client", "readahead_units"): (0, 64),
     ("client", "max_inflight_blocks"): (1, 64),
-    ("client", "block_size"): (0, GiB),
-    ("client", "replication"): (0, 16),
+    ("client", "block_size"): (0, MAX_BLOCK_SIZE),
+    ("client", "replication"): (0, MAX_REPLICATION),
     ("cluster", "workers"): (0, 256),
 }
 

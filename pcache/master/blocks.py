@@ -13,8 +13,9 @@ import logging
 import time
 from collections.abc import Iterable
 
+from pcache.common.layout import HOLE
 from pcache.common.metrics import MASTER_BAD_REPLICAS, MASTER_LOST_REPLICAS
-from pcache.master.namespace import HOLE, Freed, Namespace
+from pcache.master.namespace import Freed, Namespace
 from pcache.master.registry import WorkerRegistry, WorkerState
 from pcache.proto import pcache_pb2 as pb
 

@@ -7,8 +7,9 @@ copies, so a salvage can read the chunks that pass their CRCs.
 
 from __future__ import annotations
 
+from pcache.common.layout import HOLE
 from pcache.master.blocks import BlockManager
-from pcache.master.namespace import HOLE, Namespace
+from pcache.master.namespace import Namespace
 from pcache.proto import pcache_pb2 as pb
 
 

@@ -21,14 +21,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pcache.common import errors as E
+from pcache.common.layout import HOLE, MAX_BLOCK_SIZE, MAX_REPLICATION, MIN_BLOCK_SIZE
 from pcache.common.paths import parent_and_name, split_path
 from pcache.master.metastore import MetaStore
 from pcache.proto import pcache_pb2 as pb
 
 ROOT = 1
-MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 64 << 10, 1 << 30
 SPECIAL_TYPES = (pb.FIFO, pb.CHAR_DEVICE, pb.BLOCK_DEVICE, pb.SOCKET)
-HOLE = 0  # block id standing for a never-written (all-zero) block: nothing stored
 U64 = struct.Struct(">Q")
 ID_BATCH = 1024  # ids reserved per counter write
 
@@ -256,8 +255,8 @@ class Namespace:
             return node, freed
         if block_size and not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
             raise E.InvalidArgument(f"block size must be {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE} bytes", path=path)
-        if replication < 0 or replication > 16:
-            raise E.InvalidArgument("replication must be 0 (default) .. 16", path=path)
+        if replication < 0 or replication > MAX_REPLICATION:
+            raise E.InvalidArgument(f"replication must be 0 (default) .. {MAX_REPLICATION}", path=path)
         node = self._new_inode(
             kind,
             mode,
