@@ -18,7 +18,7 @@ from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable
 
 from pcache.common import framing, uds
-from pcache.common.checksum import CHUNK_SIZE, crc32c
+from pcache.common.checksum import CHUNK_SIZE, verify_chunks
 from pcache.common.config import ClientConfig
 from pcache.common.errors import CorruptBlock, PCacheError, Timeout, Unavailable
 from pcache.proto import pcache_pb2 as pb
@@ -72,10 +72,7 @@ class _ScBlock:
         raw = os.pread(self.fd, end - start, start)
         if len(raw) != end - start:
             raise CorruptBlock(f"block {info.block_id}: file shorter than its record")
-        view = memoryview(raw)
-        for i, idx in enumerate(range(first, last + 1)):
-            if crc32c(view[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]) != info.chunk_crcs[idx]:
-                raise CorruptBlock(f"block {info.block_id}: chunk {idx} failed its CRC32C check")
+        verify_chunks(info.block_id, raw, first, info.chunk_crcs)
         skip = offset - start
         return raw if skip == 0 and length == len(raw) else raw[skip : skip + length]
 

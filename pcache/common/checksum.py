@@ -7,7 +7,11 @@ A block's integrity record is its whole CRC32C plus one CRC32C per
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import crc32c as _crc32c
+
+from pcache.common.errors import CorruptBlock
 
 CHUNK_SIZE = 1024 * 1024
 """Bytes covered by one chunk checksum."""
@@ -32,3 +36,15 @@ def chunk_crcs(data: bytes | bytearray | memoryview) -> tuple[list[int], int]:
         crcs.append(_crc32c.crc32c(piece))
         whole = _crc32c.crc32c(piece, whole)
     return crcs, whole
+
+
+def verify_chunks(block_id: int, data: bytes | bytearray | memoryview, first: int, chunk_crcs: Sequence[int]) -> None:
+    """Check ``data``, the chunks ``first, first+1, ...`` of a block, against the block's chunk CRCs.
+
+    Raises:
+        CorruptBlock: a chunk does not match (the message names the block and the chunk).
+    """
+    view = memoryview(data)
+    for i, start in enumerate(range(0, len(view), CHUNK_SIZE)):
+        if _crc32c.crc32c(view[start : start + CHUNK_SIZE]) != chunk_crcs[first + i]:
+            raise CorruptBlock(f"block {block_id}: chunk {first + i} failed its CRC32C check")

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Protocol
 
-from pcache.common.checksum import CHUNK_SIZE, crc32c
+from pcache.common.checksum import CHUNK_SIZE, crc32c, verify_chunks
 from pcache.common.errors import CorruptBlock, InvalidArgument, NoSpace, NotFound
 
 logger = logging.getLogger(__name__)
@@ -319,14 +319,9 @@ class DiskBlockStore:
             os.close(fd)
         if len(raw) != end - start:
             raise CorruptBlock(f"block {block_id}: file is truncated")
+        verify_chunks(block_id, raw, first, info.chunk_crcs)
         view = memoryview(raw)
-        out = []
-        for i, idx in enumerate(range(first, last + 1)):
-            piece = view[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]
-            if crc32c(piece) != info.chunk_crcs[idx]:
-                raise CorruptBlock(f"block {block_id}: chunk {idx} failed its CRC32C check")
-            out.append(bytes(piece))
-        return out
+        return [bytes(view[i : i + CHUNK_SIZE]) for i in range(0, len(view), CHUNK_SIZE)]
 
     def read(self, block_id: int, offset: int, length: int) -> bytes:
         """Read ``length`` bytes at ``offset`` of a block, verifying the chunks touched.
