@@ -18,11 +18,13 @@ the master.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -105,6 +107,7 @@ class PCacheFile:
         self._flush_slots = asyncio.Semaphore(max(1, self.cfg.max_inflight_blocks))
         self._slot_lock = asyncio.Lock()  # concurrent pwrites into one block load its old bytes once
         self._append_lock = asyncio.Lock()
+        self._gate = _CommitGate()
         self._error: BaseException | None = None
 
     # ------------------------------------------------------------ basics --
@@ -396,6 +399,10 @@ class PCacheFile:
         return await self._write_at(data, offset)
 
     async def _write_at(self, data: bytes | bytearray | memoryview, pos: int) -> int:
+        async with self._gate.shared():  # never in the middle of a commit
+            return await self._write_blocks(data, pos)
+
+    async def _write_blocks(self, data: bytes | bytearray | memoryview, pos: int) -> int:
         view = memoryview(data).cast("B")
         if pos + len(view) > MAX_FILE_SIZE:
             raise FileTooLarge(f"writing past the {MAX_FILE_SIZE} byte file size limit", path=self.path)
@@ -502,19 +509,29 @@ class PCacheFile:
             raise InvalidArgument("negative size")
         if size > MAX_FILE_SIZE:
             raise FileTooLarge(f"{size} bytes is over the {MAX_FILE_SIZE} byte file size limit", path=self.path)
-        for slot in self.slots:
-            if slot.pending is not None:
-                await self._settle(slot)
-        self.size = size
-        await self._pad_slots()
-        self.dirty = True
-        self.replace = True  # a truncation is not merged with other writers' blocks
-        self._last_unit = None
+        async with self._gate.shared():
+            for slot in self.slots:
+                if slot.pending is not None:
+                    await self._settle(slot)
+            self.size = size
+            await self._pad_slots()
+            self.dirty = True
+            self.replace = True  # a truncation is not merged with other writers' blocks
+            self._last_unit = None
         return size
 
     async def fsync(self) -> None:
-        """Write every dirty block and commit: the content becomes visible to other clients."""
+        """Write every dirty block and commit: the content becomes visible to other clients.
+
+        Writes from other threads of the handle wait while it commits, so the block list and the
+        size it commits are one moment's (a write in between was left uncommitted, or made the
+        size cover bytes not yet stored).
+        """
         self._check(want_write=True)
+        async with self._gate.exclusive():
+            await self._fsync_locked()
+
+    async def _fsync_locked(self) -> None:
         if not self.dirty:
             return
         await self._pad_slots()
@@ -618,6 +635,40 @@ class PCacheFile:
             await self.abort()  # an exception inside ``async with``: publish nothing
         else:
             await self.close()
+
+
+class _CommitGate:
+    """Writes share it; a commit holds it alone (a readers-writer lock on the event loop)."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._writers = 0
+        self._committing = False
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._committing)
+            self._writers += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._writers -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._committing)
+            self._committing = True
+            await self._cond.wait_for(lambda: self._writers == 0)
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._committing = False
+                self._cond.notify_all()
 
 
 def _slots(layout: pb.FileLayout) -> list[Slot]:

@@ -226,3 +226,31 @@ def test_a_new_file_whose_writer_fails_or_aborts_is_not_left_behind(client: Clie
         f.write(b"new")
         raise RuntimeError("the job died")
     assert client.read_file("/aborted-old") == b"old"  # an existing file keeps its content
+
+
+def test_fsyncs_racing_writes_on_one_handle_lose_nothing(client: Client) -> None:
+    import threading
+
+    f = client.open("/racing.log", "wb")
+    stop = threading.Event()
+
+    def appender(tag: str) -> None:
+        for i in range(150):
+            f.append(f"{tag} {i}\n".encode())
+
+    def syncer() -> None:
+        while not stop.is_set():
+            f.fsync()  # commits while appends go on: none may be left out, nor zeros let in
+
+    threads = [threading.Thread(target=appender, args=(t,)) for t in "ABCD"]
+    sync_thread = threading.Thread(target=syncer)
+    sync_thread.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    sync_thread.join()
+    f.close()
+    lines = client.read_file("/racing.log").decode().splitlines()
+    assert sorted(lines) == sorted(f"{t} {i}" for t in "ABCD" for i in range(150))
