@@ -36,6 +36,7 @@ from babel.errors import TransientError
 from babel.journal import list_jobs
 from babel.sync import SyncOptions
 from pcache.common.process import free_port
+from pcache.testing.faults import wait_for
 
 pytestmark = pytest.mark.s3
 
@@ -63,17 +64,6 @@ def babel(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 20, every: float = 0.05) -> Any:
-    """Poll ``check`` until it returns something truthy; return that."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 class DaemonProcess:
     """``babel daemon`` in a subprocess, its log in ``<state>/../daemon-N.log``."""
 
@@ -87,7 +77,7 @@ class DaemonProcess:
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         try:
-            wait_for(self._healthy, "the daemon's /healthz", timeout=30)
+            wait_for(self._healthy, 30, "the daemon's /healthz", every=0.05)
         except AssertionError:
             self.proc.kill()
             raise AssertionError(self.log.read_text()) from None
@@ -237,7 +227,7 @@ def test_cli_submits_and_lists_jobs(tmp_path: Path, s3_uri: str, moto_endpoint: 
         jobs = {j["id"]: j for j in json.loads(r.stdout)}
         return jobs[job_id] if jobs[job_id]["state"] not in ("queued", "running") else None
 
-    job = wait_for(done, "the job to finish", every=0.2)
+    job = wait_for(done, 20, "the job to finish", every=0.2)
     assert job["state"] == "ok", job
     assert job["phase"] == "done" and job["summary"]["copied"] == len(files)
     assert job["summary"]["verification"]["full"]["checked"] == len(files)
@@ -317,7 +307,7 @@ def test_newest_checkpoint_schedule_survives_restart(tmp_path: Path, daemons) ->
 
         return check
 
-    wait_for(synced("step-200"), "step-200 to be synced")
+    wait_for(synced("step-200"), 20, "step-200 to be synced", every=0.05)
     assert tree(mirror) == {f"step-200/{k}": v for k, v in step[200].items()}
     time.sleep(1.0)  # a few periods: nothing new, nothing submitted
 
@@ -330,7 +320,7 @@ def test_newest_checkpoint_schedule_survives_restart(tmp_path: Path, daemons) ->
     assert data["dst"] == f"file://{mirror}/step-200/" and data["state"] == commit["state"] == "ok"
 
     (ckpt / "step-300" / ".metadata").write_bytes(step[300][".metadata"])  # the writer commits step-300
-    wait_for(synced("step-300"), "step-300 to be synced", timeout=10)
+    wait_for(synced("step-300"), 10, "step-300 to be synced", every=0.05)
     assert tree(mirror) == {**{f"step-200/{k}": v for k, v in step[200].items()},
                             **{f"step-300/{k}": v for k, v in step[300].items()}}  # fmt: skip
     history = [j.get("checkpoint") for j in http(d.addr, "GET", "/jobs")[1]]
@@ -366,7 +356,7 @@ def test_sigterm_and_sigkill_mid_job_then_resumed_to_ok(
         doc = job_doc(state, job_id)
         return doc.get("phase") == "copying" and doc["state"] == "running" and doc.get("pid") == proc.pid
 
-    wait_for(lambda: copying_in(d.proc), "the job to copy")
+    wait_for(lambda: copying_in(d.proc), 20, "the job to copy", every=0.05)
     time.sleep(0.5)
     t0 = time.monotonic()
     assert d.stop(signal.SIGTERM) == 0  # cancelled at a safe point, quickly
@@ -374,13 +364,15 @@ def test_sigterm_and_sigkill_mid_job_then_resumed_to_ok(
     assert job_doc(state, job_id)["state"] == "running"  # not finished: left for the next daemon
 
     d2 = daemons(state)
-    wait_for(lambda: copying_in(d2.proc), "the job to be resumed")
+    wait_for(lambda: copying_in(d2.proc), 20, "the job to be resumed", every=0.05)
     time.sleep(0.5)
     d2.stop(signal.SIGKILL)
     assert job_doc(state, job_id)["state"] == "running"
 
     d3 = daemons(state)
-    job = wait_for(lambda: (j := http(d3.addr, "GET", f"/jobs/{job_id}")[1])["state"] == "ok" and j, "the job")
+    job = wait_for(
+        lambda: (j := http(d3.addr, "GET", f"/jobs/{job_id}")[1])["state"] == "ok" and j, 20, "the job", every=0.05
+    )
     assert job["summary"]["already_done"] > 0  # the killed runs' copies were kept
     assert bucket_contents(s3_uri.split("/")[2], moto_endpoint) == files
     assert http(d3.addr, "GET", "/healthz")[1]["running"] == 0
