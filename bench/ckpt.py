@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import functools
 import json
-import logging
 import math
 import os
 import shutil
@@ -59,6 +58,7 @@ from benchlib import REPO as _REPO  # noqa: E402
 from benchlib import mbps, print_result
 
 from pcache.common.config import parse_size  # noqa: E402
+from pcache.common.logs import setup_logging
 from pcache.common.process import free_port
 
 MiB = 1 << 20
@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args._rank is not None:
         return rank_main(args._spec, args._rank)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging("WARNING", fmt="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _on_sigterm)  # SIGTERM cleans up like Ctrl-C
     root = Path(tempfile.mkdtemp(prefix="pcache-ckpt-bench-", dir=args.dir))
     started = time.perf_counter()

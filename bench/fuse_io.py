@@ -52,7 +52,6 @@ import argparse
 import concurrent.futures
 import contextlib
 import errno
-import logging
 import os
 import shutil
 import signal
@@ -77,6 +76,7 @@ from benchlib import block_files, drop_page_cache, mbps, print_result
 from fuse_client.mount import mounted, unmount, wait_mounted  # noqa: E402
 from pcache.client import Client  # noqa: E402
 from pcache.common.config import parse_size  # noqa: E402
+from pcache.common.logs import setup_logging
 from pcache.local import LocalCluster  # noqa: E402
 
 MiB = 1 << 20
@@ -769,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve_memfs:
         return serve_memfs(args.serve_memfs, args.files, args.attr_timeout, args.entry_timeout)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging("WARNING", fmt="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _interrupt)  # run the finally blocks on kill/timeout too
     signal.signal(signal.SIGHUP, _interrupt)
     root = Path(tempfile.mkdtemp(prefix="pcache-fuse-bench-", dir=args.dir))

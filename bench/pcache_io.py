@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import shutil
 import statistics
@@ -53,6 +52,7 @@ from benchlib import block_files, drop_page_cache, mbps, peak_rss_mib, print_res
 
 from pcache.client import Client  # noqa: E402
 from pcache.common.config import ClientConfig, parse_size  # noqa: E402
+from pcache.common.logs import setup_logging
 from pcache.local import LocalCluster  # noqa: E402
 
 MiB = 1 << 20
@@ -434,7 +434,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging("WARNING", fmt="%(levelname)s %(name)s: %(message)s")
     root = Path(tempfile.mkdtemp(prefix="pcache-bench-", dir=args.dir))
     started = time.perf_counter()
     bench: Bench | None = None

@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import shutil
 import signal
@@ -72,6 +71,7 @@ from fuse_io import MountProc, reap_children
 
 from fuse_client.mount import mounted
 from pcache.client import Client
+from pcache.common.logs import setup_logging
 from pcache.local import LocalCluster
 from trainer_ref.data import verify
 
@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--") if "--" in argv else len(argv)
         return trainer_child(argv[1], argv[cut + 1 :])
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging("WARNING", fmt="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _interrupt)  # run the finally blocks on kill/timeout too
     signal.signal(signal.SIGHUP, _interrupt)
     root = Path(tempfile.mkdtemp(prefix="pcache-trainer-bench-", dir=args.dir))

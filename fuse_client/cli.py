@@ -7,8 +7,9 @@ import sys
 import click
 
 from fuse_client.mount import MountOptions, mount, spawn_daemon
+from pcache.common.cli import EXIT_OK, pcache_error_exit, run_cli
 from pcache.common.config import load_config
-from pcache.common.errors import InvalidArgument, PCacheError
+from pcache.common.logs import setup_logging
 
 
 @click.command(
@@ -40,8 +41,6 @@ def main_command(
     debug: bool,
 ) -> None:
     """Mount a PCache cluster at MOUNTPOINT (extra --client.KEY=VALUE options tune the client)."""
-    from pcache.cli.main import setup_logging
-
     cfg = load_config(config_path, ctx.args).client
     if not any(a.startswith("--client.metadata_ttl") for a in ctx.args):
         # the kernel caches attributes (--attr-timeout); a second cache here would only
@@ -65,23 +64,8 @@ def main_command(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit codes as ``pcache``: 0 ok, 2 fatal, 3 usage."""
-    try:
-        main_command.main(args=argv, prog_name="pcache-mount", standalone_mode=False)
-        return 0
-    except click.exceptions.UsageError as exc:
-        exc.show()
-        return 3
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except InvalidArgument as exc:
-        click.echo(f"pcache-mount: {exc}", err=True)
-        return 3
-    except PCacheError as exc:
-        click.echo(f"pcache-mount: {exc}", err=True)
-        return 2
-    except KeyboardInterrupt:
-        return 0
+    """Entry point; exit codes as ``pcache``: 0 ok, 2 fatal, 3 usage (Ctrl-C unmounts: 0)."""
+    return run_cli(main_command, "pcache-mount", argv, pcache_error_exit, on_interrupt=(EXIT_OK, None))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from pcache.common.logs import setup_logging
+
 if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
@@ -891,7 +893,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; exit codes 0 ok, 1 verification found problems, 2 fatal, 3 usage."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(message)s")
+    setup_logging("DEBUG" if args.verbose else "INFO", fmt="%(asctime)s %(message)s")
     try:
         if args.command == "build":
             cfg = BuildConfig(

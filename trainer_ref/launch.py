@@ -30,6 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from pcache.common.logs import setup_logging
 from pcache.common.process import free_port
 
 logger = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.nproc < 1 or args.max_restarts < 0:
         print("launch: --nproc must be >= 1 and --max-restarts >= 0", file=sys.stderr)
         return 3
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s launch %(levelname)s: %(message)s", stream=sys.stderr)
+    setup_logging("INFO", fmt="%(asctime)s launch %(levelname)s: %(message)s")
     sup = Supervisor(train_args, nproc=args.nproc, max_restarts=args.max_restarts, run_dir=args.run_dir,
                      hang_timeout=args.hang_timeout, start_timeout=args.start_timeout, grace=args.grace)  # fmt: skip
     signal.signal(signal.SIGTERM, sup.shutdown)

@@ -50,6 +50,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from pcache.common.logs import setup_logging
 from trainer_ref.data import BatchId, ShardDataset
 from trainer_ref.model import PRESETS, LingMoE, ModelConfig
 
@@ -551,8 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer_ref.train", description=__doc__.splitlines()[0])
     ap.add_argument("--config", help="TOML file with [model] [data] [optim] [train] [ckpt] [spike] [watchdog]")
     args, overrides = ap.parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    setup_logging("INFO", fmt=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s")
     from pcache.common.errors import InvalidArgument
 
     try:

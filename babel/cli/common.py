@@ -21,6 +21,7 @@ from rich.table import Table
 
 from babel.sync import Progress as ProgressSink
 from babel.sync import SyncReport
+from pcache.common.cli import human_bytes
 from pcache.common.config import parse_size
 from pcache.common.errors import InvalidArgument
 
@@ -91,15 +92,6 @@ class RichProgress:
         )
 
 
-def human(n: float) -> str:
-    """Bytes as a short binary-unit string."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def print_report(report: SyncReport, *, as_json: bool) -> None:
     """The final summary: a table on stderr, or the JSON report on stdout."""
     doc = report.to_dict()
@@ -114,7 +106,7 @@ def print_report(report: SyncReport, *, as_json: bool) -> None:
     table.add_row("source", f"{report.src} ({report.listed_src} objects)")
     table.add_row("destination", f"{report.dst} ({report.listed_dst} objects)")
     verb = "would copy" if report.dry_run else "copied"
-    table.add_row(verb, f"{report.copied} objects, {human(report.copied_bytes)}")
+    table.add_row(verb, f"{report.copied} objects, {human_bytes(report.copied_bytes)}")
     if report.already_done:
         table.add_row("already done", f"{report.already_done} objects (resumed job)")
     if report.parts_reused:
@@ -124,7 +116,7 @@ def print_report(report: SyncReport, *, as_json: bool) -> None:
         deleted = "would delete" if report.dry_run else "deleted"
         table.add_row(deleted, f"{report.deleted} of {report.planned_delete} extraneous")
     table.add_row("failed", str(report.failed))
-    table.add_row("time", f"{report.seconds:.1f} s, {human(doc['bytes_per_second'])}/s, {report.retries} retries")
+    table.add_row("time", f"{report.seconds:.1f} s, {human_bytes(doc['bytes_per_second'])}/s, {report.retries} retries")
     v = report.verification
     if v and not report.dry_run:
         table.add_row(
@@ -139,7 +131,9 @@ def print_report(report: SyncReport, *, as_json: bool) -> None:
         for mode in ("sample", "full"):
             if v[mode]["checked"]:
                 ok = v[mode]["checked"] - v[mode]["failed"]
-                table.add_row(f"{mode} check", f"{ok}/{v[mode]['checked']} ok, {human(v[mode]['bytes_read'])} read")
+                table.add_row(
+                    f"{mode} check", f"{ok}/{v[mode]['checked']} ok, {human_bytes(v[mode]['bytes_read'])} read"
+                )
         for f in v["failures"][:10]:
             table.add_row("[red]NOT VERIFIED", f"{f['key']}: {f['check']}: {f['detail']}")
     for err in report.errors[:10]:

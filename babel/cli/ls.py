@@ -9,8 +9,8 @@ import time
 
 import click
 
-from babel.cli.common import human
 from babel.sync import iter_listing
+from pcache.common.cli import human_bytes
 
 
 @click.command("ls", epilog="Example:\n\n  babel ls s3://train-data/shards?endpoint_url=http://127.0.0.1:9000 -l")
@@ -46,7 +46,7 @@ def ls_cmd(uri: str, long_: bool, summary: bool, as_json: bool, concurrency: int
 
     asyncio.run(go())
     if summary or long_:
-        click.echo(f"{count} objects, {human(total)} ({total} bytes), listed in {time.monotonic() - start:.1f} s",
+        click.echo(f"{count} objects, {human_bytes(total)} ({total} bytes), listed in {time.monotonic() - start:.1f} s",
                    err=not summary)  # fmt: skip
     return 0
 

@@ -12,14 +12,18 @@ import sys
 import click
 
 from babel.errors import BabelError, BadURI
+from pcache.common.cli import EXIT_FATAL, EXIT_USAGE, run_cli
+from pcache.common.logs import setup_logging
 
-EXIT_OK, EXIT_PARTIAL, EXIT_FATAL, EXIT_USAGE = 0, 1, 2, 3
 
-
-def setup_logging(verbose: int) -> None:
-    """Install the process's log handler (entry points only); -v info, -vv debug."""
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+def babel_error_exit(exc: Exception) -> tuple[int, str] | None:
+    """Babel's errors: a bad URI or a rejected option (a ``BabelError`` that is a ``ValueError``)
+    is a usage error, any other ``BabelError`` is fatal."""
+    if isinstance(exc, BadURI):
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, BabelError):
+        return (EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FATAL), f"{type(exc).__name__}: {exc}"
+    return None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,7 +34,7 @@ def cli(verbose: int) -> None:
     URIs: s3://bucket/prefix[?endpoint_url=&region=&profile=], oss://bucket/prefix,
     file:///abs/path, pcache://MASTER:PORT/path.
     """
-    setup_logging(verbose)
+    setup_logging(logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG)
 
 
 def _register() -> None:
@@ -46,36 +50,8 @@ _register()
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
-    try:
-        rv = cli.main(args=argv, prog_name="babel", standalone_mode=False)
-        return rv if isinstance(rv, int) else EXIT_OK
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return EXIT_FATAL
-    except click.exceptions.UsageError as exc:
-        exc.show()
-        return EXIT_USAGE
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return EXIT_FATAL
-    except BadURI as exc:
-        click.echo(f"babel: {exc}", err=True)
-        return EXIT_USAGE
-    except BabelError as exc:  # one that is also a ValueError is a bad request (a rejected option, URI)
-        click.echo(f"babel: {type(exc).__name__}: {exc}", err=True)
-        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FATAL
-    except BrokenPipeError:  # `babel ls | head`
-        sys.stderr.close()
-        return EXIT_OK
-    except OSError as exc:
-        where = f": {exc.filename}" if exc.filename else ""
-        click.echo(f"babel: {exc.strerror or exc}{where}", err=True)
-        return EXIT_FATAL
-    except KeyboardInterrupt:
-        click.echo("babel: interrupted (resume with `babel sync --resume JOB`)", err=True)
-        return EXIT_FATAL
+    interrupted = (EXIT_FATAL, "interrupted (resume with `babel sync --resume JOB`)")
+    return run_cli(cli, "babel", argv, babel_error_exit, on_interrupt=interrupted)
 
 
 if __name__ == "__main__":

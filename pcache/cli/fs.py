@@ -8,21 +8,14 @@ import time
 
 import click
 
-from pcache.cli.main import resolve_master
+from pcache.cli.common import resolve_master
+from pcache.common.cli import human_bytes
 
 
 def _client(ctx: click.Context):
     from pcache.client import Client
 
     return Client(master=resolve_master(ctx))
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 @click.command(epilog="Example: pcache put ./dataset /datasets/wiki")
@@ -35,7 +28,7 @@ def put(ctx: click.Context, local: str, remote: str) -> None:
     with _client(ctx) as pc:
         files, nbytes = pc.put(local, remote)
     secs = time.monotonic() - start
-    click.echo(f"put {files} files, {_human(nbytes)} in {secs:.2f}s ({_human(nbytes / max(secs, 1e-9))}/s)")
+    click.echo(f"put {files} files, {human_bytes(nbytes)} in {secs:.2f}s ({human_bytes(nbytes / max(secs, 1e-9))}/s)")
 
 
 @click.command(epilog="Example: pcache get /datasets/wiki ./wiki-copy")
@@ -48,7 +41,7 @@ def get(ctx: click.Context, remote: str, local: str) -> None:
     with _client(ctx) as pc:
         files, nbytes = pc.get(remote, local)
     secs = time.monotonic() - start
-    click.echo(f"got {files} files, {_human(nbytes)} in {secs:.2f}s ({_human(nbytes / max(secs, 1e-9))}/s)")
+    click.echo(f"got {files} files, {human_bytes(nbytes)} in {secs:.2f}s ({human_bytes(nbytes / max(secs, 1e-9))}/s)")
 
 
 @click.command(epilog="Example: pcache ls -l /datasets")
@@ -127,7 +120,7 @@ def du(ctx: click.Context, paths: tuple[str, ...], human: bool) -> None:
     with _client(ctx) as pc:
         for path in paths or ("/",):
             nbytes, files, dirs = pc.du(path)
-            size = _human(nbytes) if human else str(nbytes)
+            size = human_bytes(nbytes) if human else str(nbytes)
             click.echo(f"{size}\t{files} files\t{dirs} dirs\t{path}")
 
 

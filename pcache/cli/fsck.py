@@ -7,7 +7,8 @@ import json
 import click
 from google.protobuf.json_format import MessageToDict
 
-from pcache.cli.main import resolve_master
+from pcache.cli.common import resolve_master
+from pcache.common.cli import EXIT_OK, EXIT_PARTIAL
 
 
 @click.command(
@@ -53,7 +54,7 @@ def fsck(ctx: click.Context, path: str, dest: str | None, as_json: bool) -> int:
                 f"salvaged {path} -> {dest}: {result.size - result.lost_bytes} of {result.size} bytes;"
                 f" lost (zeros): {', '.join(f'{o}+{n}' for o, n in result.lost) or 'none'}"
             )
-    return 1 if damaged or (result is not None and result.lost) else 0
+    return EXIT_PARTIAL if damaged or (result is not None and result.lost) else EXIT_OK
 
 
 COMMANDS = [fsck]

@@ -7,6 +7,7 @@ import asyncio
 import click
 
 from pcache.common.config import load_config
+from pcache.common.logs import setup_logging
 
 SERVER_SETTINGS = {"ignore_unknown_options": True, "allow_extra_args": True}
 
@@ -29,7 +30,6 @@ def _run(coro_factory) -> None:
 @click.pass_context
 def master(ctx: click.Context, config_path: str | None, ready_file: str | None) -> None:
     """Run the metadata master (overrides: --master.KEY=VALUE)."""
-    from pcache.cli.main import setup_logging
     from pcache.master.server import serve
 
     cfg = load_config(config_path, ctx.args).master
@@ -46,7 +46,6 @@ def master(ctx: click.Context, config_path: str | None, ready_file: str | None) 
 @click.pass_context
 def worker(ctx: click.Context, config_path: str | None, ready_file: str | None) -> None:
     """Run a block worker on this node (overrides: --worker.KEY=VALUE)."""
-    from pcache.cli.main import setup_logging
     from pcache.worker.server import serve
 
     cfg = load_config(config_path, ctx.args).worker

@@ -7,7 +7,8 @@ import json
 import click
 from google.protobuf.json_format import MessageToDict
 
-from pcache.cli.main import resolve_master
+from pcache.cli.common import resolve_master
+from pcache.common.cli import EXIT_OK, EXIT_PARTIAL
 
 
 @click.command(epilog="Example: pcache status --json")
@@ -42,7 +43,7 @@ def status(ctx: click.Context, as_json: bool) -> int:
                 f"{info.addr.worker_id:<14} {info.addr.host + ':' + str(info.addr.port):<22} {info.addr.node_id[:16]:<16} "
                 f"{state:<6} {info.used_bytes:>12} {info.free_bytes:>14} {info.inflight:>8} {info.mem_tier_hit_ratio:>8.2f}"
             )
-    return 1 if st.missing_blocks or st.corrupt_blocks else 0
+    return EXIT_PARTIAL if st.missing_blocks or st.corrupt_blocks else EXIT_OK
 
 
 COMMANDS = [status]
