@@ -1,4 +1,4 @@
-"""The async PCache client: namespace calls, files, tree copies.
+"""The async PCache client: namespace calls and files (tree copies live in :mod:`pcache.client.tree`).
 
 One :class:`PCacheClient` per process and master. It owns a
 :class:`~pcache.client.master.MasterClient` (control plane) and a
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from cachetools import TTLCache
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from pcache.client import tree
 from pcache.client.data import DataClient
 from pcache.client.file import PCacheFile, parse_mode
 from pcache.client.master import MasterClient
 from pcache.client.salvage import SalvageResult, salvage
 from pcache.common.config import ClientConfig, default_node_id
 from pcache.common.errors import (
-    AlreadyExists,
     InvalidArgument,
     IsADirectory,
     NoSpace,
@@ -52,8 +52,6 @@ VERDICT_SECONDS = 2.0  # how often a client with suspects asks the master which 
 METADATA_CACHE_ENTRIES = 100_000
 MAX_SYMLINK_HOPS = 40  # as Linux's MAXSYMLINKS
 LAYOUT_CACHE_ENTRIES = 10_000
-COPY_CONCURRENCY = 16
-COPY_BUFFER = 8 << 20
 
 
 KIND_NAMES = {
@@ -514,6 +512,20 @@ class PCacheClient:
             inode, size, blocks, time.time(), base_version=base_version, base_blocks=base_blocks, replace=replace
         )
 
+    async def layout_of(self, inode: int) -> pb.FileLayout:
+        """The committed layout of ``inode`` (always asked of the master: no cache)."""
+        return await self.master.layout(inode=inode)
+
+    async def report_bad_block(self, worker_id: str, block_id: int) -> None:
+        """Tell the master the replica of ``block_id`` on ``worker_id`` failed its CRC check."""
+        await self.master.report_bad_block(worker_id, block_id)
+
+    async def discard_created(self, path: str, inode: int) -> None:
+        """Remove ``path`` if it is still ``inode`` and still empty (untouched by another writer)."""
+        st = await self.stat(path)
+        if st.inode == inode and st.size == 0:
+            await self.unlink(path)
+
     async def read_file(self, path: str) -> bytes:
         """Whole content of a file."""
         async with await self.open(path, "rb") as f:
@@ -527,142 +539,13 @@ class PCacheClient:
     # ------------------------------------------------------ tree copies ---
 
     async def put(self, local: str, remote: str) -> tuple[int, int]:
-        """Copy a local file or directory tree into PCache.
-
-        Returns:
-            (files copied, bytes copied)
-
-        Raises:
-            FileNotFoundError: ``local`` does not exist.
-        """
-        remote = normalize(remote)
-        if not os.path.lexists(local):
-            raise NotFound("local path does not exist", path=local)
-        if os.path.isdir(local) and not os.path.islink(local):
-            try:
-                if (await self.stat(remote)).is_dir:
-                    remote = join(remote, os.path.basename(os.path.abspath(local)))
-            except NotFound:
-                pass
-            await self.mkdir(remote, parents=True)
-            files: list[tuple[str, str]] = []
-            for root, dirs, names in os.walk(local):
-                rel = os.path.relpath(root, local)
-                base = remote if rel == "." else join(remote, rel.replace(os.sep, "/"))
-                for d in dirs:
-                    path = os.path.join(root, d)
-                    if os.path.islink(path):
-                        files.append((path, join(base, d)))
-                    else:
-                        await self.mkdir(join(base, d), parents=True)
-                for n in names:
-                    path = os.path.join(root, n)
-                    mode = os.lstat(path).st_mode
-                    if stat_mod.S_ISREG(mode) or stat_mod.S_ISLNK(mode):
-                        files.append((path, join(base, n)))
-                    else:  # FIFOs, sockets, devices have no bytes to copy (and a FIFO would block)
-                        logger.warning("skipping %s: not a regular file", path)
-            return await self._copy_many([(src, dst) for src, dst in files], self._put_file)
-        try:
-            if (await self.stat(remote)).is_dir:
-                remote = join(remote, os.path.basename(local))
-        except NotFound:
-            pass
-        return 1, await self._put_file(local, remote)
-
-    async def _put_file(self, local: str, remote: str) -> int:
-        if os.path.islink(local):
-            try:
-                await self.symlink(os.readlink(local), remote)
-            except AlreadyExists:
-                await self.unlink(remote)
-                await self.symlink(os.readlink(local), remote)
-            return 0
-        total = 0
-        st = os.stat(local)
-        if not stat_mod.S_ISREG(st.st_mode):
-            raise InvalidArgument("not a regular file (FIFO, socket or device)", path=local)
-        with open(local, "rb") as src:
-            dst = await self.open(remote, "wb", perm=stat_mod.S_IMODE(st.st_mode))
-            try:
-                while buf := await asyncio.to_thread(src.read, COPY_BUFFER):
-                    await dst.write(buf)
-                    total += len(buf)
-                await dst.close()
-            except BaseException:
-                await dst.abort()  # an existing file keeps its old content, a new one goes
-                raise
-        return total
+        """Copy a local file or directory tree into PCache; returns (files, bytes). See :func:`tree.put`."""
+        return await tree.put(self, local, remote)
 
     async def get(self, remote: str, local: str) -> tuple[int, int]:
-        """Copy a PCache file or tree to the local disk; returns (files, bytes)."""
-        remote = normalize(remote)
-        st = await self.stat(remote)
-        if st.is_dir:
-            if os.path.isdir(local):
-                local = os.path.join(local, st.name if remote != "/" else "")
-            os.makedirs(local, exist_ok=True)
-            pairs: list[tuple[str, str]] = []
-            stack = [(remote, local)]
-            while stack:
-                rdir, ldir = stack.pop()
-                async for entry in self.scandir(rdir):
-                    target = os.path.join(ldir, entry.name)
-                    if entry.is_dir:
-                        os.makedirs(target, exist_ok=True)
-                        stack.append((entry.path, target))
-                    else:
-                        pairs.append((entry.path, target))
-            return await self._copy_many(pairs, self._get_file)
-        if os.path.isdir(local):
-            local = os.path.join(local, st.name)
-        return 1, await self._get_file(remote, local)
-
-    async def _get_file(self, remote: str, local: str) -> int:
-        st = await self.stat(remote)
-        if st.kind == "symlink":
-            if os.path.lexists(local):
-                os.unlink(local)
-            os.symlink(st.symlink_target, local)
-            return 0
-        total = 0
-        tmp = f"{local}.pcache-part"
-        async with await self.open(remote, "rb") as src:
-            with open(tmp, "wb") as dst:
-                while True:
-                    buf = await src.read(COPY_BUFFER)
-                    if not buf:
-                        break
-                    await asyncio.to_thread(dst.write, buf)
-                    total += len(buf)
-        os.chmod(tmp, st.mode & 0o7777)
-        os.replace(tmp, local)
-        return total
-
-    async def _copy_many(self, pairs: list[tuple[str, str]], copy) -> tuple[int, int]:
-        slots = asyncio.Semaphore(COPY_CONCURRENCY)
-
-        async def one(src: str, dst: str) -> int:
-            async with slots:
-                return await copy(src, dst)
-
-        sizes = await asyncio.gather(*(one(s, d) for s, d in pairs))
-        return len(pairs), sum(sizes)
+        """Copy a PCache file or tree to the local disk; returns (files, bytes). See :func:`tree.get`."""
+        return await tree.get(self, remote, local)
 
     async def du(self, path: str) -> tuple[int, int, int]:
-        """(bytes, files, directories) under ``path``."""
-        st = await self.stat(path)
-        if not st.is_dir:
-            return st.size, 1, 0
-        total, files, dirs = 0, 0, 1
-        stack = [st.path]
-        while stack:
-            current = stack.pop()
-            async for entry in self.scandir(current):
-                if entry.is_dir:
-                    dirs += 1
-                    stack.append(entry.path)
-                else:
-                    files += 1
-                    total += entry.size
-        return total, files, dirs
+        """(bytes, files, directories) under ``path``. See :func:`tree.du`."""
+        return await tree.du(self, path)

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pcache.common.checksum import crc32c
 from pcache.common.errors import (
@@ -42,7 +42,8 @@ from pcache.common.layout import HOLE
 from pcache.proto import pcache_pb2 as pb
 
 if TYPE_CHECKING:
-    from pcache.client.core import PCacheClient
+    from pcache.client.data import DataClient
+    from pcache.common.config import ClientConfig
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,50 @@ class Slot:
     locations: list[pb.WorkerAddr] = field(default_factory=list)
     data: bytearray | None = None
     pending: asyncio.Task | None = None
+
+
+class FileService(Protocol):
+    """What an open file needs from its client, and nothing more (``PCacheClient`` provides it).
+
+    The file reads through ``data`` (TCP, short circuit, worker health); every call to the
+    master goes through the methods below.
+    """
+
+    cfg: ClientConfig
+    data: DataClient
+    client_id: str  # spreads this client's readers of one file over its replicas
+
+    async def layout_of(self, inode: int) -> pb.FileLayout:
+        """The committed layout (size, version, blocks and their replicas) of ``inode``."""
+        ...
+
+    async def report_bad_block(self, worker_id: str, block_id: int) -> None:
+        """Tell the master a replica failed its CRC check (it quarantines and repairs it)."""
+        ...
+
+    async def write_block(
+        self, inode: int, data: bytes | bytearray, crc: int
+    ) -> tuple[int, list[str], list[pb.WorkerAddr]]:
+        """Allocate and store a new block: (block id, replicas that stored it, their addresses)."""
+        ...
+
+    async def commit(
+        self,
+        path: str,
+        inode: int,
+        size: int,
+        blocks: list[pb.CommittedBlock],
+        *,
+        base_version: int,
+        base_blocks: list[int],
+        replace: bool,
+    ) -> pb.Inode:
+        """Publish the file's block list (merged with other writers' commits unless ``replace``)."""
+        ...
+
+    async def discard_created(self, path: str, inode: int) -> None:
+        """Remove ``path`` if it is still ``inode`` and still empty (a failed create leaves nothing)."""
+        ...
 
 
 def parse_mode(mode: str) -> tuple[bool, bool, str]:
@@ -83,9 +128,9 @@ def parse_mode(mode: str) -> tuple[bool, bool, str]:
 class PCacheFile:
     """Async file handle; create through :meth:`PCacheClient.open`."""
 
-    def __init__(self, client: PCacheClient, path: str, mode: str, layout: pb.FileLayout) -> None:
-        self.client = client
-        self.cfg = client.cfg
+    def __init__(self, service: FileService, path: str, mode: str, layout: pb.FileLayout) -> None:
+        self.service = service
+        self.cfg = service.cfg
         self.path = path
         self.mode = mode
         self.readable, self.writable, kind = parse_mode(mode)
@@ -146,7 +191,7 @@ class PCacheFile:
         """
         if self.writable:
             return False  # a writer's own slots are the truth for it
-        layout = await self.client.master.layout(inode=self.inode)
+        layout = await self.service.layout_of(self.inode)
         if layout.inode.version == self.version:
             return False
         self.slots = _slots(layout)
@@ -291,7 +336,7 @@ class PCacheFile:
         every replica failed (``errors`` says why). Source: hedged requests ("The Tail at Scale",
         Dean and Barroso 2013; HDFS ``dfs.client.hedged.read.threshold.millis``).
         """
-        data = self.client.data
+        data = self.service.data
         pending: dict[asyncio.Task, pb.WorkerAddr] = {}
         started: dict[asyncio.Task, float] = {}
         queue = list(order)
@@ -331,7 +376,7 @@ class PCacheFile:
         return asyncio.ensure_future(self._read_one(addr, block_id, offset, length))
 
     async def _read_one(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
-        data = self.client.data
+        data = self.service.data
         if not data.can_short_circuit(addr):
             return await data.read(addr, block_id, offset, length)
         try:
@@ -344,11 +389,11 @@ class PCacheFile:
 
     def _ordered(self, locations: list[pb.WorkerAddr]) -> list[pb.WorkerAddr]:
         """Replicas in the order to try: local, then remote (rotated per file), suspects last."""
-        health = self.client.data.health
-        local = [a for a in locations if self.client.data.can_short_circuit(a)]
+        health = self.service.data.health
+        local = [a for a in locations if self.service.data.can_short_circuit(a)]
         remote = [a for a in locations if a not in local]
         if remote:  # spread concurrent readers of one file over the replicas
-            shift = hash((self.client.client_id, self.inode)) % len(remote)
+            shift = hash((self.service.client_id, self.inode)) % len(remote)
             remote = remote[shift:] + remote[:shift]
         ordered = local + remote
         return [a for a in ordered if not health.is_suspect(a.worker_id)] + [
@@ -357,13 +402,13 @@ class PCacheFile:
 
     async def _report_bad(self, worker_id: str, block_id: int) -> None:
         try:
-            await self.client.master.report_bad_block(worker_id, block_id)
+            await self.service.report_bad_block(worker_id, block_id)
         except PCacheError as exc:
             logger.warning("cannot report corrupt block %d on %s: %s", block_id, worker_id, exc)
 
     async def _refresh_locations(self) -> None:
         try:
-            layout = await self.client.master.layout(inode=self.inode)
+            layout = await self.service.layout_of(self.inode)
         except PCacheError as exc:
             logger.warning("%s: cannot refresh block locations: %s", self.path, exc)
             return
@@ -469,7 +514,7 @@ class PCacheFile:
 
     async def _store(self, slot: Slot, data: bytearray) -> None:
         crc = await asyncio.to_thread(crc32c, data) if len(data) > (1 << 20) else crc32c(data)
-        block_id, stored, locations = await self.client.write_block(self.inode, data, crc)
+        block_id, stored, locations = await self.service.write_block(self.inode, data, crc)
         slot.block_id, slot.length, slot.crc = block_id, len(data), crc
         slot.replicas, slot.locations = stored, locations
 
@@ -546,7 +591,7 @@ class PCacheFile:
             pb.CommittedBlock(block_id=s.block_id, length=s.length, crc32c=s.crc, replicas=s.replicas)
             for s in self.slots
         ]
-        node = await self.client.commit(
+        node = await self.service.commit(
             self.path,
             self.inode,
             self.size,
@@ -566,7 +611,7 @@ class PCacheFile:
 
     async def _adopt(self) -> None:
         """Take the committed layout as this handle's view (clean slots only: nothing is dirty now)."""
-        layout = await self.client.master.layout(inode=self.inode)
+        layout = await self.service.layout_of(self.inode)
         fresh = _slots(layout)
         for idx, mine in enumerate(self.slots[: len(fresh)]):
             if mine.data is not None or mine.pending is not None:
@@ -621,9 +666,7 @@ class PCacheFile:
             return
         self.created = False
         try:
-            st = await self.client.stat(self.path)
-            if st.inode == self.inode and st.size == 0:  # still ours, untouched by another writer
-                await self.client.unlink(self.path)
+            await self.service.discard_created(self.path, self.inode)
         except PCacheError as exc:
             logger.warning("%s: cannot remove the file a failed writer created: %s", self.path, exc)
 
