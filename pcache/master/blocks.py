@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterable
 
+from pcache.common import errors as E
 from pcache.common.layout import HOLE
 from pcache.common.metrics import MASTER_BAD_REPLICAS, MASTER_LOST_REPLICAS
 from pcache.master.namespace import Freed, Namespace
@@ -51,6 +52,29 @@ class BlockManager:
         self.target[block_id] = target
         for wid in replicas:
             self.by_worker.setdefault(wid, set()).add(block_id)
+
+    def allocate(self, inode: int, size: int, *, client_node: str, exclude: Iterable[str] = ()) -> pb.BlockLocation:
+        """Issue a block id for a writer of ``inode`` and choose its pipeline of workers.
+
+        ``size`` is the block's expected length in bytes (0: the file's block size); placement is
+        the registry's (local worker first, then by load and free space; ``exclude`` left out).
+        The id stays reserved until the writer commits it (:class:`Allocations`).
+
+        Raises:
+            Unavailable: no live worker. NoSpace: no worker has ``size`` bytes free (nothing
+            stays reserved). NotFound, IsADirectory: no such regular file.
+        """
+        alive = self.registry.alive()
+        if not alive:
+            raise E.Unavailable("no live worker to place a block on")
+        block_id, node = self.ns.allocate_block(inode)
+        size = size or node.block_size
+        count = max(1, min(node.replication or 1, len(alive)))
+        targets = self.registry.choose(count, size=size, client_node=client_node, exclude=list(exclude))
+        if not targets:
+            self.ns.allocations.forget(block_id)
+            raise E.NoSpace(f"no worker has {size} bytes free for a new block")
+        return pb.BlockLocation(block_id=block_id, length=size, replicas=[t.info.addr for t in targets])
 
     def live_replicas(self, block_id: int) -> list[WorkerState]:
         """Alive workers holding a good copy of ``block_id``."""
@@ -100,7 +124,7 @@ class BlockManager:
                     self.by_worker.setdefault(worker_id, set()).add(block_id)
                     self._persist(block_id)
                 self._check(block_id)
-            elif block_id not in self.ns.pending:
+            elif block_id not in self.ns.allocations:
                 self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
         for block_id in list(self.by_worker.get(worker_id, ())):
             if block_id not in have:
@@ -140,7 +164,7 @@ class BlockManager:
         """A replica failed its CRC: quarantine it (out of service, kept) and re-replicate from a
         good one; the bad copy is deleted once the block has its good replicas back."""
         if block_id not in self.locations:
-            if block_id not in self.ns.pending:  # no file has it: an orphan
+            if block_id not in self.ns.allocations:  # no file has it: an orphan
                 self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
             return
         if worker_id in self.quarantined.get(block_id, ()):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pcache.common import errors as E
 from pcache.common.layout import HOLE, MAX_BLOCK_SIZE, MAX_REPLICATION, MIN_BLOCK_SIZE
 from pcache.common.paths import parent_and_name, split_path
+from pcache.master.allocations import Allocations
 from pcache.master.metastore import MetaStore
 from pcache.proto import pcache_pb2 as pb
 
@@ -61,6 +62,10 @@ class _Counter:
         self._next = U64.unpack(raw)[0] if raw else first
         self._limit = self._next
 
+    def peek(self) -> int:
+        """The next id :meth:`take` returns."""
+        return self._next
+
     def take(self) -> int:
         if self._next >= self._limit:
             self._limit = self._next + ID_BATCH
@@ -73,14 +78,16 @@ class _Counter:
 class Namespace:
     """Domain object behind the master's namespace RPCs; no network in here."""
 
-    def __init__(self, store: MetaStore, *, default_block_size: int, default_replication: int) -> None:
+    def __init__(
+        self, store: MetaStore, *, default_block_size: int, default_replication: int, allocation_grace: float = 600.0
+    ) -> None:
         self.store = store
         self.default_block_size = default_block_size
         self.default_replication = default_replication
         self._inodes = _Counter(store, b"cinode", ROOT + 1)
         self._blocks = _Counter(store, b"cblock", 1)
-        # allocated, not yet committed: block id -> (inode, allocation time)
-        self.pending: dict[int, tuple[int, float]] = {}
+        # blocks allocated and not yet committed: a commit may adopt only those of its own inode
+        self.allocations = Allocations(self._blocks.peek(), grace=allocation_grace)
         if self.store.get(_ikey(ROOT)) is None:
             now = time.time()
             root = pb.Inode(id=ROOT, type=pb.DIRECTORY, mode=0o755, mtime=now, ctime=now, atime=now)
@@ -525,7 +532,7 @@ class Namespace:
         return node, metas
 
     def allocate_block(self, inode: int) -> tuple[int, pb.Inode]:
-        """Reserve a new block id for a writer of ``inode``.
+        """Issue a new block id for a writer of ``inode`` and reserve it in :attr:`allocations`.
 
         Raises:
             NotFound: no such inode. IsADirectory: not a regular file.
@@ -534,7 +541,7 @@ class Namespace:
         if node.type != pb.REGULAR:
             raise E.IsADirectory(f"inode {inode} is not a regular file")
         block_id = self._blocks.take()
-        self.pending[block_id] = (inode, time.monotonic())
+        self.allocations.reserve(block_id, inode)
         return block_id, node
 
     def commit_file(
@@ -570,9 +577,10 @@ class Namespace:
         Raises:
             NotFound: the inode was deleted meanwhile.
             Conflict: another writer changed a block this one changed too, or
-                any block of a ``replace`` commit; nothing was committed.
-            InvalidArgument: a block that was not allocated for this file, or a
-                block list that does not match the size.
+                any block of a ``replace`` commit; or a new block is not reserved
+                for this file (see :meth:`Allocations.check`: a master restart, an
+                expired allocation, another file's block); nothing was committed.
+            InvalidArgument: a block list that does not match the size.
         """
         node = self._get_inode(inode)
         if node.type != pb.REGULAR:
@@ -637,12 +645,7 @@ class Namespace:
                 continue
             if blk.block_id in current:
                 continue
-            owner = self.pending.get(blk.block_id)
-            if owner is None or owner[0] != node.id:
-                raise E.Conflict(
-                    f"inode {node.id} changed since this writer opened it (block {blk.block_id} is no longer"
-                    " its own): another writer committed first; this version was not committed"
-                )
+            self.allocations.check(blk.block_id, node.id)
             if not blk.replicas:
                 raise E.InvalidArgument(f"block {blk.block_id} has no replica")
             meta = pb.BlockMeta(
@@ -672,8 +675,7 @@ class Namespace:
         node.version += 1
         puts.append((_ikey(node.id), node.SerializeToString()))
         self.store.write(puts, deletes)
-        for blk in blocks:
-            self.pending.pop(blk.block_id, None)
+        self.allocations.commit(b.block_id for b in blocks)
         node.name = name
         return Freed(freed)
 

@@ -52,7 +52,10 @@ class MasterServer:
         self.store = open_metastore(uri, sync=cfg.sync_writes)
         self.epoch = next_epoch(self.store)
         self.ns = Namespace(
-            self.store, default_block_size=cfg.default_block_size, default_replication=cfg.default_replication
+            self.store,
+            default_block_size=cfg.default_block_size,
+            default_replication=cfg.default_replication,
+            allocation_grace=cfg.orphan_grace,
         )
         self.registry = WorkerRegistry(dead_after=cfg.dead_after)
         self.blocks = BlockManager(self.ns, self.registry, replication_timeout=cfg.replication_timeout)
@@ -102,10 +105,9 @@ class MasterServer:
             issued = self.blocks.schedule()
             if issued:
                 logger.info("issued %d re-replications", issued)
-        horizon = time.monotonic() - self.cfg.orphan_grace
-        for block_id, (_ino, when) in list(self.ns.pending.items()):
-            if when < horizon:
-                del self.ns.pending[block_id]
+        expired = self.ns.allocations.expire()
+        if expired:
+            logger.info("%d block allocations expired without a commit (master.orphan_grace)", len(expired))
         MASTER_WORKERS.set(len(self.registry.alive()))
         MASTER_UNDER_REPLICATED.set(self.blocks.under_replicated())  # the figure `pcache status` shows
         MASTER_MISSING.set(self.blocks.missing())

@@ -160,19 +160,12 @@ class MasterServicer(pb_grpc.MasterServicer):
     ) -> pb.BlockLocation:
         self._check(request.header, "AllocateBlock")
         with RPC_SECONDS.labels("AllocateBlock").time():
-            alive = self.registry.alive()
-            if not alive:
-                raise E.Unavailable("no live worker to place a block on")
-            block_id, node = self.ns.allocate_block(request.inode)
-            size = request.size_hint or node.block_size
-            count = max(1, min(node.replication or 1, len(alive)))
-            targets = self.registry.choose(
-                count, size=size, client_node=request.client_node, exclude=request.exclude_workers
+            return self.blocks.allocate(
+                request.inode,
+                request.size_hint,
+                client_node=request.client_node,
+                exclude=request.exclude_workers,
             )
-            if not targets:
-                self.ns.pending.pop(block_id, None)
-                raise E.NoSpace(f"no worker has {size} bytes free for a new block")
-            return pb.BlockLocation(block_id=block_id, length=size, replicas=[t.info.addr for t in targets])
 
     @rpc_method
     async def CommitFile(self, request: pb.CommitFileRequest, context: grpc.aio.ServicerContext) -> pb.Inode:

@@ -227,6 +227,12 @@ class DiskBlockStore:
     # ------------------------------------------------------------ space --
 
     @property
+    def block_count(self) -> int:
+        """Blocks stored with a readable record (what heartbeats report)."""
+        with self._lock:
+            return len(self._infos)
+
+    @property
     def free_bytes(self) -> int:
         """Bytes a new block may still take (quota and real disk both respected)."""
         with self._lock:

@@ -157,7 +157,7 @@ class WorkerServer:
             used_bytes=self.store.used_bytes,
             free_bytes=self.store.free_bytes,
             inflight=self.data.inflight,
-            block_count=len(self.store._infos),
+            block_count=self.store.block_count,
             mem_tier_bytes=self.tier.size,
             mem_tier_hit_ratio=self.tier.hit_ratio,
             metrics_addr=self.metrics_addr,

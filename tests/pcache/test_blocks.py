@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from pcache.common import errors as E
 from pcache.master.blocks import BlockManager
 from pcache.master.metastore import open_metastore
 from pcache.master.namespace import Namespace
@@ -310,3 +311,23 @@ def test_restart_rebuilds_from_the_namespace(c: Cluster) -> None:
         bm.worker_registered(wid, have)
     assert bm.under == set()
     assert bm.schedule() == 0
+
+
+def test_allocate_places_a_pipeline_and_rolls_back_when_nobody_has_room() -> None:
+    c = Cluster(workers=3)
+    node, _ = c.ns.create("/f", replication=2)
+    loc = c.bm.allocate(node.id, 0, client_node="node-w2")
+    assert loc.length == node.block_size and len(loc.replicas) == 2
+    assert loc.replicas[0].worker_id == "w2"  # the writer's own node first
+    assert c.ns.allocations.owner(loc.block_id) == node.id
+    loc2 = c.bm.allocate(node.id, 10, client_node="", exclude=["w1", "w2"])
+    assert [a.worker_id for a in loc2.replicas] == ["w3"] and loc2.length == 10
+    with pytest.raises(E.NoSpace):
+        c.bm.allocate(node.id, 200 * GiB, client_node="")
+    assert len(c.ns.allocations) == 2  # the failed placement reserved nothing
+    for wid in list(c.reg.workers):
+        c.kill(wid)
+    with pytest.raises(E.Unavailable):
+        c.bm.allocate(node.id, 0, client_node="")
+    with pytest.raises(E.NotFound):
+        Cluster().bm.allocate(99999, 0, client_node="")

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from pcache.common import errors as E
+from pcache.master.allocations import Allocations
 from pcache.master.metastore import MetaStore, open_metastore
 from pcache.master.namespace import ID_BATCH, ROOT, Namespace
 from pcache.proto import pcache_pb2 as pb
@@ -612,7 +613,7 @@ def test_allocate_block(ns: Namespace) -> None:
     node, _ = ns.create("/f")
     ids = [ns.allocate_block(node.id)[0] for _ in range(5)]
     assert ids == sorted(ids) and len(set(ids)) == 5
-    assert all(ns.pending[b][0] == node.id for b in ids)
+    assert all(ns.allocations.owner(b) == node.id for b in ids) and len(ns.allocations) == 5
     assert ns.allocate_block(node.id)[1].id == node.id
     ns.mkdir("/d")
     with pytest.raises(E.IsADirectory):
@@ -635,7 +636,7 @@ def test_commit_file(ns: Namespace) -> None:
     assert freed.blocks == []
     assert updated.size == BLOCK + 5 and list(updated.blocks) == [b1, b2]
     assert updated.version == node.version + 1 and updated.mtime == 1234.0
-    assert b1 not in ns.pending and b2 not in ns.pending
+    assert b1 not in ns.allocations and b2 not in ns.allocations
     inode, metas = ns.layout("/f")
     assert inode.id == node.id and inode.size == BLOCK + 5
     assert [(m.block_id, m.inode, m.length, m.crc32c, list(m.replicas), m.replication) for m in metas] == [
@@ -660,12 +661,37 @@ def test_commit_rejects_foreign_and_unknown_blocks(ns: Namespace) -> None:
         ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=mine, length=1)])  # no replica
     # nothing was committed by the failed calls, and the allocations are still usable
     assert ns.resolve("/f").size == 0 and ns.count() == (3, 0)
-    assert mine in ns.pending and theirs in ns.pending
+    assert mine in ns.allocations and theirs in ns.allocations
     ns.commit_file(f.id, 1, [good])
     # a block committed once cannot be committed again by another file
     with pytest.raises(E.Conflict):
         ns.commit_file(g.id, 1, [good])
     assert ns.layout("/g")[1] == []
+
+
+def test_commit_of_an_expired_or_foreign_allocation_says_why(ns: Namespace) -> None:
+    clock = [100.0]
+    ns.allocations = Allocations(ns.allocations.first_id, grace=60.0, clock=lambda: clock[0])
+    f, _ = ns.create("/f")
+    g, _ = ns.create("/g")
+    old, _ = ns.allocate_block(f.id)
+    clock[0] += 30
+    young, _ = ns.allocate_block(f.id)
+    theirs, _ = ns.allocate_block(g.id)
+    clock[0] += 31  # `old` is 61 s old, the others 31 s
+    assert ns.allocations.expire() == [old]
+    assert old not in ns.allocations and young in ns.allocations
+    with pytest.raises(E.Conflict, match=r"allocation of block \d+ expired \(60 s without a commit"):
+        ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=old, length=1, replicas=["w1"])])
+    with pytest.raises(E.Conflict, match=f"block {theirs} was allocated for inode {g.id}, not for this file"):
+        ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=theirs, length=1, replicas=["w1"])])
+    with pytest.raises(E.Conflict, match="another writer committed first"):
+        ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=young + 1000, length=1, replicas=["w1"])])
+    assert ns.resolve("/f").size == 0
+    ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=young, length=1, replicas=["w1"])])
+    assert list(ns.resolve("/f").blocks) == [young] and young not in ns.allocations
+    ns.allocations.forget(theirs)
+    assert len(ns.allocations) == 0
 
 
 def test_commit_size_mismatch(ns: Namespace) -> None:
@@ -675,7 +701,7 @@ def test_commit_size_mismatch(ns: Namespace) -> None:
     for size in (99, 0, BLOCK + 1):  # longer than its place; one block too many; one too few
         with pytest.raises(E.InvalidArgument):
             ns.commit_file(f.id, size, [blk])
-    assert ns.resolve("/f").size == 0 and b in ns.pending
+    assert ns.resolve("/f").size == 0 and b in ns.allocations
     ns.commit_file(f.id, 101, [blk])  # shorter than its place: the last byte reads as zero
     assert ns.resolve("/f").size == 101
 
@@ -751,7 +777,11 @@ def test_namespace_survives_reopen(tmp_path: Path) -> None:
     node, metas = ns.layout("/a/g")
     assert node.size == BLOCK + 1 and [m.block_id for m in metas] == blocks
     assert ns.count() == (5, 2)
-    assert ns.pending == {}  # allocations are not durable; their ids are not reused either
+    assert len(ns.allocations) == 0  # allocations are not durable; their ids are not reused either
+    # a writer that allocated before the restart is told so, and nothing is committed
+    with pytest.raises(E.Conflict, match="allocated before the master restarted"):
+        ns.commit_file(node.id, 1, [pb.CommittedBlock(block_id=pending, length=1, replicas=["w1"])])
+    assert ns.layout("/a/g")[0].size == BLOCK + 1
     # counters continue past everything handed out before, including the uncommitted block
     new_dir = ns.mkdir("/c")
     assert new_dir.id > max(ids.values())
@@ -1047,4 +1077,4 @@ def test_commit_merges_disjoint_writers_at_block_granularity(ns: Namespace) -> N
     # a truncating writer from an old view: conflict even on blocks nobody else changed
     with pytest.raises(E.Conflict):
         ns.commit_file(node.id, BLOCK, [keep(first[0], BLOCK)], base_version=view[0], base_blocks=view[1], replace=True)
-    assert list(ns.resolve("/m").blocks) == list(merged.blocks) and c0.block_id in ns.pending
+    assert list(ns.resolve("/m").blocks) == list(merged.blocks) and c0.block_id in ns.allocations
