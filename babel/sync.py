@@ -27,65 +27,21 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from babel.backends import open_store
-from babel.backends.base import META_CRC32C, MiB, ObjectInfo, ObjectStore
+from babel.backends.base import META_CRC32C, ObjectInfo, ObjectStore
 from babel.errors import BabelError, BadURI, NoSuchBucket
 from babel.journal import Journal, new_job_id
 from babel.lister import list_parallel_pages
-from babel.planner import Decision, Filters, decide, merge_join, needs_head
-from babel.transfer import DEFAULT_THRESHOLD, CopyResult, Transferer
+from babel.options import SyncOptions, options_from_dict
+from babel.planner import Decision, decide, merge_join, needs_head
+from babel.transfer import CopyResult, Transferer
 from babel.verify import VerifyResult, check_full, check_metadata, check_sample
 
 logger = logging.getLogger(__name__)
 
-VerifyMode = Literal["none", "sample", "full"]
 MAX_REPORTED = 50  # errors and verification failures listed in a report
-
-
-@dataclass
-class SyncOptions:
-    """How a sync runs (the ``babel sync`` flags)."""
-
-    include: tuple[str, ...] = ()
-    """Glob patterns of keys to sync (default: all); see :class:`babel.planner.Filters`."""
-    exclude: tuple[str, ...] = ()
-    """Glob patterns of keys to leave alone (they are neither copied nor deleted)."""
-    dry_run: bool = False
-    """Plan and report, change nothing."""
-    delete: bool = False
-    """Delete destination objects that are not in the source (after all copies succeed)."""
-    max_delete: int = -1
-    """Refuse to delete anything when more than this many deletions are planned (-1: no limit)."""
-    checkers: int = 16
-    """HEAD requests in flight while planning and objects verified at once."""
-    transfers: int = 16
-    """Units (small objects or parts) copied at once."""
-    list_concurrency: int = 32
-    """ListObjectsV2 calls in flight per side."""
-    bwlimit: float | None = None
-    """Bytes per second over all transfers (None: unlimited)."""
-    verify: VerifyMode = "sample"
-    """Content check after copying: none, sample (head, tail and strided 1 MiB ranges) or full."""
-    size_only: bool = False
-    """Skip objects whose sizes match (no mtime or checksum comparison)."""
-    checksum: bool = False
-    """Compare Babel's stored CRC32C instead of mtimes where both sides have one."""
-    multipart_threshold: int = DEFAULT_THRESHOLD
-    """Objects of at least this many bytes are copied as multipart uploads."""
-    part_size: int | None = None
-    """Fixed multipart part size in bytes (None: chosen from the object size)."""
-    memory: int = 512 * MiB
-    """Bytes of object data held in memory at once."""
-    samples: int = 32
-    """Sampled ranges per object in sample verification (head and tail included)."""
-    sample_size: int = MiB
-    """Bytes per sampled range."""
-
-    def filters(self) -> Filters:
-        """The include/exclude filters."""
-        return Filters(tuple(self.include), tuple(self.exclude))
 
 
 @dataclass
@@ -488,8 +444,9 @@ def create_job(src_uri: str, dst_uri: str, options: SyncOptions | None, state_di
 
     Raises:
         BadURI: an unknown scheme or malformed URI (before anything is created).
+        BadOption: an option out of bounds (:meth:`SyncOptions.check`).
     """
-    options = options or SyncOptions()
+    options = (options or SyncOptions()).check()
     check_not_overlapping(src_uri, dst_uri)
     journal = Journal(state_dir, new_job_id(), create=True)
     try:
@@ -534,14 +491,14 @@ async def run_sync(
 
     Raises:
         BadURI: an unknown scheme or malformed URI (before anything runs).
+        BadOption: an option out of bounds (:meth:`SyncOptions.check`).
         FileNotFoundError: ``job_id`` names no job in ``state_dir``.
     """
     if job_id is not None:
         journal = Journal(state_dir, job_id)
         desc = journal.describe()
         src_uri, dst_uri = desc["src"], desc["dst"]
-        options = SyncOptions(**{**desc["options"], "include": tuple(desc["options"]["include"]),
-                                 "exclude": tuple(desc["options"]["exclude"])})  # fmt: skip
+        options = options_from_dict(desc["options"])
     else:
         options = options or SyncOptions()
         journal = Journal(state_dir, create_job(src_uri, dst_uri, options, state_dir))
@@ -565,7 +522,7 @@ async def run_verify(
 
     Keys missing on either side count as failures. Returns the report (state ok/partial/failed).
     """
-    options = options or SyncOptions()
+    options = (options or SyncOptions()).check()
     open_store(src_uri), open_store(dst_uri)  # noqa: B018 - raises BadURI first
     journal = Journal(state_dir, new_job_id(), create=True)
     journal.update(src=src_uri, dst=dst_uri, options=asdict(options), created=time.time(), kind="verify")

@@ -23,9 +23,10 @@ from typing import Any
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, _FileSystemWriter
 
 from ckpt_adapter.uri import SCHEME, client_for, join_uri, split_uri
+from pcache.common.checkpoint import COMMIT_MARKER
 from pcache.common.errors import AlreadyExists, NotFound
 
-METADATA = ".metadata"
+METADATA = COMMIT_MARKER  # written last: its presence commits the checkpoint
 STREAM_BUFFER = 4 << 20
 
 

@@ -51,7 +51,6 @@ PCACHE_TOML = ROOT / "deploy" / "local" / "pcache.toml"
 TRAINER_TOML = ROOT / "deploy" / "local" / "trainer.toml"
 ACCESS, SECRET, REGION = "demo-access-key", "demo-secret-key", "us-east-1"
 DATASET, RUN = "stdlib-tokens", "ling-demo"
-COMMIT_MARKER = ".metadata"  # torch.distributed.checkpoint writes it last
 SAMPLES = 8  # 1 MiB ranges re-read per checkpoint object (head, tail, strided); smaller objects are read whole
 
 
@@ -337,6 +336,7 @@ class Demo:
     def checkpoint_to_region_b(self) -> str:
         """Stage 6: the newest committed checkpoint PCache -> region B; data first, ``.metadata`` last."""
         from babel.daemon import newest_checkpoint
+        from pcache.common.checkpoint import COMMIT_MARKER
 
         name = asyncio.run(newest_checkpoint(self.pcache(f"checkpoints/{RUN}")))
         if name is None:

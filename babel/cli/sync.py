@@ -8,7 +8,8 @@ import click
 
 from babel.cli.common import SIZE, RichProgress, print_report
 from babel.journal import default_state_dir
-from babel.sync import SyncOptions, run_sync
+from babel.options import CONCURRENCY, SAMPLES, BadOption, SyncOptions
+from babel.sync import run_sync
 
 
 @click.command(
@@ -31,14 +32,18 @@ from babel.sync import SyncOptions, run_sync
     "--max-delete", type=int, default=-1, help="Refuse all deletions when more are planned. [default: no limit]"
 )
 @click.option(
-    "--checkers", type=click.IntRange(1, 1024), default=16, show_default=True, help="HEADs/verifications at once."
+    "--checkers", type=click.IntRange(*CONCURRENCY), default=16, show_default=True, help="HEADs/verifications at once."
 )
 @click.option(
-    "--transfers", type=click.IntRange(1, 1024), default=16, show_default=True, help="Objects/parts copied at once."
+    "--transfers",
+    type=click.IntRange(*CONCURRENCY),
+    default=16,
+    show_default=True,
+    help="Objects/parts copied at once.",
 )
 @click.option(
     "--list-concurrency",
-    type=click.IntRange(1, 1024),
+    type=click.IntRange(*CONCURRENCY),
     default=32,
     show_default=True,
     help="Listing calls at once per side.",
@@ -54,7 +59,7 @@ from babel.sync import SyncOptions, run_sync
 @click.option("--part-size", type=SIZE, default=None, help="Fixed part size (default: chosen from the object size).")
 @click.option("--memory", type=SIZE, default="512M", show_default=True, help="Object bytes held in memory at once.")
 @click.option(
-    "--samples", type=click.IntRange(2, 100000), default=32, show_default=True, help="Sampled ranges per object."
+    "--samples", type=click.IntRange(*SAMPLES), default=32, show_default=True, help="Sampled ranges per object."
 )
 @click.option(
     "--state-dir", default=None, help="Where job journals live [default: $BABEL_STATE_DIR or ~/.local/state/babel]."
@@ -81,18 +86,16 @@ def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, 
         ]  # fmt: skip
         if given:
             raise click.UsageError(f"--resume runs the job with its own options; do not give {', '.join(given)}")
-    if bwlimit is not None and bwlimit <= 0:
-        raise click.BadParameter("must be a positive number of bytes per second", param_hint="--bwlimit")
-    if part_size is not None and part_size < 1 << 20:
-        raise click.BadParameter("must be at least 1M", param_hint="--part-size")
-    if memory < 1 << 20:
-        raise click.BadParameter("must be at least 1M", param_hint="--memory")
     options = SyncOptions(
         include=tuple(include), exclude=tuple(exclude), dry_run=dry_run, delete=delete, max_delete=max_delete,
         checkers=checkers, transfers=transfers, list_concurrency=list_concurrency, bwlimit=bwlimit,
         verify=verify_mode, size_only=size_only, checksum=checksum, multipart_threshold=multipart_threshold,
         part_size=part_size, memory=memory, samples=samples,
     )  # fmt: skip
+    try:
+        options.check()  # the daemon applies the same rules to its jobs' options
+    except BadOption as exc:
+        raise click.BadParameter(exc.reason, param_hint="--" + exc.field.replace("_", "-")) from exc
     if daemon_addr:
         from babel.daemon import submit
 

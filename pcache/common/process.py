@@ -15,6 +15,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def other_process_alive(pid: object) -> bool:
+    """Whether ``pid`` (read from a lock or state file) is another process that is still alive.
+
+    Our own pid counts as not alive: a state file naming it was written by an earlier process
+    that had the same pid (containers restart with pid 1). Anything not a positive int is not.
+    """
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, and someone else's
+    return True
+
+
 def write_ready_file(path: str, address: str) -> None:
     """Atomically write ``address`` to ``path``: tells a launcher the process is serving."""
     tmp = path + ".tmp"

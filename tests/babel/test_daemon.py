@@ -142,10 +142,14 @@ def test_options_json_round_trip_and_uri_helpers() -> None:
     assert options_from_json(json.loads(json.dumps(asdict(opts)))) == opts  # every field has a JSON form
     for bad, where in [({"nope": 1}, "options.nope"), ({"checkers": 0}, "options.checkers"),
                        ({"verify": "most"}, "options.verify"), ({"include": "*.pt"}, "options.include"),
-                       ({"dry_run": 1}, "options.dry_run"), ([], "options")]:  # fmt: skip
+                       ({"dry_run": 1}, "options.dry_run"), ([], "options"),
+                       ({"memory": 1}, "options.memory"), ({"part_size": 1}, "options.part_size"),
+                       ({"bwlimit": 0}, "options.bwlimit"), ({"samples": 1}, "options.samples"),
+                       ({"exclude": [""]}, "options.exclude")]:  # fmt: skip
         with pytest.raises(RequestRejected) as info:
             options_from_json(bad)
         assert info.value.field == where
+        assert str(info.value).startswith(where)
     assert sorted(["step-200", "step-90", "step-1000", "step-300"], key=natural_key) == [
         "step-90", "step-200", "step-300", "step-1000"]  # fmt: skip
     assert join_uri("s3://b/ckpt?endpoint_url=http://h:9", "step-2") == "s3://b/ckpt/step-2/?endpoint_url=http://h:9"

@@ -1,0 +1,84 @@
+"""The daemon's client: what ``babel sync --daemon`` and ``babel jobs --daemon`` call (synchronous, as the CLI is)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import asdict
+from typing import Any
+
+from babel.daemon.config import split_addr
+from babel.daemon.errors import BY_NAME, RequestRejected
+from babel.errors import BabelError, TransientError
+from babel.options import SyncOptions
+
+CLIENT_TIMEOUT = 10.0  # seconds per client call
+
+# no proxies: the daemon is on loopback or in the cluster, where http_proxy would only get in the way
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _call(addr: str, method: str, path: str, body: Any = None, *, timeout: float = CLIENT_TIMEOUT) -> Any:
+    host, port = split_addr(addr)
+    host = f"[{host}]" if ":" in host else host
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        f"http://{host}:{port}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with _OPENER.open(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            doc = json.loads(exc.read())
+        except (ValueError, OSError):
+            doc = {}
+        message = doc.get("error") or f"HTTP {exc.code}"
+        cls = BY_NAME.get(doc.get("type", ""))
+        if cls is RequestRejected:
+            raise RequestRejected(message, field=doc.get("field", "")) from None
+        if cls is not None:
+            raise cls(message) from None
+        if exc.code >= 500:
+            raise TransientError(f"babel daemon at {addr}: {message}") from None
+        raise BabelError(f"babel daemon at {addr}: {message}") from None
+    except (urllib.error.URLError, OSError) as exc:  # refused, unresolvable, timed out
+        reason = getattr(exc, "reason", None) or exc
+        raise TransientError(f"babel daemon at {addr} is not reachable ({reason})") from None
+
+
+def submit(
+    addr: str, src: str, dst: str, options: SyncOptions | None = None, *, timeout: float = CLIENT_TIMEOUT
+) -> dict:
+    """Queue ``babel sync SRC DST`` in the daemon at ``addr`` (HOST:PORT); ``timeout`` in seconds.
+
+    Returns:
+        ``{"id": JOB, "state": "queued"}``.
+
+    Raises:
+        RequestRejected: a bad URI or option (``field`` names it).
+        TransientError: the daemon is not reachable (or did not answer within ``timeout``).
+    """
+    return _call(addr, "POST", "/jobs", {"src": src, "dst": dst, "options": asdict(options or SyncOptions())},
+                 timeout=timeout)  # fmt: skip
+
+
+def fetch_jobs(addr: str, *, timeout: float = CLIENT_TIMEOUT) -> list[dict]:
+    """The job history of the daemon at ``addr``: every job.json, newest first.
+
+    Raises:
+        TransientError: the daemon is not reachable.
+    """
+    return _call(addr, "GET", "/jobs", timeout=timeout)
+
+
+def fetch_job(addr: str, job_id: str, *, timeout: float = CLIENT_TIMEOUT) -> dict:
+    """One job's job.json (state, phase, summary) from the daemon at ``addr``.
+
+    Raises:
+        NotFound: no such job.
+        TransientError: the daemon is not reachable.
+    """
+    return _call(addr, "GET", f"/jobs/{urllib.parse.quote(job_id, safe='')}", timeout=timeout)

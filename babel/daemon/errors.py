@@ -1,0 +1,34 @@
+"""The daemon's request errors and their HTTP statuses (one table, used both ways)."""
+
+from __future__ import annotations
+
+import errno
+
+from babel.errors import BabelError
+
+
+class RequestRejected(BabelError, ValueError):
+    """A malformed request (HTTP 400): a bad URI, an unknown option, a wrong type; ``field`` names it."""
+
+    errno_code = errno.EINVAL
+
+    def __init__(self, message: str = "", *, field: str = "", uri: str | None = None) -> None:
+        super().__init__(message, uri=uri)
+        self.field = field
+
+
+class NotFound(BabelError, FileNotFoundError):
+    """No job or schedule with that id (HTTP 404)."""
+
+    errno_code = errno.ENOENT
+
+
+class Conflict(BabelError):
+    """The job is queued or running already, here or in another live process (HTTP 409)."""
+
+    errno_code = errno.EBUSY
+
+
+# the one table between the error tree and HTTP, both ways (the client maps ``type`` back)
+HTTP_STATUS: dict[type[BabelError], int] = {RequestRejected: 400, NotFound: 404, Conflict: 409}
+BY_NAME: dict[str, type[BabelError]] = {cls.__name__: cls for cls in HTTP_STATUS}
