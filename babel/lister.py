@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from babel.backends.base import ObjectInfo, ObjectStore
 from babel.errors import Throttled
+from babel.retry import with_retries
 
 logger = logging.getLogger(__name__)
 
@@ -211,20 +212,13 @@ async def list_parallel_pages(
         queue.put_nowait(rng)
 
     async def page(rng: KeyRange):
-        delay = 0.05
         delimiter = None if rng.flat else "/"
-        for attempt in range(retries):
-            try:
-                async with window:
-                    return await store.list_page(
-                        rng.prefix, delimiter=delimiter, start_after=rng.after, max_keys=page_size
-                    )
-            except Exception as exc:
-                if not getattr(exc, "retryable", False) or attempt == retries - 1:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+
+        async def once():
+            async with window:
+                return await store.list_page(rng.prefix, delimiter=delimiter, start_after=rng.after, max_keys=page_size)
+
+        return await with_retries(once, attempts=retries, initial=0.05, cap=5.0)
 
     def split(rng: KeyRange, objects: list[ObjectInfo], last: str) -> KeyRange:
         """Cut (last, until] into pieces; queue all but the first, which the caller goes on with."""

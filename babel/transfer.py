@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiolimiter import AsyncLimiter
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
 from babel.backends.base import META_CRC32C, META_MTIME, MiB, ObjectInfo, ObjectStore, PartInfo
 from babel.checksum import crc32c, crc64ecma, crc64ecma_combine
 from babel.checksum import crc32c_combine as combine32
 from babel.errors import BabelError, NoSuchUpload
+from babel.retry import with_retries
 
 logger = logging.getLogger(__name__)
 
@@ -169,21 +169,10 @@ class Transferer:
     # ------------------------------------------------------------ plumbing --
 
     async def _retry(self, fn: Callable[[], Awaitable[T]]) -> T:
-        def retryable(exc: BaseException) -> bool:
-            if getattr(exc, "retryable", False):
-                self.stats.retries += 1
-                return True
-            return False
+        def count(_exc: BaseException) -> None:
+            self.stats.retries += 1
 
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(self.retries),
-            wait=wait_exponential(multiplier=0.1, max=10.0) + wait_random(0, 0.1),
-            retry=retry_if_exception(retryable),
-            reraise=True,
-        ):
-            with attempt:
-                return await fn()
-        raise AssertionError("unreachable")
+        return await with_retries(fn, attempts=self.retries, on_retry=count)
 
     async def _throttle(self, n: int) -> None:
         if self.limiter is None:

@@ -73,7 +73,7 @@ os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
 from benchlib import REPO as _REPO  # noqa: E402
 from benchlib import block_files, drop_page_cache, mbps, print_result
 
-from fuse_client.mount import mounted, unmount, wait_mounted  # noqa: E402
+from fuse_client.mount import mounted, stop_mount, wait_mounted  # noqa: E402
 from pcache.client import Client  # noqa: E402
 from pcache.common.config import parse_size  # noqa: E402
 from pcache.common.logs import setup_logging
@@ -320,17 +320,7 @@ class MountProc:
 
     def stop(self) -> None:
         """SIGTERM (libfuse unmounts and exits), SIGKILL if stuck, then make sure nothing stays mounted."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        deadline = time.monotonic() + 10
-        while mounted(str(self.path)) and time.monotonic() < deadline:
-            unmount(str(self.path), lazy=True)
-            time.sleep(0.2)
+        stop_mount(self.proc, str(self.path))
 
     @property
     def read_ahead_path(self) -> Path:

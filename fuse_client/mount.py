@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pcache.common.config import ClientConfig
 from pcache.common.errors import InvalidArgument, PCacheError, Timeout
+from pcache.common.process import stop_process
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,18 @@ def unmount(mountpoint: str, *, lazy: bool = False) -> bool:
         args = ["umount", *(["-l"] if lazy else []), mountpoint]
         return subprocess.run(args, capture_output=True, timeout=30).returncode == 0
     return False
+
+
+def stop_mount(proc: subprocess.Popen | None, mountpoint: str, *, grace: float = 20.0) -> None:
+    """Stop a ``pcache-mount`` process (SIGTERM: libfuse unmounts and exits; SIGKILL after
+    ``grace`` seconds) and make sure nothing stays mounted at ``mountpoint`` (lazy unmounts,
+    for up to 10 s)."""
+    if proc is not None:
+        stop_process(proc, grace=grace)
+    deadline = time.monotonic() + 10
+    while mounted(mountpoint) and time.monotonic() < deadline:
+        unmount(mountpoint, lazy=True)
+        time.sleep(0.2)
 
 
 def prepare_mountpoint(mountpoint: str) -> None:

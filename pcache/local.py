@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pcache.common.errors import InvalidArgument, PCacheError, Timeout, Unavailable
+from pcache.common.process import stop_process, stop_processes
 
 
 @dataclass
@@ -201,21 +202,14 @@ class LocalCluster:
 
     @staticmethod
     def kill(proc: Proc, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to a process and reap it."""
-        if proc.popen is None or proc.popen.poll() is not None:
-            return
-        proc.popen.send_signal(sig)
-        try:
-            proc.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.popen.kill()
-            proc.popen.wait(timeout=10)
+        """Send ``sig`` to a process (SIGKILL after 10 s) and reap it."""
+        if proc.popen is not None:
+            stop_process(proc.popen, sig=sig)
 
     def stop(self) -> None:
         """SIGTERM every process (SIGKILL after 10 s) and remove the manifest."""
-        for proc in [*self.worker_procs, self.master]:
-            if proc is not None:
-                self.kill(proc, signal.SIGTERM)
+        procs = [p.popen for p in [*self.worker_procs, self.master] if p is not None and p.popen is not None]
+        stop_processes(procs)
         if self._wrote_manifest:  # never another cluster's
             with contextlib.suppress(FileNotFoundError):
                 (self.root / "cluster.json").unlink()

@@ -408,13 +408,9 @@ class Demo:
 
 def _stop_group(proc: subprocess.Popen, grace: float) -> None:
     """SIGTERM to the process, SIGKILL to its whole process group after ``grace`` seconds."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    from pcache.common.process import stop_process
+
+    stop_process(proc, grace=grace, group=True)
 
 
 def _loss_curve(rows: list[dict]) -> list[tuple[int, float]]:

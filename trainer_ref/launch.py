@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 from pcache.common.logs import setup_logging
-from pcache.common.process import free_port
+from pcache.common.process import free_port, stop_processes
 
 logger = logging.getLogger(__name__)
 
@@ -122,16 +122,7 @@ class Supervisor:
         return self.current
 
     def _stop(self, attempt: Attempt) -> None:
-        for p in attempt.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        for p in attempt.procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(attempt.procs, grace=self.grace)
 
     def _failure(self, attempt: Attempt) -> str | None:
         """Why this attempt failed, or None while it is healthy or done."""

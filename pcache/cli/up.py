@@ -12,6 +12,7 @@ import click
 
 from pcache.common.config import load_config
 from pcache.common.errors import InvalidArgument
+from pcache.common.process import stop_process
 
 
 @click.command(
@@ -120,16 +121,12 @@ def _mount(cluster, mount_dir: str) -> subprocess.Popen:
 
 
 def _unmount(proc: subprocess.Popen, mount_dir: str | None) -> None:
-    from fuse_client.mount import mounted, unmount
+    from fuse_client.mount import stop_mount
 
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-    if mount_dir and mounted(mount_dir):
-        unmount(mount_dir, lazy=True)
+    if mount_dir:
+        stop_mount(proc, mount_dir)
+    else:
+        stop_process(proc, grace=20)
 
 
 COMMANDS = [up]

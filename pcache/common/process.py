@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
+import subprocess
+import time
+from collections.abc import Iterable
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -30,6 +34,52 @@ def other_process_alive(pid: object) -> bool:
     except PermissionError:
         return True  # alive, and someone else's
     return True
+
+
+def stop_processes(
+    procs: Iterable[subprocess.Popen],
+    *,
+    grace: float = 10.0,
+    sig: int = signal.SIGTERM,
+    group: bool = False,
+) -> list[int | None]:
+    """Stop child processes: ``sig`` to each one still running, SIGKILL to those still alive after
+    ``grace`` seconds (for all of them together), and reap every one.
+
+    With ``group`` the SIGKILL goes to each child's whole process group (a child started with
+    ``start_new_session=True`` and its own children). Returns the exit codes, in order
+    (None only if even SIGKILL did not end a process within 10 s: one in uninterruptible sleep).
+    """
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+    deadline = time.monotonic() + grace
+    codes: list[int | None] = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=max(0.0, deadline - time.monotonic())))
+            continue
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        try:
+            codes.append(proc.wait(timeout=10))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    return codes
+
+
+def stop_process(
+    proc: subprocess.Popen, *, grace: float = 10.0, sig: int = signal.SIGTERM, group: bool = False
+) -> int | None:
+    """:func:`stop_processes` for one process; returns its exit code."""
+    return stop_processes([proc], grace=grace, sig=sig, group=group)[0]
 
 
 def write_ready_file(path: str, address: str) -> None:

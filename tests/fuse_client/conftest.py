@@ -5,16 +5,14 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fuse_client.mount import mounted, unmount, wait_mounted
+from fuse_client.mount import stop_mount, wait_mounted
 from tests.conftest import FAST_MASTER
 
 pytestmark = pytest.mark.fuse
@@ -61,17 +59,7 @@ class Mount:
         return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        deadline = time.monotonic() + 10
-        while mounted(str(self.path)) and time.monotonic() < deadline:
-            unmount(str(self.path), lazy=True)
-            time.sleep(0.2)
+        stop_mount(self.proc, str(self.path))
 
 
 @pytest.fixture(scope="module")
