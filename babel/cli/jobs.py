@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import click
@@ -11,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from babel.journal import default_state_dir, list_jobs
+from pcache.common.process import process_alive
 
 
 @click.command("jobs", epilog="Examples:\n\n\b\n  babel jobs\n  babel jobs --daemon 127.0.0.1:7700 --json")
@@ -42,7 +42,7 @@ def jobs_cmd(state_dir: str | None, daemon_addr: str | None, as_json: bool, limi
     for job in jobs:
         s = job.get("summary") or {}
         state = job.get("state", "?")
-        if state == "running" and not daemon_addr and not _alive(job.get("pid")):
+        if state == "running" and not daemon_addr and not process_alive(job.get("pid")):
             state = "interrupted"  # its process died: `babel sync --resume ID`
         table.add_row(
             job.get("id", "?"), job.get("kind", "sync"), state, job.get("phase", ""), job.get("src", ""), job.get("dst", ""),
@@ -51,18 +51,6 @@ def jobs_cmd(state_dir: str | None, daemon_addr: str | None, as_json: bool, limi
         )  # fmt: skip
     Console().print(table)
     return 0
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 COMMANDS = [jobs_cmd]

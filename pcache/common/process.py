@@ -23,9 +23,14 @@ def other_process_alive(pid: object) -> bool:
     """Whether ``pid`` (read from a lock or state file) is another process that is still alive.
 
     Our own pid counts as not alive: a state file naming it was written by an earlier process
-    that had the same pid (containers restart with pid 1). Anything not a positive int is not.
+    that had the same pid (containers restart with pid 1).
     """
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+    return pid != os.getpid() and process_alive(pid)
+
+
+def process_alive(pid: object) -> bool:
+    """Whether a process ``pid`` exists (anything not a positive int: no)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
