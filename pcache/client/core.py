@@ -414,8 +414,10 @@ class PCacheClient:
                 if node.type == pb.SYMLINK:
                     path = _link_target(path, node.symlink_target)
                     continue
+            cached = False
             if layout is None:
                 layout = self._layout_cache.get(path) if not writable else None
+                cached = layout is not None
             if layout is None:
                 layout = await self.master.layout(path=path)
                 if self.cfg.metadata_ttl > 0 and not writable:
@@ -427,7 +429,7 @@ class PCacheClient:
                 raise IsADirectory("is a directory", path=path)
             if layout.inode.type != pb.REGULAR:
                 raise InvalidArgument(f"not a regular file ({KIND_NAMES.get(layout.inode.type)})", path=path)
-            return PCacheFile(self, path, mode, layout)
+            return PCacheFile(self, path, mode, layout, cached=cached)
         raise SymlinkLoop("too many levels of symbolic links", path=path)
 
     async def write_block(

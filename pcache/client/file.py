@@ -107,6 +107,10 @@ class FileService(Protocol):
         """Remove ``path`` if it is still ``inode`` and still empty (a failed create leaves nothing)."""
         ...
 
+    def invalidate(self, path: str) -> None:
+        """Drop the client's cached metadata of ``path`` (it was found stale)."""
+        ...
+
 
 def parse_mode(mode: str) -> tuple[bool, bool, str]:
     """(readable, writable, base) of a Python-style binary mode.
@@ -128,7 +132,9 @@ def parse_mode(mode: str) -> tuple[bool, bool, str]:
 class PCacheFile:
     """Async file handle; create through :meth:`PCacheClient.open`."""
 
-    def __init__(self, service: FileService, path: str, mode: str, layout: pb.FileLayout) -> None:
+    def __init__(
+        self, service: FileService, path: str, mode: str, layout: pb.FileLayout, *, cached: bool = False
+    ) -> None:
         self.service = service
         self.cfg = service.cfg
         self.path = path
@@ -146,6 +152,7 @@ class PCacheFile:
         self.closed = False
         self.dirty = False
         self.created = layout.inode.created  # made by this open (the master says so)
+        self.cached = cached  # the layout came from the client's metadata cache (up to metadata_ttl old)
         self._committed = False
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
@@ -223,7 +230,28 @@ class PCacheFile:
         return data
 
     async def pread(self, offset: int, length: int) -> bytes:
-        """Read up to ``length`` bytes at ``offset`` without moving the position."""
+        """Read up to ``length`` bytes at ``offset`` without moving the position.
+
+        A handle opened from the client's metadata cache whose blocks are gone (the file was
+        replaced within ``metadata_ttl``, and the old blocks deleted) takes the file's current
+        layout once and reads again: its open came after that commit (close-to-open).
+
+        Raises:
+            Unavailable: no replica of a block could be read.
+        """
+        try:
+            return await self._pread(offset, length)
+        except Unavailable:
+            if not self.cached or self.writable:
+                raise
+            self.cached = False
+            self.service.invalidate(self.path)
+            if not await self.refresh():
+                raise
+            logger.debug("%s: the cached layout was stale; reading version %d", self.path, self.version)
+            return await self._pread(offset, length)
+
+    async def _pread(self, offset: int, length: int) -> bytes:
         end = min(self.size, offset + length)
         parts: list[bytes] = []
         pos = offset

@@ -254,3 +254,22 @@ def test_fsyncs_racing_writes_on_one_handle_lose_nothing(client: Client) -> None
     f.close()
     lines = client.read_file("/racing.log").decode().splitlines()
     assert sorted(lines) == sorted(f"{t} {i}" for t in "ABCD" for i in range(150))
+
+
+def test_an_open_from_the_metadata_cache_reads_the_new_version_once_the_old_blocks_are_gone(make_cluster) -> None:
+    """A reader's cached layout (metadata_ttl) names blocks a writer's replace has since freed
+    and the workers deleted: the read takes the current layout instead of failing."""
+    from pcache.testing.faults import replica_files, wait_for
+
+    cluster = make_cluster(workers=2)
+    old, new = os.urandom(3 * (1 << 20)), os.urandom(2 * (1 << 20) + 7)
+    # over TCP: a short-circuit descriptor would still read the deleted file for up to a second
+    cfg = ClientConfig(master=cluster.master_address, metadata_ttl=30.0, short_circuit=False)
+    with Client(cfg) as reader, Client(master=cluster.master_address) as writer:
+        writer.write_file("/ckpt", old, block_size=1 << 20, replication=1)
+        assert reader.read_file("/ckpt") == old  # the layout is cached now
+        files = [p for replicas in replica_files(writer.layout("/ckpt")) for p in replicas]
+        writer.write_file("/ckpt", new, block_size=1 << 20, replication=1)
+        wait_for(lambda: not any(p.exists() for p in files), 30, "the old version's block files deleted")
+        assert reader.read_file("/ckpt") == new
+        assert reader.read_file("/ckpt") == new  # the stale entry is gone from the cache too
