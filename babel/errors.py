@@ -6,18 +6,24 @@ import errno as _errno
 
 
 class BabelError(OSError):
-    """Base of every Babel error; ``retryable`` decides retries, never message text."""
+    """Base of every Babel error; ``retryable`` decides retries, never message text.
+
+    ``request_id`` is the object store's id of the failed request (S3 ``x-amz-request-id``,
+    OSS ``x-oss-request-id``) when there was one: what the store's operators ask for.
+    """
 
     errno_code = _errno.EIO
     retryable = False
 
-    def __init__(self, message: str = "", *, uri: str | None = None) -> None:
+    def __init__(self, message: str = "", *, uri: str | None = None, request_id: str = "") -> None:
         super().__init__(self.errno_code, message)
         self.message = message
         self.uri = uri
+        self.request_id = request_id
 
     def __str__(self) -> str:
-        return f"{self.message}: {self.uri}" if self.uri else self.message
+        text = f"{self.message}: {self.uri}" if self.uri else self.message
+        return f"{text} (request id {self.request_id})" if self.request_id else text
 
 
 class BadURI(BabelError, ValueError):

@@ -87,7 +87,8 @@ async def _crc_ranges(
             for _ in range(min(concurrency, len(ranges))):
                 tg.create_task(worker())
     except ExceptionGroup as group:  # the first failure cancels the other workers: raise it as itself
-        raise group.exceptions[0] from None
+        first = group.exceptions[0]
+        raise first from first.__cause__  # its own cause, not the group's
     return results
 
 

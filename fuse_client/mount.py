@@ -122,10 +122,10 @@ def prepare_mountpoint(mountpoint: str) -> None:
         os.listdir(mountpoint)  # readdir always reaches the daemon; stat may answer from cached attributes
     except OSError as exc:
         if exc.errno != errno.ENOTCONN:
-            raise InvalidArgument(f"mountpoint {mountpoint}: {exc.strerror}") from None
+            raise InvalidArgument(f"mountpoint {mountpoint}: {exc.strerror}") from exc
         logger.warning("%s: stale FUSE mount (transport endpoint is not connected); cleaning it", mountpoint)
         if not unmount(mountpoint, lazy=True):
-            raise InvalidArgument(f"cannot clean the stale mount at {mountpoint}") from None
+            raise InvalidArgument(f"cannot clean the stale mount at {mountpoint}") from exc
     if not os.path.isdir(mountpoint):
         raise InvalidArgument(f"mountpoint {mountpoint} is not a directory")
     kind = mounted(mountpoint)

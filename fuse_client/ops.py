@@ -50,12 +50,12 @@ def translate_errors(func: F) -> F:
         except FuseOSError:
             raise
         except PCacheError as exc:
-            raise FuseOSError(exc.errno or errno.EIO) from None
+            raise FuseOSError(exc.errno or errno.EIO) from exc
         except OSError as exc:
-            raise FuseOSError(exc.errno or errno.EIO) from None
-        except Exception:
+            raise FuseOSError(exc.errno or errno.EIO) from exc
+        except Exception as exc:
             logger.exception("%s failed", func.__name__)
-            raise FuseOSError(errno.EIO) from None
+            raise FuseOSError(errno.EIO) from exc
 
     return wrapper  # type: ignore[return-value]
 
@@ -121,8 +121,8 @@ class PCacheOperations(mfusepy.Operations):
     def _get(self, fh: int) -> File:
         try:
             return self._handles[fh]
-        except KeyError:
-            raise FuseOSError(errno.EBADF) from None
+        except KeyError as exc:
+            raise FuseOSError(errno.EBADF) from exc
 
     def _writer_of(self, path: str) -> File | None:
         """The writer of ``path`` in this mount (its size and bytes are the truth here)."""
@@ -253,8 +253,8 @@ class PCacheOperations(mfusepy.Operations):
     def removexattr(self, path: str, name: str) -> int:
         try:
             self.client.setattr(path, remove_xattrs=[name])
-        except NotFound:
-            raise FuseOSError(mfusepy.ENOATTR) from None
+        except NotFound as exc:
+            raise FuseOSError(mfusepy.ENOATTR) from exc
         return 0
 
     # ------------------------------------------------------- namespace --
@@ -344,8 +344,8 @@ class PCacheOperations(mfusepy.Operations):
             return self._add(shared, append=bool(flags & os.O_APPEND))
         try:
             f = self.client.open(path, kind, perm=stat_mod.S_IMODE(mode), owner=_caller())
-        except AlreadyExists:
-            raise FuseOSError(errno.EEXIST) from None
+        except AlreadyExists as exc:
+            raise FuseOSError(errno.EEXIST) from exc
         return self._add(f, append=bool(flags & os.O_APPEND), truncate=True)
 
     @translate_errors

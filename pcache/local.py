@@ -69,7 +69,7 @@ class LocalCluster:
         try:
             (self.root / "logs").mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise InvalidArgument(f"cannot use {self.root} as the cluster directory: {exc.strerror}") from None
+            raise InvalidArgument(f"cannot use {self.root} as the cluster directory: {exc.strerror}") from exc
 
     # ------------------------------------------------------------ spawn --
 
@@ -232,5 +232,5 @@ def read_manifest(data_dir: str) -> dict:
     path = Path(data_dir) / "cluster.json"
     try:
         return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise NotFound("no cluster.json: is `pcache up` running?", path=str(path)) from None
+    except FileNotFoundError as exc:
+        raise NotFound("no cluster.json: is `pcache up` running?", path=str(path)) from exc

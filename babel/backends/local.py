@@ -83,8 +83,8 @@ class _Upload:
             if not _TOKEN.fullmatch(token) or not isinstance(metadata, dict):
                 raise ValueError(token)
             return cls(token, int(size), int(part_size), {str(k): str(v) for k, v in metadata.items()})
-        except (ValueError, TypeError, binascii.Error):
-            raise NoSuchUpload(f"not a file:// upload id: {upload_id!r}", uri=uri) from None
+        except (ValueError, TypeError, binascii.Error) as exc:
+            raise NoSuchUpload(f"not a file:// upload id: {upload_id!r}", uri=uri) from exc
 
 
 def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -175,8 +175,8 @@ class LocalStore:
 
         try:
             return await asyncio.to_thread(stat)
-        except _GONE:
-            raise NoSuchKey("no such object", uri=f"{self.uri}/{key}") from None
+        except _GONE as exc:
+            raise NoSuchKey("no such object", uri=f"{self.uri}/{key}") from exc
 
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         path = self._path(key)
@@ -188,8 +188,8 @@ class LocalStore:
 
         try:
             return await asyncio.to_thread(read)
-        except _GONE:
-            raise NoSuchKey("no such object", uri=f"{self.uri}/{key}") from None
+        except _GONE as exc:
+            raise NoSuchKey("no such object", uri=f"{self.uri}/{key}") from exc
 
     def _apply_metadata(self, fd: int, metadata: dict[str, str] | None) -> None:
         """Set the mtime (atime too, as rclone) and the CRC32C xattr of an open file."""
@@ -274,8 +274,8 @@ class LocalStore:
         def write() -> None:
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
-            except _GONE:
-                raise NoSuchUpload("no such upload (completed or aborted)", uri=uri) from None
+            except _GONE as exc:
+                raise NoSuchUpload("no such upload (completed or aborted)", uri=uri) from exc
             try:
                 _write_all(fd, data, offset)  # pwrite: parts share no file position
                 os.fdatasync(fd)  # a part reported done survives a crash: resume skips it
@@ -294,8 +294,8 @@ class LocalStore:
         def finish() -> ObjectInfo:
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
-            except _GONE:
-                raise NoSuchUpload("no such upload (completed or aborted)", uri=uri) from None
+            except _GONE as exc:
+                raise NoSuchUpload("no such upload (completed or aborted)", uri=uri) from exc
             try:
                 if os.fstat(fd).st_size != upload.size:
                     raise BabelError(f"upload file is not {upload.size} bytes", uri=uri)

@@ -103,7 +103,7 @@ def parse_uri(uri: str) -> tuple[str, str]:
     try:
         return master, normalize(parsed.path or "/")
     except InvalidPath as exc:
-        raise BadURI(f"bad pcache:// path: {exc}", uri=uri) from None
+        raise BadURI(f"bad pcache:// path: {exc}", uri=uri) from exc
 
 
 @dataclass
@@ -150,7 +150,7 @@ class PCacheStore:
         try:
             return await fn()
         except PCacheError as exc:
-            raise translate(exc, uri) from None
+            raise translate(exc, uri) from exc
 
     def _info(self, key: str, node: pb.Inode) -> ObjectInfo:
         meta = file_metadata(repr(node.mtime), node.xattrs.get(XATTR_CRC32C))
@@ -227,7 +227,7 @@ class PCacheStore:
         except (NotFound, NotADirectory):
             root = None
         except PCacheError as exc:
-            raise translate(exc, self.uri) from None
+            raise translate(exc, self.uri) from exc
         if root is None or root.type != pb.DIRECTORY:
             raise NoSuchBucket("no such directory", uri=self.uri)
         plan = plan_page(prefix, delimiter, start_after, max_keys)
@@ -239,10 +239,10 @@ class PCacheStore:
         path, uri = self._path(key), f"{self.uri}/{key}"
         try:
             node = await self._c().master.stat(path)
-        except (NotFound, NotADirectory):
-            raise NoSuchKey("no such object", uri=uri) from None
+        except (NotFound, NotADirectory) as exc:
+            raise NoSuchKey("no such object", uri=uri) from exc
         except PCacheError as exc:
-            raise translate(exc, uri) from None
+            raise translate(exc, uri) from exc
         if node.type != pb.REGULAR:
             raise NoSuchKey("no such object", uri=uri)
         return self._info(key, node)
@@ -255,10 +255,10 @@ class PCacheStore:
                 return await f.pread(offset, max(0, f.size - offset) if length is None else length)
             finally:
                 await f.close()
-        except (NotFound, NotADirectory, IsADirectory):
-            raise NoSuchKey("no such object", uri=uri) from None
+        except (NotFound, NotADirectory, IsADirectory) as exc:
+            raise NoSuchKey("no such object", uri=uri) from exc
         except PCacheError as exc:
-            raise translate(exc, uri) from None
+            raise translate(exc, uri) from exc
 
     async def _create(self, path: str, block_size: int = 0) -> PCacheFile:
         """Open a new file for writing, making its parent directories when missing."""
@@ -300,7 +300,7 @@ class PCacheStore:
         except BaseException as exc:
             await asyncio.shield(self._discard(tmp, f))
             if isinstance(exc, PCacheError):
-                raise translate(exc, uri) from None
+                raise translate(exc, uri) from exc
             raise
 
     async def delete(self, keys: list[str]) -> None:
@@ -364,7 +364,7 @@ class PCacheStore:
             except BaseException as exc:
                 await asyncio.shield(self._discard(upload.tmp, upload.file))
                 if isinstance(exc, PCacheError):
-                    raise translate(exc, uri) from None
+                    raise translate(exc, uri) from exc
                 raise
         return self._info(key, node)
 

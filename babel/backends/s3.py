@@ -106,17 +106,23 @@ ERRORS_BY_CODE: dict[str, type[BabelError]] = {
 
 
 def translate(exc: Exception, uri: str) -> BabelError:
-    """Map a botocore failure to the Babel error it stands for (Babel's own pass through)."""
+    """Map a botocore failure to the Babel error it stands for (Babel's own pass through).
+
+    The store's request id (``ResponseMetadata.RequestId``) goes with it, as s3fs keeps it;
+    callers raise the result ``from exc`` so the botocore error stays its cause.
+    """
     if isinstance(exc, BabelError):
         return exc
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
+        meta = exc.response.get("ResponseMetadata", {})
         code = str(err.get("Code", ""))
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        status = meta.get("HTTPStatusCode", 0)
         cls = ERRORS_BY_CODE.get(code) or ERRORS_BY_CODE.get(str(status))
         if cls is None:
             cls = TransientError if status >= 500 else BabelError
-        return cls(f"{code or status}: {err.get('Message', '')}".rstrip(": "), uri=uri)
+        request_id = str(meta.get("RequestId") or meta.get("HTTPHeaders", {}).get("x-oss-request-id", ""))
+        return cls(f"{code or status}: {err.get('Message', '')}".rstrip(": "), uri=uri, request_id=request_id)
     if isinstance(exc, EndpointConnectionError | BotoCoreError):
         return TransientError(f"{type(exc).__name__}: {exc}", uri=uri)
     return BabelError(f"{type(exc).__name__}: {exc}", uri=uri)
@@ -222,7 +228,7 @@ class S3Store:
         try:
             resp = await client.list_objects_v2(**kwargs)
         except Exception as exc:
-            raise translate(exc, self.uri) from None
+            raise translate(exc, self.uri) from exc
         cut = len(self.base)
         objects = [
             ObjectInfo(o["Key"][cut:], o["Size"], o["LastModified"].timestamp(), o.get("ETag", "").strip('"'))
@@ -236,7 +242,7 @@ class S3Store:
         try:
             resp = await client.head_object(Bucket=self.bucket, Key=self._key(key))
         except Exception as exc:
-            raise translate(exc, f"{self.uri}/{key}") from None
+            raise translate(exc, f"{self.uri}/{key}") from exc
         return ObjectInfo(
             key, resp["ContentLength"], resp["LastModified"].timestamp(), resp.get("ETag", "").strip('"'),
             dict(resp.get("Metadata", {})), self._checksums(resp),
@@ -255,7 +261,7 @@ class S3Store:
             async with resp["Body"] as body:
                 return await body.read()
         except Exception as exc:
-            raise translate(exc, f"{self.uri}/{key}") from None
+            raise translate(exc, f"{self.uri}/{key}") from exc
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectInfo:
         client = await self._c()
@@ -264,7 +270,7 @@ class S3Store:
                 Bucket=self.bucket, Key=self._key(key), Body=data, Metadata=metadata or {}, **self._body_checksum(data)
             )
         except Exception as exc:
-            raise translate(exc, f"{self.uri}/{key}") from None
+            raise translate(exc, f"{self.uri}/{key}") from exc
         return ObjectInfo(
             key, len(data), 0.0, resp.get("ETag", "").strip('"'), dict(metadata or {}), self._checksums(resp)
         )
@@ -274,7 +280,7 @@ class S3Store:
         try:
             resp = await client.create_multipart_upload(Bucket=self.bucket, Key=self._key(key), Metadata=metadata)
         except Exception as exc:
-            raise translate(exc, f"{self.uri}/{key}") from None
+            raise translate(exc, f"{self.uri}/{key}") from exc
         return resp["UploadId"]
 
     async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> PartInfo:
@@ -285,7 +291,7 @@ class S3Store:
                 **self._body_checksum(data),
             )  # fmt: skip
         except Exception as exc:
-            raise translate(exc, f"{self.uri}/{key}") from None
+            raise translate(exc, f"{self.uri}/{key}") from exc
         return PartInfo(number, len(data), resp.get("ETag", "").strip('"'), self._checksums(resp))
 
     async def complete_multipart(self, key: str, upload_id: str, parts: list[PartInfo]) -> ObjectInfo:
@@ -299,7 +305,7 @@ class S3Store:
                 MultipartUpload={"Parts": [{"PartNumber": p.number, "ETag": f'"{p.etag}"'} for p in ordered]},
             )
         except Exception as exc:
-            raise translate(exc, f"{self.uri}/{key}") from None
+            raise translate(exc, f"{self.uri}/{key}") from exc
         size = sum(p.size for p in ordered)
         return ObjectInfo(key, size, 0.0, resp.get("ETag", "").strip('"'), {}, self._checksums(resp))
 
@@ -310,7 +316,7 @@ class S3Store:
         except Exception as exc:
             err = translate(exc, f"{self.uri}/{key}")
             if not isinstance(err, NoSuchKey | NoSuchUpload):
-                raise err from None
+                raise err from exc
 
     def _checksums(self, resp: dict[str, Any]) -> dict[str, str]:
         """The store's own checksums in a response (none on plain S3; OSS adds CRC64)."""
@@ -323,7 +329,7 @@ class S3Store:
             try:
                 resp = await client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
             except Exception as exc:
-                raise translate(exc, self.uri) from None
+                raise translate(exc, self.uri) from exc
             errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if errors:
                 raise BabelError(f"{len(errors)} deletions failed, first: {errors[0]}", uri=self.uri)

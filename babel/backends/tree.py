@@ -113,8 +113,8 @@ def check_parts(size: int, part_size: int, parts: Sequence[PartInfo], uri: str) 
 def _mtime(text: str) -> Decimal:
     try:
         value = Decimal(text.strip())
-    except InvalidOperation:
-        raise BabelError(f"bad {META_MTIME} {text!r}: not a number") from None
+    except InvalidOperation as exc:
+        raise BabelError(f"bad {META_MTIME} {text!r}: not a number") from exc
     if not value.is_finite():
         raise BabelError(f"bad {META_MTIME} {text!r}: not finite")
     return value

@@ -40,8 +40,8 @@ async def _translate_errors(request: web.Request, handler) -> web.StreamResponse
 async def _body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise RequestRejected("the body is not JSON", field="body") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestRejected("the body is not JSON", field="body") from exc
     if not isinstance(body, dict):
         raise RequestRejected("the body must be a JSON object", field="body")
     for name in body:

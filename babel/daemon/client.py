@@ -38,15 +38,15 @@ def _call(addr: str, method: str, path: str, body: Any = None, *, timeout: float
         message = doc.get("error") or f"HTTP {exc.code}"
         cls = BY_NAME.get(doc.get("type", ""))
         if cls is RequestRejected:
-            raise RequestRejected(message, field=doc.get("field", "")) from None
+            raise RequestRejected(message, field=doc.get("field", "")) from exc
         if cls is not None:
-            raise cls(message) from None
+            raise cls(message) from exc
         if exc.code >= 500:
-            raise TransientError(f"babel daemon at {addr}: {message}") from None
-        raise BabelError(f"babel daemon at {addr}: {message}") from None
+            raise TransientError(f"babel daemon at {addr}: {message}") from exc
+        raise BabelError(f"babel daemon at {addr}: {message}") from exc
     except (urllib.error.URLError, OSError) as exc:  # refused, unresolvable, timed out
         reason = getattr(exc, "reason", None) or exc
-        raise TransientError(f"babel daemon at {addr} is not reachable ({reason})") from None
+        raise TransientError(f"babel daemon at {addr} is not reachable ({reason})") from exc
 
 
 def submit(

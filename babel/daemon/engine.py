@@ -62,9 +62,9 @@ class Daemon:
         fd = os.open(os.path.join(self.state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BlockingIOError as exc:
             os.close(fd)
-            raise BabelError("another babel daemon uses this state directory", uri=self.state_dir) from None
+            raise BabelError("another babel daemon uses this state directory", uri=self.state_dir) from exc
         self._lock_fd = fd
         self._schedules = self._load_schedules()
         resumed = self.recover()
@@ -146,8 +146,8 @@ class Daemon:
         try:
             with open(os.path.join(self.state_dir, job_id, "job.json")) as fh:
                 return json.load(fh)
-        except (FileNotFoundError, NotADirectoryError):
-            raise NotFound(f"no job {job_id!r}") from None
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise NotFound(f"no job {job_id!r}") from exc
 
     def counts(self) -> dict[str, int]:
         """Jobs running and queued in this daemon, and schedules."""
@@ -158,10 +158,10 @@ class Daemon:
         # pid marks the owner: a daemon starting later resumes the job only once this process is gone
         try:
             journal = Journal(self.state_dir, job_id)
-        except FileNotFoundError:
-            raise NotFound(f"no job {job_id!r}") from None
+        except FileNotFoundError as exc:
+            raise NotFound(f"no job {job_id!r}") from exc
         except Exception as exc:  # rocksdict reports a held lock as a plain Exception
-            raise Conflict(f"job {job_id} is in use: {exc}") from None
+            raise Conflict(f"job {job_id} is in use: {exc}") from exc
         try:
             doc = journal.update(state="queued", pid=os.getpid(), runner="daemon", queued=time.time(), **extra)
         finally:
@@ -330,7 +330,7 @@ class Daemon:
         except FileNotFoundError:
             return {}
         except json.JSONDecodeError as exc:
-            raise BabelError(f"corrupt schedules file ({exc})", uri=path) from None
+            raise BabelError(f"corrupt schedules file ({exc})", uri=path) from exc
         known = {f.name for f in fields(Schedule)}
         out = {}
         for raw in doc.get("schedules", []):

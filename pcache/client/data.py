@@ -395,8 +395,8 @@ class DataClient:
             self._sc_dead[addr.uds_path] = time.monotonic() + self.cfg.suspect_seconds
             self.health.suspect(addr.worker_id)
             if isinstance(exc, TimeoutError):
-                raise Timeout(f"short-circuit connect to {addr.uds_path} timed out") from None
-            raise Unavailable(f"short-circuit socket {addr.uds_path}: {exc}") from None
+                raise Timeout(f"short-circuit connect to {addr.uds_path} timed out") from exc
+            raise Unavailable(f"short-circuit socket {addr.uds_path}: {exc}") from exc
         return sock
 
     # ------------------------------------------------------------ writes --
@@ -520,7 +520,7 @@ class DataClient:
         except PCacheError:
             raise
         except OSError as exc:
-            raise Unavailable(f"short-circuit write failed: {exc}") from None
+            raise Unavailable(f"short-circuit write failed: {exc}") from exc
         finally:
             if fd is not None:
                 os.close(fd)

@@ -195,8 +195,8 @@ def parse_size(text: str | int) -> int:
     unit = s[len(num) :].strip()
     try:
         value = float(num)
-    except ValueError:
-        raise InvalidArgument(f"not a size: {text!r}") from None
+    except ValueError as exc:
+        raise InvalidArgument(f"not a size: {text!r}") from exc
     if unit and unit not in _SUFFIXES and unit != "b":
         raise InvalidArgument(f"unknown size unit in {text!r}")
     return int(value * _SUFFIXES.get(unit, 1))
@@ -222,8 +222,8 @@ def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:
         if type_name == "float":
             return float(value)
         return str(value)
-    except (TypeError, ValueError, InvalidArgument):  # TypeError: e.g. int() of a TOML date
-        raise InvalidArgument(f"{section}.{name}: expected {type_name}, got {value!r}") from None
+    except (TypeError, ValueError, InvalidArgument) as exc:  # TypeError: e.g. int() of a TOML date
+        raise InvalidArgument(f"{section}.{name}: expected {type_name}, got {value!r}") from exc
 
 
 def _apply(
@@ -313,7 +313,7 @@ def configure(
         try:
             data = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidArgument(f"cannot read config {path}: {exc}") from None
+            raise InvalidArgument(f"cannot read config {path}: {exc}") from exc
         for name, values in data.items():
             if name not in sections or not isinstance(values, dict):
                 raise InvalidArgument(f"unknown config section [{name}] in {path}")

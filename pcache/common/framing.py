@@ -32,14 +32,14 @@ async def read_exactly(reader: asyncio.StreamReader, n: int, timeout: float) -> 
     try:
         async with asyncio.timeout(timeout):
             return await reader.readexactly(n)
-    except asyncio.IncompleteReadError:
-        raise Unavailable("connection closed by peer") from None
+    except asyncio.IncompleteReadError as exc:
+        raise Unavailable("connection closed by peer") from exc
     except (ConnectionError, OSError) as exc:
         if isinstance(exc, PCacheError):
             raise
-        raise Unavailable(f"connection lost: {exc}") from None
-    except TimeoutError:
-        raise Timeout(f"peer sent nothing for {timeout:.1f}s") from None
+        raise Unavailable(f"connection lost: {exc}") from exc
+    except TimeoutError as exc:
+        raise Timeout(f"peer sent nothing for {timeout:.1f}s") from exc
 
 
 async def read_header(reader: asyncio.StreamReader, timeout: float) -> tuple[pb.DataHeader, int]:
@@ -59,7 +59,7 @@ async def read_header(reader: asyncio.StreamReader, timeout: float) -> tuple[pb.
     except Exception as exc:  # protobuf raises DecodeError
         if isinstance(exc, PCacheError):
             raise
-        raise ProtocolError(f"bad frame header: {exc}") from None
+        raise ProtocolError(f"bad frame header: {exc}") from exc
     return header, payload_len
 
 
@@ -88,7 +88,7 @@ async def write_frame(
         if body:
             writer.write(body)
     except (ConnectionError, OSError) as exc:
-        raise Unavailable(f"connection lost: {exc}") from None
+        raise Unavailable(f"connection lost: {exc}") from exc
     await drain(writer, timeout)
 
 
@@ -114,7 +114,7 @@ async def write_frame_paced(
         try:
             writer.write(view[offset : offset + piece])
         except (ConnectionError, OSError) as exc:
-            raise Unavailable(f"connection lost: {exc}") from None
+            raise Unavailable(f"connection lost: {exc}") from exc
         await drain(writer, stall)
 
 
@@ -123,12 +123,12 @@ async def drain(writer: asyncio.StreamWriter, timeout: float) -> None:
     try:
         async with asyncio.timeout(timeout):
             await writer.drain()
-    except TimeoutError:
-        raise Timeout(f"peer did not accept data for {timeout:.1f}s") from None
+    except TimeoutError as exc:
+        raise Timeout(f"peer did not accept data for {timeout:.1f}s") from exc
     except (ConnectionError, OSError) as exc:
         if isinstance(exc, PCacheError):
             raise
-        raise Unavailable(f"connection lost: {exc}") from None
+        raise Unavailable(f"connection lost: {exc}") from exc
 
 
 def error_header(exc: BaseException) -> pb.DataHeader:
@@ -154,10 +154,10 @@ async def open_connection(host: str, port: int, timeout: float) -> tuple[asyncio
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host, port, limit=4 * CHUNK_SIZE)
-    except TimeoutError:
-        raise Timeout(f"connect to {host}:{port} timed out after {timeout:.1f}s") from None
+    except TimeoutError as exc:
+        raise Timeout(f"connect to {host}:{port} timed out after {timeout:.1f}s") from exc
     except OSError as exc:
-        raise Unavailable(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+        raise Unavailable(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from exc
     sock = writer.get_extra_info("socket")
     if sock is not None:
         import socket

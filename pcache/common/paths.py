@@ -30,8 +30,8 @@ def split_path(path: str) -> list[str]:
         raise InvalidPath("path must be absolute", path=path)
     try:
         size = len(path.encode("utf-8"))
-    except UnicodeEncodeError:  # bytes that are not UTF-8 (FUSE hands them over as surrogate escapes)
-        raise InvalidEncoding("name is not valid UTF-8 (PCache names are UTF-8)", path=repr(path)) from None
+    except UnicodeEncodeError as exc:  # bytes that are not UTF-8 (FUSE hands them over as surrogate escapes)
+        raise InvalidEncoding("name is not valid UTF-8 (PCache names are UTF-8)", path=repr(path)) from exc
     if size > PATH_MAX:
         raise NameTooLong(f"path longer than {PATH_MAX} bytes", path=path[:64] + "...")
     trimmed = path.strip("/")

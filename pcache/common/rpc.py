@@ -106,7 +106,7 @@ async def call(method: Callable[..., Any], request: Any, *, timeout: float, targ
     try:
         return await method(request, timeout=timeout)
     except grpc.aio.AioRpcError as exc:
-        raise translate(exc, target) from None
+        raise translate(exc, target) from exc
 
 
 # gRPC's own retry of calls that failed before reaching the server (service config,

@@ -27,8 +27,8 @@ async def _wait(sock: socket.socket, writable: bool, timeout: float) -> None:
     try:
         async with asyncio.timeout(timeout):
             await fut
-    except TimeoutError:
-        raise Timeout(f"short-circuit peer silent for {timeout:.1f}s") from None
+    except TimeoutError as exc:
+        raise Timeout(f"short-circuit peer silent for {timeout:.1f}s") from exc
     finally:
         if writable:
             loop.remove_writer(fd)
@@ -52,7 +52,7 @@ async def send_frame(sock: socket.socket, header: pb.DataHeader, fd: int | None,
             await _wait(sock, True, timeout)
             continue
         except OSError as exc:
-            raise Unavailable(f"short-circuit socket broke: {exc}") from None
+            raise Unavailable(f"short-circuit socket broke: {exc}") from exc
         data = data[sent:]
         fds = []
 
@@ -75,7 +75,7 @@ async def recv_frame(sock: socket.socket, timeout: float) -> tuple[pb.DataHeader
                 await _wait(sock, False, timeout)
                 continue
             except OSError as exc:
-                raise Unavailable(f"short-circuit socket broke: {exc}") from None
+                raise Unavailable(f"short-circuit socket broke: {exc}") from exc
             if fds:
                 for extra in fds[1:]:
                     os.close(extra)
@@ -95,5 +95,5 @@ async def recv_frame(sock: socket.socket, timeout: float) -> tuple[pb.DataHeader
         except Exception as exc:
             if isinstance(exc, PCacheError):
                 raise
-            raise ProtocolError(f"bad short-circuit header: {exc}") from None
+            raise ProtocolError(f"bad short-circuit header: {exc}") from exc
         return header, received_fd

@@ -130,8 +130,8 @@ class Namespace:
         parent_path, name = parent_and_name(path)
         try:
             parent = self.resolve(parent_path)
-        except E.NotFound:
-            raise E.NotFound("parent directory does not exist", path=path) from None
+        except E.NotFound as exc:
+            raise E.NotFound("parent directory does not exist", path=path) from exc
         if parent.type != pb.DIRECTORY:
             raise E.NotADirectory("parent is not a directory", path=path)
         return parent, name

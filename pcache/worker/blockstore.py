@@ -100,7 +100,7 @@ class BlockWriter:
                 n = os.write(self.fd, view)
                 view = view[n:]
         except OSError as exc:
-            raise NoSpace(f"block {self.block_id}: disk write failed: {exc}") from None
+            raise NoSpace(f"block {self.block_id}: disk write failed: {exc}") from exc
         self._account(memoryview(data))
 
     def _account(self, view: memoryview) -> None:
@@ -162,7 +162,7 @@ class BlockWriter:
             self.store._publish(self.path, info)
         except OSError as exc:
             self.abort()
-            raise NoSpace(f"block {self.block_id}: cannot store: {exc}") from None
+            raise NoSpace(f"block {self.block_id}: cannot store: {exc}") from exc
         finally:
             self.store._release(self.length)
         return info
@@ -263,7 +263,7 @@ class DiskBlockStore:
             return BlockWriter(self, block_id, length)
         except OSError as exc:
             self._release(length)
-            raise NoSpace(f"cannot create block file: {exc}") from None
+            raise NoSpace(f"cannot create block file: {exc}") from exc
 
     def _publish(self, tmp_path: str, info: BlockInfo) -> None:
         path = self.block_path(info.block_id)
@@ -288,8 +288,8 @@ class DiskBlockStore:
             return cached
         try:
             fd = os.open(self.block_path(block_id), os.O_RDONLY)
-        except FileNotFoundError:
-            raise NotFound(f"block {block_id} is not on this worker") from None
+        except FileNotFoundError as exc:
+            raise NotFound(f"block {block_id} is not on this worker") from exc
         try:
             size = os.fstat(fd).st_size
             if size < FOOTER.size:
@@ -317,8 +317,8 @@ class DiskBlockStore:
         end = min(info.length, (last + 1) * CHUNK_SIZE)
         try:
             fd = os.open(data_path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise NotFound(f"block {block_id} data file is missing") from None
+        except FileNotFoundError as exc:
+            raise NotFound(f"block {block_id} data file is missing") from exc
         try:
             raw = os.pread(fd, end - start, start)
         finally:
@@ -386,8 +386,8 @@ class DiskBlockStore:
         """
         try:
             return os.open(self.block_path(block_id), os.O_RDONLY)
-        except FileNotFoundError:
-            raise NotFound(f"block {block_id} data file is missing") from None
+        except FileNotFoundError as exc:
+            raise NotFound(f"block {block_id} data file is missing") from exc
 
     def forget(self, block_id: int) -> bool:
         """Drop the record of a block whose file vanished behind the store's back; True if it had one."""

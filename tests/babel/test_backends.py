@@ -109,8 +109,13 @@ def test_missing_bucket_and_bad_uris(tmp_path: Path, moto_endpoint: str) -> None
         finally:
             await store.close()
 
-    with pytest.raises(NoSuchBucket):
+    with pytest.raises(NoSuchBucket) as info:
         run(go(f"s3://no-such-bucket/x?endpoint_url={moto_endpoint}"))
+    # the store's request id is in the message (what its operators ask for) and botocore's error is the cause
+    from botocore.exceptions import ClientError
+
+    assert info.value.request_id and f"(request id {info.value.request_id})" in str(info.value)
+    assert isinstance(info.value.__cause__, ClientError)
     with pytest.raises(NoSuchBucket):
         run(go(f"file://{tmp_path}/missing"))
     for bad in (
