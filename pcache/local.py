@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pcache.common.errors import InvalidArgument, PCacheError, Timeout, Unavailable
-from pcache.common.process import stop_process, stop_processes
+from pcache.common.process import die_with_parent, stop_process, stop_processes
 
 
 @dataclass
@@ -88,7 +88,8 @@ class LocalCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True,  # Ctrl-C in a terminal reaches the launcher, which stops them in order
+                preexec_fn=die_with_parent(signal.SIGTERM),  # and a launcher killed with -9 takes them along
             )
         deadline = time.monotonic() + self.start_timeout
         try:

@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pcache.common.process import die_with_parent, stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 PCACHE_TOML = ROOT / "deploy" / "local" / "pcache.toml"
 TRAINER_TOML = ROOT / "deploy" / "local" / "trainer.toml"
@@ -172,6 +174,7 @@ class Demo:
                 [sys.executable, "-m", "pcache", "up", "--config", str(PCACHE_TOML), "--data-dir",
                  str(self.cluster_dir), "--port", "0", "--mount", str(self.mnt)],
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGTERM),  # a demo killed with -9 still stops its cluster
             )  # fmt: skip
         manifest = self.cluster_dir / "cluster.json"
         deadline = time.monotonic() + 90
@@ -282,7 +285,8 @@ class Demo:
         t0 = time.monotonic()
         with open(log_path, "wb") as fh:
             self.trainer = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                            env={**self.env, "TRAINER_THREADS": "1"}, start_new_session=True)  # fmt: skip
+                                            env={**self.env, "TRAINER_THREADS": "1"}, start_new_session=True,
+                                            preexec_fn=die_with_parent(signal.SIGTERM))  # fmt: skip
         beat = self.run_dir / "heartbeat-rank1.json"
         killed: dict = {}
         deadline = time.monotonic() + 900
@@ -408,8 +412,6 @@ class Demo:
 
 def _stop_group(proc: subprocess.Popen, grace: float) -> None:
     """SIGTERM to the process, SIGKILL to its whole process group after ``grace`` seconds."""
-    from pcache.common.process import stop_process
-
     stop_process(proc, grace=grace, group=True)
 
 
@@ -506,7 +508,20 @@ def print_summary(demo: Demo, seconds: float) -> None:
         + (f"; FAILED: {', '.join(failed)}" if failed else "") + f"; {seconds:.0f} s in all")  # fmt: skip
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    """The first stop signal ends the run; later ones are ignored, so the clean-up always finishes
+    (a demo killed with -9 still stops its children: they die with their parent)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    for sig in STOP_SIGNALS:  # first of all: a signal at any moment runs the clean-up below
+        signal.signal(sig, _interrupt)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="A smaller corpus and fewer steps (CI).")
     ap.add_argument("--steps", type=int, help="Training steps (default 150; 30 with --quick).")
@@ -527,10 +542,6 @@ def main() -> int:
     demo = Demo(work, out, steps, kill_at, args.corpus_bytes or (3_000_000 if args.quick else 0),
                 4096 if args.quick else 8192)  # fmt: skip
 
-    def on_term(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
     stages = [
         ("start region A, region B and a PCache cluster with its FUSE mount", demo.start_services),
         ("build token shards from the stdlib sources, upload them to region A", demo.dataset_to_region_a),
@@ -559,6 +570,8 @@ def main() -> int:
         log("demo: interrupted; stopping everything")
         status = 130
     finally:
+        for sig in STOP_SIGNALS:  # a second Ctrl-C must not cut the clean-up short (and leak the cluster)
+            signal.signal(sig, signal.SIG_IGN)
         problems = demo.stop()
         demo.result.update(checks=demo.checks, cleanup_problems=problems, work_dir=str(work), kept=args.keep)
         if not args.keep:

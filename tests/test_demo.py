@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,53 @@ def test_the_main_job_runs_twice_and_leaves_the_machine_clean(tmp_path: Path) ->
     second, s2 = run_demo(out, "--steps", "24", "--kill-at", "16")
     check_outcomes(second, s2, steps=24, kill_at=16)
     assert (out / "loss.png").exists() and s2["work_dir"] != s1["work_dir"]
+
+
+def _start_until_stage_2(out: Path, scratch: Path) -> subprocess.Popen:
+    """The demo, running, once its services (regions, cluster, mount) are up."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--quick", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out.parent,
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("[2/8]"):
+            return proc
+    raise AssertionError("the demo ended before stage 2:\n" + "".join(seen[-40:]))
+
+
+@pytest.mark.slow
+def test_an_interrupted_main_job_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGTERM, then Ctrl-C and a closed terminal during the clean-up: the clean-up finishes. SIGKILL:
+    the children follow their parent (PR_SET_PDEATHSIG) and stop on their own."""
+    import shutil
+    import tempfile
+
+    from pcache.testing.faults import wait_for
+
+    out = tmp_path / "out"
+    scratch = Path(tempfile.mkdtemp(prefix="pd-", dir="/tmp"))  # short: worker UNIX socket paths live under it
+    try:
+        _interrupt_twice(out, scratch, wait_for)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _interrupt_twice(out: Path, scratch: Path, wait_for) -> None:
+    proc = _start_until_stage_2(out, scratch)
+    assert leftovers(str(scratch))  # services are running under the scratch directory
+    proc.send_signal(signal.SIGTERM)
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        proc.send_signal(sig)  # impatient user: none of these may cut the clean-up short
+    rest, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, rest[-3000:]
+    assert leftovers(str(scratch)) == [], rest[-3000:]
+    assert json.loads((out / "summary.json").read_text())["status"] == 130
+
+    proc = _start_until_stage_2(out, scratch)
+    proc.kill()
+    proc.wait(10)
+    wait_for(lambda: leftovers(str(scratch)) == [], 90, "the killed demo's servers, cluster and mount to stop")

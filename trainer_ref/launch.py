@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 from pcache.common.logs import setup_logging
-from pcache.common.process import free_port, stop_processes
+from pcache.common.process import die_with_parent, free_port, stop_processes
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ class Supervisor:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=die_with_parent(signal.SIGKILL),  # no rank outlives its supervisor
                 )  # fmt: skip
             )
             log.close()

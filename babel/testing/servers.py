@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pcache.common.process import free_port
+from pcache.common.process import die_with_parent, free_port, stop_process
 
 
 class ServerError(RuntimeError):
@@ -44,13 +44,7 @@ class Server:
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds; idempotent."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, grace=grace)
 
     def __enter__(self) -> Server:
         return self
@@ -66,8 +60,18 @@ def wait_for_endpoint(
 
     Raises:
         ServerError: the process exited, or nothing answered within ``timeout`` seconds (the
-            process is killed then).
+            process is killed then, as on any other exception: Ctrl-C leaves no server behind).
     """
+    try:
+        return _poll_endpoint(proc, log_path, find_endpoint, what, timeout)
+    except BaseException:
+        stop_process(proc, grace=2.0)
+        raise
+
+
+def _poll_endpoint(
+    proc: subprocess.Popen, log_path: Path, find_endpoint: Callable[[], str], what: str, timeout: float
+) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -81,8 +85,6 @@ def wait_for_endpoint(
             except OSError:
                 pass
         time.sleep(0.05)
-    proc.kill()
-    proc.wait()
     raise ServerError(f"{what} did not answer within {timeout:.0f} s: {_tail(log_path)}")
 
 
@@ -100,7 +102,8 @@ def start_moto(scratch: Path, *, cmd: list[str] | None = None, timeout: float = 
                                                             "-p", str(port)]  # fmt: skip
     env = {**os.environ, "TMPDIR": str(scratch)}  # moto spools objects above 8 MiB to temporary files
     with open(log_path, "wb") as fh:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=die_with_parent())  # fmt: skip
     endpoint = wait_for_endpoint(proc, log_path, lambda: f"http://127.0.0.1:{port}", "moto", timeout)
     return Server("moto", proc, endpoint, log_path)
 
@@ -131,7 +134,8 @@ def start_rclone_serve(
     env = {**os.environ, "RCLONE_AUTH_KEY": f'"{access_key},{secret_key}"'}  # CSV: the pair is one quoted field
     cmd = [exe, "serve", "s3", "--config", "/dev/null", "--addr", "127.0.0.1:0", *args, f":local:{root}"]
     with open(log_path, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=die_with_parent())  # fmt: skip
 
     def endpoint() -> str:
         found = re.search(r"Starting s3 server on \[(https?://127\.0\.0\.1:\d+)/?\]", log_path.read_text())

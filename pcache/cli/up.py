@@ -12,7 +12,7 @@ import click
 
 from pcache.common.config import load_config
 from pcache.common.errors import InvalidArgument
-from pcache.common.process import stop_process
+from pcache.common.process import die_with_parent, process_alive, stop_process
 
 
 @click.command(
@@ -91,10 +91,9 @@ def _running_master(root: str) -> int | None:
 
     try:
         pid = int(read_manifest(root)["pids"]["master"])
-        os.kill(pid, 0)
-        return pid
-    except (PCacheError, KeyError, ValueError, ProcessLookupError, PermissionError):
+    except (PCacheError, KeyError, ValueError):
         return None
+    return pid if process_alive(pid) else None
 
 
 def _mount(cluster, mount_dir: str) -> subprocess.Popen:
@@ -115,6 +114,7 @@ def _mount(cluster, mount_dir: str) -> subprocess.Popen:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),  # a killed `pcache up` unmounts too
         )
     wait_mounted(mount_dir, 30, proc)
     return proc

@@ -35,3 +35,49 @@ def test_up_with_mount(fuse_ready, tmp_path: Path) -> None:
         up.communicate(timeout=60)
     assert up.returncode == 0
     assert mounted(str(mnt)) is None
+
+
+def test_a_killed_up_takes_its_cluster_and_mount_along(fuse_ready, tmp_path: Path) -> None:
+    """SIGKILL to `pcache up`: master, workers and mount go too (PR_SET_PDEATHSIG), the port is
+    free and the next `pcache up` on the same directory starts."""
+    import json
+    import socket
+
+    from pcache.common.process import process_alive, stop_process
+    from pcache.testing.faults import wait_for
+
+    mnt, data = tmp_path / "mnt", tmp_path / "c"
+    cmd = [sys.executable, "-m", "pcache", "up", "--data-dir", str(data), "--workers", "2", "--port", "0",
+           "--mount", str(mnt)]  # fmt: skip
+    up = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (data / "cluster.json").exists() or up.poll() is not None, 60, "cluster.json")
+        info = json.loads((data / "cluster.json").read_text())
+        pids = list(info["pids"].values())
+        assert len(pids) == 3 and all(process_alive(p) for p in pids) and mounted(str(mnt))
+        up.kill()
+        up.wait(10)
+        wait_for(lambda: not any(process_alive(p) for p in pids), 30, "the master and workers to exit")
+        wait_for(lambda: mounted(str(mnt)) is None, 30, "the mount to go")
+        port = int(info["master"].rpartition(":")[2])
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is fine
+            s.bind(("127.0.0.1", port))  # nobody listens on the master's port
+    finally:
+        stop_process(up)
+    again = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(
+            lambda: (
+                (data / "cluster.json").exists()
+                and json.loads((data / "cluster.json").read_text())["pids"] != info["pids"]
+                or again.poll() is not None
+            ),
+            60,
+            "the second cluster",
+        )
+        assert again.poll() is None, again.stderr.read()
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.communicate(timeout=60)
+    assert again.returncode == 0
