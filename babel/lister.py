@@ -122,7 +122,7 @@ def split_points(
         offsets = [step * k for k in range(1, pieces)]
     else:
         offsets = [per_page * ((1 << k) - 1) for k in range(1, pieces)]
-    points = []
+    points: list[str] = []
     for off in offsets:
         if e_low + off >= e_high:
             break
@@ -234,10 +234,10 @@ async def list_parallel_pages(
             page_size=page_size,
             prefix=rng.prefix,
         )
-        bounds = [last, *points, rng.until]
-        for lo, hi in zip(bounds[1:-1], bounds[2:], strict=True):
+        ends: list[str | None] = [*points[1:], rng.until] if points else []  # each piece (points[i], ends[i]]
+        for lo, hi in zip(points, ends, strict=True):
             push(KeyRange(rng.prefix, lo, hi, rng.flat))
-        return KeyRange(rng.prefix, last, bounds[1], rng.flat)
+        return KeyRange(rng.prefix, last, points[0] if points else rng.until, rng.flat)
 
     async def work(rng: KeyRange) -> None:
         while True:

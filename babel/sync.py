@@ -22,6 +22,7 @@ the copy/delete semantics.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import os
 import time
@@ -223,9 +224,9 @@ class SyncJob:
                 continue
             record(src, dst, decide(src, dst, size_only=self.opts.size_only, checksum=self.opts.checksum))
         if pending:
-            for t in await asyncio.gather(*pending, return_exceptions=True):
-                if isinstance(t, BaseException):
-                    raise t
+            for outcome in await asyncio.gather(*pending, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
         self.journal.mark("planned", counts)
 
     async def copy(self) -> None:
@@ -349,7 +350,7 @@ class SyncJob:
 
         await _bounded((one(k, r) for k, r in self.journal.scan("c")), 4 * self.opts.checkers)
 
-    async def _verify_one(self, key: str, rec: dict[str, Any]) -> list[VerifyResult]:
+    async def _verify_one(self, key: str, rec: dict[str, Any]) -> builtins.list[VerifyResult]:  # .list: a phase
         src = self._source(key)
         try:
             dst = await self.dst.head(key)
@@ -467,7 +468,8 @@ def check_not_overlapping(src_uri: str, dst_uri: str) -> None:
             return ("file", os.path.realpath(root).rstrip("/") + "/")
         bucket = getattr(store, "bucket", None)
         if bucket is not None:
-            return (f"{type(store).__name__}:{getattr(store, 'options', {}).get('endpoint_url')}:{bucket}", store.base)
+            where = f"{type(store).__name__}:{getattr(store, 'options', {}).get('endpoint_url')}:{bucket}"
+            return (where, getattr(store, "base", ""))
         return None
 
     a, b = place(src), place(dst)

@@ -247,7 +247,7 @@ class Transferer:
         count = -(-info.size // part_size)
         done: dict[int, dict[str, Any]] = {}
         upload_id = ""
-        record = self.journal.get("u", info.key) if self.journal is not None else None
+        record: dict[str, Any] | None = self.journal.get("u", info.key) if self.journal is not None else None
         if (
             record
             and limits.resumable_uploads
@@ -266,6 +266,7 @@ class Transferer:
             )
             record = {"upload_id": upload_id, "size": info.size, "mtime": info.mtime, "part_size": part_size}
             self._save_upload(info.key, record, done)
+        assert record is not None  # resumed, or created just above
         lock = asyncio.Lock()
 
         async def part(number: int) -> None:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import stat as stat_mod
+import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 
 from pcache.cli.common import resolve_master
 from pcache.common.cli import human_bytes
 
+if TYPE_CHECKING:
+    from pcache.client import Client
 
-def _client(ctx: click.Context):
+
+def _client(ctx: click.Context) -> Client:
     from pcache.client import Client
 
     return Client(master=resolve_master(ctx))
@@ -129,7 +134,7 @@ def du(ctx: click.Context, paths: tuple[str, ...], human: bool) -> None:
 @click.pass_context
 def cat(ctx: click.Context, path: str) -> None:
     """Write a file's bytes to stdout."""
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer
     with _client(ctx) as pc, pc.open(path, "rb") as f:
         while chunk := f.read(8 << 20):
             out.write(chunk)

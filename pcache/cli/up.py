@@ -73,10 +73,10 @@ def up(
         click.echo("cluster is up; Ctrl-C or SIGTERM stops it", err=True)
         reported: set[str] = set()
         while not stop.wait(1.0):
-            for proc in [cluster.master, *cluster.worker_procs]:
-                if proc is not None and not proc.alive() and proc.name not in reported:
-                    reported.add(proc.name)
-                    click.echo(f"pcache up: {proc.name} exited; see {proc.log}", err=True)
+            for child in [cluster.master, *cluster.worker_procs]:
+                if child is not None and not child.alive() and child.name not in reported:
+                    reported.add(child.name)
+                    click.echo(f"pcache up: {child.name} exited; see {child.log}", err=True)
     finally:
         if mount_proc is not None:
             _unmount(mount_proc, mount_dir)

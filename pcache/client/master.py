@@ -59,7 +59,7 @@ class MasterClient:
         block_size: int,
         replication: int,
         owner: pb.Owner | None = None,
-        kind: int = pb.REGULAR,
+        kind: pb.FileType = pb.REGULAR,
         rdev: int = 0,
     ) -> pb.Inode:
         return await self._call(

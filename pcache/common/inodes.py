@@ -23,7 +23,7 @@ TYPE_BITS = {
 """Stored file type -> the ``S_IFMT`` bits of ``st_mode``."""
 
 
-def type_of_mode(mode: int) -> int:
+def type_of_mode(mode: int) -> pb.FileType:
     """The stored file type for an ``st_mode`` (regular when no special type bits match)."""
     fmt = stat_mod.S_IFMT(mode)
     for kind, bits in TYPE_BITS.items():

@@ -20,10 +20,15 @@ async def _wait(sock: socket.socket, writable: bool, timeout: float) -> None:
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
     fd = sock.fileno()
+
+    def wake() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
     if writable:
-        loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+        loop.add_writer(fd, wake)
     else:
-        loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+        loop.add_reader(fd, wake)
     try:
         async with asyncio.timeout(timeout):
             await fut

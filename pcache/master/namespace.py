@@ -164,7 +164,7 @@ class Namespace:
 
     # ---------------------------------------------------------- mutations --
 
-    def _new_inode(self, kind: int, mode: int, **fields) -> pb.Inode:
+    def _new_inode(self, kind: pb.FileType, mode: int, **fields) -> pb.Inode:
         now = time.time()
         return pb.Inode(
             id=self._inodes.take(), type=kind, mode=mode & 0o7777, mtime=now, ctime=now, atime=now, version=1, **fields
@@ -231,7 +231,7 @@ class Namespace:
         replication: int = 0,
         uid: int = 0,
         gid: int = 0,
-        kind: int = pb.REGULAR,
+        kind: pb.FileType = pb.REGULAR,
         rdev: int = 0,
     ) -> tuple[pb.Inode, Freed]:
         """Create (or open, or truncate) a regular file.
@@ -662,9 +662,9 @@ class Namespace:
         freed: list[pb.BlockMeta] = []
         for block_id in node.blocks:
             if block_id != HOLE and block_id not in keep:
-                meta = self.get_block(block_id)
-                if meta is not None:
-                    freed.append(meta)
+                old = self.get_block(block_id)
+                if old is not None:
+                    freed.append(old)
                 deletes.append(_bkey(block_id))
         name = node.name
         node.ClearField("name")

@@ -61,7 +61,7 @@ class MemoryTier:
     @property
     def size(self) -> int:
         """Bytes held now."""
-        return self._cache.currsize if self._cache is not None else 0
+        return int(self._cache.currsize) if self._cache is not None else 0
 
     @property
     def hit_ratio(self) -> float:

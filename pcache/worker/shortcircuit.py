@@ -132,8 +132,10 @@ class ShortCircuitServer:
             writes[handle] = writer
             return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id, write_handle=handle), writer.fd
         if header.op == pb.SC_WRITE_COMMIT:
-            writer = writes.pop(header.write_handle, None)
-            if writer is None or writer.block_id != header.block_id:
+            if header.write_handle not in writes:
+                raise InvalidArgument(f"unknown short-circuit write handle for block {header.block_id}")
+            writer = writes.pop(header.write_handle)
+            if writer.block_id != header.block_id:
                 raise InvalidArgument(f"unknown short-circuit write handle for block {header.block_id}")
             try:
                 await asyncio.to_thread(writer.account_existing)
