@@ -26,7 +26,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from pcache.client import tree
 from pcache.client.data import DataClient
-from pcache.client.file import PCacheFile, parse_mode
+from pcache.client.file import PCacheFile, View, parse_mode
 from pcache.client.master import MasterClient
 from pcache.client.salvage import SalvageResult, salvage
 from pcache.common.config import ClientConfig, default_node_id
@@ -489,29 +489,19 @@ class PCacheClient:
                 pass  # only the suspects have room: better them than nothing
         return await self.master.allocate_block(inode, size, self.node_id, exclude)
 
-    async def commit(
-        self,
-        path: str,
-        inode: int,
-        size: int,
-        blocks: list[pb.CommittedBlock],
-        *,
-        base_version: int,
-        base_blocks: list[int],
-        replace: bool,
-    ) -> pb.Inode:
+    async def commit(self, path: str, inode: int, size: int, blocks: list[pb.CommittedBlock], view: View) -> pb.Inode:
         """Publish a file's new block list (called by :meth:`PCacheFile.fsync`); returns the committed inode.
 
-        ``base_version``/``base_blocks`` are the commit the writer's view starts from; the master
-        merges the blocks it changed with other writers' commits since, unless ``replace``
-        (see ``Namespace.commit_file``).
+        ``view`` is the commit the writer's view starts from; the master merges the blocks it
+        changed with other writers' commits since, unless ``view.replace`` (see
+        ``Namespace.commit_file``).
 
         Raises:
             Conflict: another writer changed the same blocks since that view; nothing was committed.
         """
         self.invalidate(path)
         return await self.master.commit_file(
-            inode, size, blocks, time.time(), base_version=base_version, base_blocks=base_blocks, replace=replace
+            inode, size, blocks, time.time(), base_version=view.version, base_blocks=view.blocks, replace=view.replace
         )
 
     async def layout_of(self, inode: int) -> pb.FileLayout:

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from pcache.common.checksum import crc32c
 from pcache.common.errors import (
@@ -64,6 +64,14 @@ class Slot:
     pending: asyncio.Task | None = None
 
 
+class View(NamedTuple):
+    """The commit a writer's view starts from, as its ``CommitFile`` names it."""
+
+    version: int  # the inode version the handle opened (or last committed)
+    blocks: list[int]  # that version's block ids
+    replace: bool  # the whole content is the writer's (a truncation, 'w'): no merge with others
+
+
 class FileService(Protocol):
     """What an open file needs from its client, and nothing more (``PCacheClient`` provides it).
 
@@ -89,18 +97,8 @@ class FileService(Protocol):
         """Allocate and store a new block: (block id, replicas that stored it, their addresses)."""
         ...
 
-    async def commit(
-        self,
-        path: str,
-        inode: int,
-        size: int,
-        blocks: list[pb.CommittedBlock],
-        *,
-        base_version: int,
-        base_blocks: list[int],
-        replace: bool,
-    ) -> pb.Inode:
-        """Publish the file's block list (merged with other writers' commits unless ``replace``)."""
+    async def commit(self, path: str, inode: int, size: int, blocks: list[pb.CommittedBlock], view: View) -> pb.Inode:
+        """Publish the file's block list (merged with other writers' commits since ``view``)."""
         ...
 
     async def discard_created(self, path: str, inode: int) -> None:
@@ -620,13 +618,7 @@ class PCacheFile:
             for s in self.slots
         ]
         node = await self.service.commit(
-            self.path,
-            self.inode,
-            self.size,
-            blocks,
-            base_version=self.version,
-            base_blocks=self.base_blocks,
-            replace=self.replace,
+            self.path, self.inode, self.size, blocks, View(self.version, self.base_blocks, self.replace)
         )
         self.dirty = False
         self.replace = False
