@@ -1,0 +1,220 @@
+"""Leader election of PCache masters on etcd, with a fencing epoch (Ling report §2.3.1: a leader
+and a follower master; ``../shared/DESIGN.md``, "Leader/follower").
+
+Each master *campaigns* for one key, ``/pcache/<cluster>/leader``, held under a lease of ``ttl``
+seconds: a transaction creates the key only if it does not exist (``create_revision == 0``). The
+winner's **epoch** is the etcd revision of that creation: it grows with every new term, whoever
+wins it, so a deposed leader's epoch is always lower than its successor's, which is what workers,
+followers and clients compare to refuse it (a fencing token, as in Kleppmann's "How to do
+distributed locking" and HDFS's QJM epochs).
+
+A leader keeps its lease alive every ``ttl / 4`` seconds. It counts itself leader only until
+``sent + ttl - margin``, where ``sent`` is when the last *successful* keep-alive left: etcd
+measured the lease from a moment at or after ``sent``, so the leader steps down before etcd can
+let the lease expire and grant the key to another master, whatever stopped its keep-alives (a
+network cut, SIGSTOP, etcd down). Source of the pattern: etcd's ``concurrency.Election`` (Go
+client) and its lease semantics (https://etcd.io/docs/v3.5/learning/api/#lease-api).
+
+Uses ``aetcd`` (asyncio on grpcio). Every call has ``timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+
+import aetcd
+
+from pcache.common.errors import Unavailable
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TTL = 5.0  # seconds a leader's lease lives without a keep-alive
+MARGIN = 0.5  # seconds a leader steps down before its lease can expire (clock rate, scheduling)
+ETCD_ERRORS = (aetcd.ClientError, OSError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who leads a cluster: the leader's advertised address and its epoch."""
+
+    address: str
+    epoch: int
+
+
+def leader_key(cluster: str) -> bytes:
+    """The etcd key the masters of ``cluster`` campaign for."""
+    return f"/pcache/{cluster}/leader".encode()
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an ``http://`` prefix allowed; the first of a comma-separated list).
+
+    Raises:
+        ValueError: not HOST:PORT.
+    """
+    first = endpoint.split(",")[0].strip().removeprefix("http://").rstrip("/")
+    host, sep, port = first.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"etcd endpoint must be HOST:PORT, got {endpoint!r}")
+    return host, int(port)
+
+
+class Election:
+    """One master's candidacy in ``cluster``'s election.
+
+    ``address`` is what the master advertises (``host:port``); ``ttl`` (seconds) is the lease.
+    Use :meth:`campaign` to become leader, :meth:`is_leader` before every mutation, and
+    :meth:`resign` to step down (a clean stop hands over at once instead of after ``ttl``).
+    """
+
+    def __init__(
+        self, endpoint: str, cluster: str, address: str, *, ttl: float = DEFAULT_TTL, timeout: float = 2.0
+    ) -> None:
+        if ttl < 2 * MARGIN + 1:
+            raise ValueError(f"lease ttl must be at least {2 * MARGIN + 1} s, got {ttl}")
+        host, port = parse_endpoint(endpoint)
+        self.endpoint = f"{host}:{port}"
+        self.cluster = cluster
+        self.address = address
+        self.ttl = ttl
+        self.timeout = timeout
+        self.key = leader_key(cluster)
+        self.epoch = 0
+        self._client = aetcd.Client(host=host, port=port, timeout=max(1, round(timeout)))
+        self._lease: aetcd.Lease | None = None
+        self._valid_until = 0.0  # monotonic: this master leads until then
+        self._keeper: asyncio.Task | None = None
+
+    # ----------------------------------------------------------- state --
+
+    def is_leader(self) -> bool:
+        """Whether this master may act as leader now (its lease cannot have expired yet)."""
+        return self._lease is not None and time.monotonic() < self._valid_until
+
+    async def leader(self) -> Leader | None:
+        """The current leader as etcd has it, or None when nobody leads.
+
+        Raises:
+            Unavailable: etcd does not answer.
+        """
+        try:
+            got = await asyncio.wait_for(self._client.get(self.key), self.timeout)
+        except ETCD_ERRORS as exc:
+            raise Unavailable(f"etcd at {self.endpoint}: {exc}") from exc
+        if got is None:
+            return None
+        return Leader(got.value.decode(), got.create_revision)
+
+    # -------------------------------------------------------- campaign --
+
+    async def campaign(self, *, poll: float | None = None) -> int:
+        """Wait until this master leads; returns its epoch.
+
+        Polls the leader key every ``poll`` seconds (default ``ttl / 4``) while another master
+        holds it; an unreachable etcd is retried (logged) rather than raised: a master with no
+        etcd can never lead, and must not.
+        """
+        poll = poll if poll is not None else self.ttl / 4
+        while True:
+            try:
+                epoch = await self._try_once()
+            except ETCD_ERRORS as exc:
+                logger.warning("election %s: etcd at %s: %s", self.cluster, self.endpoint, exc)
+                epoch = None
+            if epoch is not None:
+                return epoch
+            await asyncio.sleep(poll)
+
+    async def _try_once(self) -> int | None:
+        sent = time.monotonic()
+        lease = await asyncio.wait_for(self._client.lease(int(round(self.ttl))), self.timeout)
+        tx = self._client.transactions
+        ok, responses = await asyncio.wait_for(
+            self._client.transaction(
+                compare=[tx.create(self.key) == 0],
+                success=[tx.put(self.key, self.address.encode(), lease=lease)],
+                failure=[],
+            ),
+            self.timeout,
+        )
+        if not ok:
+            with contextlib.suppress(*ETCD_ERRORS):
+                await asyncio.wait_for(lease.revoke(), self.timeout)
+            return None
+        self._lease = lease
+        self.epoch = responses[0].response_put.header.revision
+        self._valid_until = sent + self.ttl - MARGIN
+        self._keeper = asyncio.ensure_future(self._keep_alive())
+        logger.info("election %s: %s leads with epoch %d", self.cluster, self.address, self.epoch)
+        return self.epoch
+
+    async def _keep_alive(self) -> None:
+        """Refresh the lease every ``ttl / 4`` s while it lasts; stop leading when it cannot be kept."""
+        assert self._lease is not None
+        lease = self._lease
+        while self.is_leader():
+            await asyncio.sleep(self.ttl / 4)
+            sent = time.monotonic()
+            try:
+                reply = await asyncio.wait_for(lease.refresh(), self.timeout)
+            except ETCD_ERRORS as exc:
+                logger.warning("election %s: lease keep-alive failed: %s", self.cluster, exc)
+                continue  # still leading until _valid_until; retried at the next period
+            if reply is None or reply.TTL <= 0:
+                logger.warning("election %s: the lease of epoch %d expired", self.cluster, self.epoch)
+                break
+            self._valid_until = sent + self.ttl - MARGIN
+        if not self.is_leader():
+            logger.warning("election %s: %s no longer leads (epoch %d)", self.cluster, self.address, self.epoch)
+        self._lease = None
+
+    async def resign(self) -> None:
+        """Step down now: stop leading and revoke the lease, so another master may win at once."""
+        lease, self._lease = self._lease, None
+        self._valid_until = 0.0
+        if self._keeper is not None:
+            self._keeper.cancel()
+        if lease is not None:
+            with contextlib.suppress(*ETCD_ERRORS):
+                await asyncio.wait_for(lease.revoke(), self.timeout)
+
+    async def close(self) -> None:
+        """Resign and close the etcd connection."""
+        await self.resign()
+        with contextlib.suppress(*ETCD_ERRORS):
+            await self._client.close()
+
+
+async def _campaign_main(endpoint: str, cluster: str, address: str, ttl: float) -> None:
+    """Campaign, then print one JSON line per change of leadership (for operators and tests)."""
+    election = Election(endpoint, cluster, address, ttl=ttl)
+    try:
+        while True:
+            epoch = await election.campaign()
+            print(json.dumps({"event": "leader", "address": address, "epoch": epoch}), flush=True)
+            while election.is_leader():
+                await asyncio.sleep(0.05)
+            print(json.dumps({"event": "lost", "address": address, "epoch": epoch}), flush=True)
+    finally:
+        await election.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pcache.master.election ETCD CLUSTER ADDRESS [TTL]``: campaign and report."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (3, 4):
+        print("usage: python -m pcache.master.election ETCD_HOST:PORT CLUSTER ADDRESS [TTL_SECONDS]", file=sys.stderr)
+        return 3
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_campaign_main(args[0], args[1], args[2], float(args[3]) if len(args) == 4 else DEFAULT_TTL))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Master leader election on a real etcd: one leader at a time, epochs that only grow, a leader
+that steps down before its lease can go to another (SIGSTOP, etcd stopped)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pcache.common.errors import Unavailable
+from pcache.master.election import MARGIN, Election
+from pcache.testing.etcd import Etcd, start_etcd
+
+pytestmark = pytest.mark.skipif(
+    not any(os.access(os.path.join(d, "etcd"), os.X_OK) for d in os.environ.get("PATH", "").split(":")),
+    reason="etcd is not installed (apt-get install etcd-server; .ci/run installs it)",
+)
+
+TTL = 3.0
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[Etcd]:
+    server = start_etcd(tmp_path / "etcd")
+    yield server
+    server.stop()
+
+
+def test_one_leader_at_a_time_and_epochs_grow(etcd: Etcd) -> None:
+    async def scenario() -> None:
+        a = Election(etcd.endpoint, "c1", "10.0.0.1:19600", ttl=TTL)
+        b = Election(etcd.endpoint, "c1", "10.0.0.2:19600", ttl=TTL)
+        other = Election(etcd.endpoint, "c2", "10.0.0.3:19600", ttl=TTL)  # another cluster: its own key
+        try:
+            first = await a.campaign()
+            assert a.is_leader() and (await b.leader()).address == "10.0.0.1:19600"
+            assert (await b.leader()).epoch == first
+            waiting = asyncio.ensure_future(b.campaign(poll=0.1))
+            await asyncio.sleep(TTL + 1)  # a keeps its lease alive: b must not win meanwhile
+            assert not waiting.done() and a.is_leader() and not b.is_leader()
+            assert await other.campaign() > first  # no interference across clusters
+            await a.resign()
+            assert not a.is_leader()
+            second = await asyncio.wait_for(waiting, 5)
+            assert second > first and b.is_leader()
+            assert (await a.leader()).address == "10.0.0.2:19600"
+        finally:
+            for e in (a, b, other):
+                await e.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_cut_off_from_etcd_steps_down_before_its_lease_expires(etcd: Etcd) -> None:
+    async def scenario() -> None:
+        a = Election(etcd.endpoint, "c1", "a:1", ttl=TTL, timeout=0.5)
+        try:
+            await a.campaign()
+            os.kill(etcd.proc.pid, signal.SIGSTOP)  # etcd unreachable: keep-alives fail
+            stopped = time.monotonic()
+            while a.is_leader():
+                await asyncio.sleep(0.02)
+            # stepped down within one lease, at least MARGIN before etcd could hand the key on
+            assert time.monotonic() - stopped <= TTL - MARGIN + 0.2
+            with pytest.raises(Unavailable):
+                await a.leader()
+        finally:
+            os.kill(etcd.proc.pid, signal.SIGCONT)
+            await a.close()
+
+    asyncio.run(scenario())
+
+
+def _campaigner(etcd: Etcd, address: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pcache.master.election", etcd.endpoint, "c1", address, str(TTL)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+
+
+def _event(proc: subprocess.Popen) -> dict:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, "the campaigner exited"
+    return json.loads(line)
+
+
+def test_a_sigstopped_leader_is_replaced_and_knows_it_when_it_resumes(etcd: Etcd) -> None:
+    a = _campaigner(etcd, "a:1")
+    b = None
+    try:
+        first = _event(a)
+        assert first["event"] == "leader"
+        b = _campaigner(etcd, "b:2")
+        time.sleep(0.5)
+        a.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        second = _event(b)
+        took = time.monotonic() - stopped
+        assert second["event"] == "leader" and second["epoch"] > first["epoch"]
+        assert TTL - 1 <= took <= TTL + 3, took  # only once a's lease expired, and soon after
+        a.send_signal(signal.SIGCONT)
+        assert _event(a) == {"event": "lost", "address": "a:1", "epoch": first["epoch"]}  # fenced
+    finally:
+        for p in (a, b):
+            if p is not None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait(10)
