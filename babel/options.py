@@ -17,6 +17,8 @@ from babel.errors import BabelError
 from babel.planner import Filters
 from babel.transfer import DEFAULT_THRESHOLD
 from pcache.common.cli import human_bytes
+from pcache.common.config import parse_size
+from pcache.common.errors import InvalidArgument
 
 VerifyMode = Literal["none", "sample", "full"]
 
@@ -25,6 +27,9 @@ CONCURRENCY = (1, 1024)  # checkers, transfers, list_concurrency
 SAMPLES = (2, 100_000)
 MIN_PART_SIZE = MiB  # --part-size
 MIN_MEMORY = MiB  # --memory
+MAX_PART_SIZE = 5 << 30  # S3's largest part
+MAX_SIZE = 1 << 62  # any byte count or rate (bytes/s)
+SIZE_FIELDS = ("multipart_threshold", "part_size", "memory", "sample_size", "bwlimit")  # take "64M" too
 
 
 class BadOption(BabelError, ValueError):
@@ -112,10 +117,12 @@ def _int(low: int, high: int | None = None) -> Callable[[Any], None]:
     return check
 
 
-def _bytes(low: int) -> Callable[[Any], None]:
+def _bytes(low: int, high: int = MAX_SIZE) -> Callable[[Any], None]:
     def check(value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"must be at least {human_bytes(low)} (a number of bytes)")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError('must be a whole number of bytes (67108864) or a size ("64M")')
+        if not low <= value <= high:
+            raise ValueError(f"must be at least {human_bytes(low)} and at most {human_bytes(high)}")
 
     return check
 
@@ -129,8 +136,8 @@ def _optional(check: Callable[[Any], None]) -> Callable[[Any], None]:
 
 
 def _positive(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError("must be a number > 0")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < MAX_SIZE:
+        raise ValueError("must be a finite number > 0")
 
 
 def _bool(value: Any) -> None:
@@ -163,7 +170,7 @@ RULES: dict[str, Callable[[Any], None]] = {
     "size_only": _bool,
     "checksum": _bool,
     "multipart_threshold": _bytes(1),
-    "part_size": _optional(_bytes(MIN_PART_SIZE)),
+    "part_size": _optional(_bytes(MIN_PART_SIZE, MAX_PART_SIZE)),
     "memory": _bytes(MIN_MEMORY),
     "samples": _int(*SAMPLES),
     "sample_size": _bytes(1),
@@ -186,6 +193,13 @@ def options_from_dict(doc: Mapping[str, Any] | None) -> SyncOptions:
             raise BadOption(str(name), "is not a sync option")
     kwargs = dict(doc)
     for name, value in kwargs.items():
+        if name in SIZE_FIELDS and isinstance(value, str):  # "64M", as the CLI flags take them
+            try:
+                kwargs[name] = value = parse_size(value)
+            except InvalidArgument as exc:
+                raise BadOption(name, f"is not a size: {value!r}") from exc
+        elif name in SIZE_FIELDS and isinstance(value, float) and value.is_integer() and name != "bwlimit":
+            kwargs[name] = value = int(value)  # 1048576.0 from a JSON encoder
         try:
             RULES[name](value)
         except ValueError as exc:

@@ -19,9 +19,22 @@ from pcache.common.logs import setup_logging
 @click.argument("mountpoint", type=click.Path())
 @click.option("--master", envvar="PCACHE_MASTER", help="Master address host:port (env PCACHE_MASTER).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config ([client] section).")
-@click.option("--attr-timeout", type=float, default=1.0, show_default=True, help="Kernel attribute cache, seconds.")
-@click.option("--entry-timeout", type=float, default=1.0, show_default=True, help="Kernel name cache, seconds.")
-@click.option("--timeout", type=float, default=None, help="Seconds any operation may take (RPC and data I/O).")
+@click.option(
+    "--attr-timeout",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Kernel attribute cache, seconds.",
+)
+@click.option(
+    "--entry-timeout", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Kernel name cache, seconds."
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds any operation may take (RPC and data I/O).",
+)
 @click.option("--no-allow-other", is_flag=True, help="Only the mounting user may use the mount.")
 @click.option("--daemon", is_flag=True, help="Mount in the background and return once mounted.")
 @click.option("--log-file", type=click.Path(dir_okay=False), help="Log here (daemon mode).")
@@ -65,7 +78,10 @@ def main_command(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; exit codes as ``pcache``: 0 ok, 2 fatal, 3 usage (Ctrl-C unmounts: 0)."""
-    return run_cli(main_command, "pcache-mount", argv, pcache_error_exit, on_interrupt=(EXIT_OK, None))
+    # SIGTERM stays libfuse's (it unmounts and exits; it installs its handler only over SIG_DFL)
+    return run_cli(
+        main_command, "pcache-mount", argv, pcache_error_exit, on_interrupt=(EXIT_OK, None), sigterm_interrupts=False
+    )
 
 
 if __name__ == "__main__":

@@ -67,10 +67,11 @@ import base64
 import contextlib
 import zlib
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
 from babel.backends.base import ListPage, ObjectInfo, PartInfo, StoreLimits
 from babel.backends.tree import check_key
@@ -123,6 +124,8 @@ def translate(exc: Exception, uri: str) -> BabelError:
             cls = TransientError if status >= 500 else BabelError
         request_id = str(meta.get("RequestId") or meta.get("HTTPHeaders", {}).get("x-oss-request-id", ""))
         return cls(f"{code or status}: {err.get('Message', '')}".rstrip(": "), uri=uri, request_id=request_id)
+    if isinstance(exc, NoCredentialsError):  # no retry can help: say so at once
+        return AccessDenied(f"no credentials ({exc}): set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or profile=", uri=uri)
     if isinstance(exc, EndpointConnectionError | BotoCoreError):
         return TransientError(f"{type(exc).__name__}: {exc}", uri=uri)
     return BabelError(f"{type(exc).__name__}: {exc}", uri=uri)
@@ -166,6 +169,15 @@ class S3Store:
         ):
             if value not in allowed:
                 raise BadURI(f"{name}={value!r} is not one of {', '.join(a for a in allowed if a)}", uri=uri)
+        endpoint = options.get("endpoint_url")
+        if endpoint is not None:
+            parts = urlsplit(endpoint)
+            try:
+                parts.port  # noqa: B018 - raises ValueError for a bad port
+            except ValueError as exc:
+                raise BadURI(f"endpoint_url={endpoint!r}: {exc}", uri=uri) from exc
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise BadURI(f"endpoint_url={endpoint!r} is not an http:// or https:// URL", uri=uri)
         self._path_keys = self.provider == "rclone"  # keys are file paths on the server
         self.retries = 0  # requests botocore sent again (throttling, 5xx, resets) that then succeeded
         self._client: Any = None

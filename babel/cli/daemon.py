@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from babel.daemon import DEFAULT_LISTEN, DaemonConfig, serve
+from babel.daemon import DEFAULT_LISTEN, DaemonConfig, serve, split_addr
 from babel.journal import default_state_dir
 
 
@@ -36,6 +36,10 @@ from babel.journal import default_state_dir
 )
 def daemon_cmd(listen: str, state_dir: str | None, max_jobs: int) -> int:
     """Serve an HTTP API that queues syncs, runs schedules and keeps the job history."""
+    try:
+        split_addr(listen)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--listen") from exc
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
         logging.getLogger("babel").setLevel(logging.INFO)  # a server logs its config and jobs without -v
     asyncio.run(serve(DaemonConfig(listen=listen, state_dir=state_dir or default_state_dir(), max_jobs=max_jobs)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -40,7 +39,7 @@ async def _translate_errors(request: web.Request, handler) -> web.StreamResponse
 async def _body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past 4300 digits
         raise RequestRejected("the body is not JSON", field="body") from exc
     if not isinstance(body, dict):
         raise RequestRejected("the body must be a JSON object", field="body")

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from pcache.common.cli import pcache_error_exit, run_cli
+from pcache.common.cli import EXIT_FATAL, pcache_error_exit, run_cli
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,7 +42,7 @@ _register()
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
-    return run_cli(cli, "pcache", argv, pcache_error_exit)
+    return run_cli(cli, "pcache", argv, pcache_error_exit, on_interrupt=(EXIT_FATAL, "interrupted"))
 
 
 if __name__ == "__main__":

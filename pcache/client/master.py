@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import grpc
 
-from pcache.common.config import ClientConfig
+from pcache.common.config import ClientConfig, check_address
 from pcache.common.rpc import call, channel_options
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
@@ -19,6 +19,8 @@ class MasterClient:
     """Async stub wrapper bound to one master address."""
 
     def __init__(self, cfg: ClientConfig, client_id: str) -> None:
+        """Raises InvalidArgument for a master address that is not HOST:PORT."""
+        check_address(cfg.master)
         self.cfg = cfg
         self.address = cfg.master
         self.client_id = client_id

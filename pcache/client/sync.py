@@ -43,6 +43,9 @@ async def _cancel_the_rest(timeout: float = 2.0) -> None:
         await asyncio.wait(tasks, timeout=timeout)
 
 
+CANCEL_GRACE = 10.0  # seconds an interrupted call gets to clean up (abort a write, remove a temp file)
+
+
 class _LoopThread:
     def __init__(self) -> None:
         self.loop = new_event_loop()
@@ -56,7 +59,22 @@ class _LoopThread:
         if not self.thread.is_alive() or self.loop.is_closed():
             coro.close()  # a closed client: fail instead of waiting on a dead loop
             raise Unavailable("the PCache client is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        finished = threading.Event()
+
+        async def guarded() -> T:
+            try:
+                return await coro
+            finally:
+                finished.set()
+
+        fut = asyncio.run_coroutine_threadsafe(guarded(), self.loop)
+        try:
+            return fut.result()
+        except BaseException:  # Ctrl-C in the caller's thread: cancel the call and let it clean up
+            if not fut.done():
+                fut.cancel()
+                finished.wait(CANCEL_GRACE)  # an aborted write removes what it created, a copy its temp file
+            raise
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -8,6 +8,7 @@ one copied out lands under a ``.pcache-part`` name and is renamed into place whe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -130,16 +131,21 @@ async def _get_file(client: PCacheClient, remote: str, local: str) -> int:
         return 0
     total = 0
     tmp = f"{local}.pcache-part"
-    async with await client.open(remote, "rb") as src:
-        with open(tmp, "wb") as dst:
-            while True:
-                buf = await src.read(COPY_BUFFER)
-                if not buf:
-                    break
-                await asyncio.to_thread(dst.write, buf)
-                total += len(buf)
-    os.chmod(tmp, st.mode & 0o7777)
-    os.replace(tmp, local)
+    try:
+        async with await client.open(remote, "rb") as src:
+            with open(tmp, "wb") as dst:
+                while True:
+                    buf = await src.read(COPY_BUFFER)
+                    if not buf:
+                        break
+                    await asyncio.to_thread(dst.write, buf)
+                    total += len(buf)
+        os.chmod(tmp, st.mode & 0o7777)
+        os.replace(tmp, local)
+    except BaseException:  # an error or Ctrl-C leaves no half-copied file behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return total
 
 

@@ -6,7 +6,10 @@ Used by ``pcache``, ``pcache-mount`` and ``babel`` (``click`` groups and command
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 import click
@@ -35,19 +38,33 @@ def run_cli(
     classify: Classifier,
     *,
     on_interrupt: tuple[int, str | None] = (EXIT_FATAL, None),
+    sigterm_interrupts: bool = True,
 ) -> int:
     """Run ``command`` and map how it ended to an exit code (messages go to stderr).
 
     A command may return an int exit code; ``None`` means 0. Domain errors go through
     ``classify`` first (so a ``PCacheError``, which is an ``OSError``, keeps its own code);
     then a closed pipe (``… | head``) is 0 and any other local ``OSError`` (a missing directory,
-    a full disk) is fatal. Ctrl-C gives ``on_interrupt`` (code, message or None). Anything else
-    propagates, with its traceback: it is a bug.
+    a full disk) is fatal. Ctrl-C, and SIGTERM with ``sigterm_interrupts``, give ``on_interrupt``
+    (code, message or None). Anything else propagates, with its traceback: it is a bug.
     """
+    if sigterm_interrupts and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)  # `kill PID` cleans up as Ctrl-C does (servers set their own)
     try:
         rv = command.main(args=list(argv) if argv is not None else None, prog_name=prog_name, standalone_mode=False)
         return rv if isinstance(rv, int) else EXIT_OK
-    except click.exceptions.Abort:
+    except SystemExit:
+        # click turns EPIPE on stdout (`... | head`) into sys.exit(1) after wrapping the streams;
+        # the reader has all it wanted: that is success
+        if type(sys.stdout).__name__ == "_PacifyFlushWrapper":
+            return EXIT_OK
+        raise
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # click's non-standalone mode wraps Ctrl-C
+            code, message = on_interrupt
+            if message:
+                click.echo(f"{prog_name}: {message}", err=True)
+            return code
         click.echo("aborted", err=True)
         return EXIT_FATAL
     except click.exceptions.UsageError as exc:
@@ -69,14 +86,21 @@ def run_cli(
             code, message = verdict
             click.echo(f"{prog_name}: {message}", err=True)
             return code
-        if isinstance(exc, BrokenPipeError):
-            sys.stderr.close()
+        if isinstance(exc, BrokenPipeError):  # `... | head`: the reader has all it wanted
+            # Python's recipe (library/signal, "Note on SIGPIPE"): point stdout at /dev/null so
+            # the flush at exit does not fail again and turn the exit code into 1
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
             return EXIT_OK
         if isinstance(exc, OSError):
             where = f": {exc.filename}" if exc.filename else ""
             click.echo(f"{prog_name}: {exc.strerror or exc}{where}", err=True)
             return EXIT_FATAL
         raise
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def human_bytes(n: float) -> str:

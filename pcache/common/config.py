@@ -8,6 +8,7 @@ are seconds. Modelled on torchtitan's ``JobConfig``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import tomllib
@@ -182,6 +183,19 @@ _SUFFIXES = {
 }  # fmt: skip
 
 
+def check_address(address: str, what: str = "master address") -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:19600`` for IPv6) as (host, port), port 1-65535.
+
+    Raises:
+        InvalidArgument: not HOST:PORT (a missing or out-of-range port included).
+    """
+    host, sep, port = address.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise InvalidArgument(f"{what} must be HOST:PORT with a port 1-65535, got {address!r}")
+    return host, int(port)
+
+
 def parse_size(text: str | int) -> int:
     """Parse ``"64MiB"``, ``"1g"``, ``"4096"`` into bytes (binary multiples).
 
@@ -199,7 +213,10 @@ def parse_size(text: str | int) -> int:
         raise InvalidArgument(f"not a size: {text!r}") from exc
     if unit and unit not in _SUFFIXES and unit != "b":
         raise InvalidArgument(f"unknown size unit in {text!r}")
-    return int(value * _SUFFIXES.get(unit, 1))
+    value *= _SUFFIXES.get(unit, 1)
+    if not math.isfinite(value) or value >= 1 << 63:
+        raise InvalidArgument(f"size out of range: {text!r}")
+    return int(value)
 
 
 def _coerce(section: str, name: str, ftype: Any, value: Any) -> Any:

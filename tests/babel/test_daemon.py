@@ -258,6 +258,8 @@ def test_bad_requests_get_400_naming_the_field(tmp_path: Path, daemons) -> None:
         ("/jobs", {"src": ok["src"]}, "dst"),
         ("/jobs", {**ok, "options": {"transfer": 4}}, "options.transfer"),
         ("/jobs", {**ok, "options": {"bwlimit": "fast"}}, "options.bwlimit"),
+        ("/jobs", {**ok, "options": {"part_size": "6G"}}, "options.part_size"),  # above S3's 5 GiB part
+        ("/jobs", {**ok, "dst": "s3://b/p?endpoint_url=notaurl"}, "dst"),
         ("/jobs", {**ok, "extra": 1}, "extra"),
         ("/jobs", [1, 2], "body"),
         ("/schedules", {**ok, "every": 0}, "every"),
@@ -271,6 +273,12 @@ def test_bad_requests_get_400_naming_the_field(tmp_path: Path, daemons) -> None:
     status, doc = http(d.addr, "POST", "/jobs", {**ok, "src": "nope://x/y"})
     assert "BadURI" in doc["error"] and "nope" in doc["error"]
     assert http(d.addr, "POST", "/jobs", raw=b"{not json")[0] == 400
+    huge = b'{"src": "%s", "dst": "%s", "options": {"memory": 1%s}}' % (
+        ok["src"].encode(),
+        ok["dst"].encode(),
+        b"0" * 5000,
+    )
+    assert http(d.addr, "POST", "/jobs", raw=huge)[0] == 400  # past Python's int-parsing limit: not a 500
     assert http(d.addr, "GET", "/jobs/20990101-000000-abcdef")[0] == 404
     assert http(d.addr, "GET", "/jobs/..")[0] == 404
     assert http(d.addr, "POST", "/jobs/nope/resume")[0] == 404
@@ -280,6 +288,8 @@ def test_bad_requests_get_400_naming_the_field(tmp_path: Path, daemons) -> None:
     r = babel("sync", "nope://x", f"file://{tmp_path}/b", "--daemon", d.addr)
     assert r.returncode == 3 and "BadURI" in r.stderr and "Traceback" not in r.stderr
     port = free_port()
+    r = babel("daemon", "--listen", "127.0.0.1:99999", "--state-dir", str(tmp_path / "s2"))
+    assert r.returncode == 3 and "--listen" in r.stderr and "Traceback" not in r.stderr
     r = babel("jobs", "--daemon", f"127.0.0.1:{port}")
     assert r.returncode == 2 and f"babel daemon at 127.0.0.1:{port} is not reachable" in r.stderr
     from babel.daemon import fetch_jobs

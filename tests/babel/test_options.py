@@ -31,6 +31,9 @@ REFUSED = [
     ("--samples", "1", "samples", 1),
     ("--include", "", "include", [""]),
     ("--exclude", "", "exclude", [""]),
+    ("--part-size", "6G", "part_size", 6 << 30),  # S3's largest part is 5 GiB
+    ("--bwlimit", "1e400", "bwlimit", float("inf")),
+    ("--memory", "1e30", "memory", 10**30),
 ]
 
 
@@ -47,6 +50,15 @@ def test_the_cli_and_the_daemon_refuse_the_same_values(
     with pytest.raises(BadOption) as info:
         options_from_dict({name: value})
     assert info.value.field == name and str(info.value).startswith(name)
+
+
+def test_sizes_in_json_take_the_cli_forms() -> None:
+    assert options_from_dict({"memory": "512M", "part_size": 8 * MiB * 1.0, "bwlimit": "10M"}) == SyncOptions(
+        memory=512 * MiB, part_size=8 * MiB, bwlimit=10 * MiB
+    )
+    for bad, why in [({"memory": "lots"}, "is not a size"), ({"memory": True}, "whole number of bytes")]:
+        with pytest.raises(BadOption, match=why):
+            options_from_dict(bad)
 
 
 def test_a_library_caller_is_refused_too(tmp_path: Path) -> None:

@@ -162,6 +162,41 @@ def test_cli_local_errors_are_one_line(shared_cluster, client: Client, tmp_path:
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "No such file or directory" in res.stderr
 
 
+def test_cli_bad_master_address_is_a_usage_error() -> None:
+    for bad in ("127.0.0.1:99999", "127.0.0.1", "bogus", ":0"):
+        res = subprocess.run([sys.executable, "-m", "pcache", "--master", bad, "ls", "/"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert res.returncode == 3 and "HOST:PORT" in res.stderr and res.stderr.count("\n") == 1, (bad, res.stderr)
+
+
+def test_cli_cat_into_head_succeeds_and_an_interrupted_get_leaves_nothing(
+    shared_cluster, client: Client, tmp_path: Path
+) -> None:
+    import signal
+    import time
+
+    data = os.urandom(96 << 20)
+    client.write_file("/big-cli.bin", data)
+    cmd = [sys.executable, "-m", "pcache", "--master", shared_cluster.master_address]
+    cat = subprocess.run(f"{' '.join(cmd)} cat /big-cli.bin | head -c 10 > /dev/null; exit ${{PIPESTATUS[0]}}",
+                         shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert cat.returncode == 0 and cat.stderr == ""  # the reader had all it wanted: not an error
+    out = tmp_path / "out.bin"
+    part = tmp_path / "out.bin.pcache-part"
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        proc = subprocess.Popen([*cmd, "get", "/big-cli.bin", str(out)], stderr=subprocess.PIPE, text=True)
+        while not part.exists() and proc.poll() is None:
+            time.sleep(0.002)
+        proc.send_signal(sig)
+        err = proc.communicate(timeout=60)[1]
+        if proc.returncode == 0:  # finished before the signal landed: the copy is whole
+            assert out.read_bytes() == data
+            out.unlink()
+            continue
+        assert proc.returncode == 2 and "pcache: interrupted" in err, err
+        assert not part.exists() and not out.exists()  # no half-copied file, under either name
+
+
 def test_replication_above_the_worker_count_is_not_reported_forever(make_cluster) -> None:
     cluster = make_cluster(workers=1)
     with Client(master=cluster.master_address) as pc:
