@@ -438,7 +438,11 @@ def test_random_interleavings_of_handles_on_two_mounts_match_the_model(two_mount
     deadline = time.monotonic() + 40  # bounded in CI: as many seeds as fit
     seed = 0
     while seed < 3 or (time.monotonic() < deadline and seed < 40):
-        run_interleaving(seed, {"a": a.path, "b": b.path}, steps=60)
+        try:
+            run_interleaving(seed, {"a": a.path, "b": b.path}, steps=60)
+        except (AssertionError, OSError) as exc:  # name the seed and show what the mounts logged
+            tails = {m.path.name: m.log.read_text(errors="replace")[-3000:] for m in (a, b)}
+            raise AssertionError(f"seed {seed}: {exc!r}\nmount logs: {tails}") from exc
         seed += 1
 
 
