@@ -77,6 +77,7 @@ from fuse_client.mount import mounted, stop_mount, wait_mounted  # noqa: E402
 from pcache.client import Client  # noqa: E402
 from pcache.common.config import parse_size  # noqa: E402
 from pcache.common.logs import setup_logging
+from pcache.common.process import reap_children
 from pcache.local import LocalCluster  # noqa: E402
 
 MiB = 1 << 20
@@ -690,45 +691,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def own_children() -> list[int]:
-    """Pids of this process's live children (from /proc)."""
-    me, pids = os.getpid(), []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me and fields[0] != "Z":
-                pids.append(int(entry.name))
-    return pids
-
-
-def reap_children(timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL, whatever this process started and is still running.
-
-    LocalCluster registers a process only once it is ready, so an interrupt during
-    ``start()`` would otherwise leave the one being started behind.
-    """
-    pids = own_children()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pids and time.monotonic() < deadline:
-        for pid in list(pids):
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                    continue
-            pids.remove(pid)
-        time.sleep(0.05)
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
 
 
 def cleanup(bench: Bench | None, root: Path, keep: bool) -> None:

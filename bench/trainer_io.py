@@ -67,11 +67,12 @@ from typing import Any
 
 from benchlib import REPO as _REPO
 from benchlib import block_files, drop_page_cache, print_result
-from fuse_io import MountProc, reap_children
+from fuse_io import MountProc
 
 from fuse_client.mount import mounted
 from pcache.client import Client
 from pcache.common.logs import setup_logging
+from pcache.common.process import reap_children
 from pcache.local import LocalCluster
 from trainer_ref.data import verify
 

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pcache.common.process import die_with_parent, stop_process
+from pcache.common.process import die_with_parent, reap_children, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 PCACHE_TOML = ROOT / "deploy" / "local" / "pcache.toml"
@@ -407,6 +407,7 @@ class Demo:
             unmount(str(self.mnt), lazy=True)
         for server in self.servers:
             server.stop()
+        reap_children()  # any child whose handle a signal took away mid-spawn (e.g. the shard build)
         return problems
 
 

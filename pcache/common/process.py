@@ -126,6 +126,45 @@ def stop_process(
     return stop_processes([proc], grace=grace, sig=sig, group=group)[0]
 
 
+def own_children() -> list[int]:
+    """Pids of this process's live children (from /proc)."""
+    me, pids = os.getpid(), []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def reap_children(timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL, whatever this process started and is still running.
+
+    LocalCluster registers a process only once it is ready, so an interrupt during
+    ``start()`` would otherwise leave the one being started behind.
+    """
+    pids = own_children()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        for pid in list(pids):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            pids.remove(pid)
+        time.sleep(0.05)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
 def write_ready_file(path: str, address: str) -> None:
     """Atomically write ``address`` to ``path``: tells a launcher the process is serving."""
     tmp = path + ".tmp"
