@@ -7,6 +7,10 @@ processes (``python -m pcache master|worker``) under one data directory::
     DIR/worker-<i>/        block store of worker i (stands in for its NVMe)
     DIR/logs/*.log         one log per process
     DIR/cluster.json       addresses and pids, written once all workers registered
+
+With ``masters=2`` (or 3) it is a leader + follower pair instead: an etcd (the ``etcd`` binary of
+Debian's ``etcd-server``) under ``DIR/etcd/`` and the masters under ``DIR/master-<i>/``, every
+worker and client given all of their addresses.
 """
 
 from __future__ import annotations
@@ -20,9 +24,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pcache.common.errors import InvalidArgument, PCacheError, Timeout, Unavailable
 from pcache.common.process import die_with_parent, stop_process, stop_processes
+
+if TYPE_CHECKING:
+    from pcache.testing.etcd import Etcd
 
 
 @dataclass
@@ -60,12 +68,18 @@ class LocalCluster:
     worker_args: list[str] = field(default_factory=list)
     per_worker_args: dict[int, list[str]] = field(default_factory=dict)
     start_timeout: float = 30.0
+    masters: int = 1
     master: Proc | None = None
     worker_procs: list[Proc] = field(default_factory=list)
+    master_procs: list[Proc] = field(default_factory=list)
+    etcd: Etcd | None = None
 
     def __post_init__(self) -> None:
         self.root = Path(self.data_dir).resolve()
         self._wrote_manifest = False
+        self._master_ports: dict[int, int] = {}
+        if not 1 <= self.masters <= 5:
+            raise InvalidArgument(f"masters must be 1 to 5, got {self.masters}")
         try:
             (self.root / "logs").mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -84,12 +98,12 @@ class LocalCluster:
             proc.ready_file.unlink()
         with open(proc.log, "ab") as log:
             proc.popen = subprocess.Popen(
-                proc.args + ["--ready-file", str(proc.ready_file)],
+                # a launcher killed with -9 takes them along
+                [*die_with_parent(signal.SIGTERM), *proc.args, "--ready-file", str(proc.ready_file)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C in a terminal reaches the launcher, which stops them in order
-                preexec_fn=die_with_parent(signal.SIGTERM),  # and a launcher killed with -9 takes them along
             )
         deadline = time.monotonic() + self.start_timeout
         try:
@@ -121,16 +135,94 @@ class LocalCluster:
         self.master_port = int(proc.address.rsplit(":", 1)[1])
         return proc
 
+    def start_etcd(self) -> Etcd:
+        """Start (or restart) the cluster's etcd on its data directory.
+
+        Raises:
+            NotFound: no ``etcd`` on PATH (Debian package etcd-server).
+        """
+        from pcache.testing.etcd import start_etcd
+
+        port = int(self.etcd.endpoint.rsplit(":", 1)[1]) if self.etcd is not None else 0
+        self.etcd = start_etcd(self.root / "etcd", client_port=port)
+        return self.etcd
+
+    def start_ha_master(self, index: int, *, wipe: bool = False) -> Proc:
+        """Start (or restart) master ``index`` of an HA pair; ``wipe`` empties its data directory first."""
+        assert self.etcd is not None, "start etcd first"
+        data = self.root / f"master-{index}"
+        if wipe:
+            import shutil
+
+            shutil.rmtree(data, ignore_errors=True)
+        port = self._master_ports.get(index, 0)
+        args = self._base("master") + [
+            f"--master.data_dir={data}",
+            f"--master.port={port}",
+            f"--master.etcd={self.etcd.endpoint}",
+            *self.master_args,
+        ]
+        name = f"master-{index}"
+        proc = Proc(name, args, self.root / "logs" / f"{name}.log", self.root / f"{name}.ready")
+        self._spawn(proc)
+        self._master_ports[index] = int(proc.address.rsplit(":", 1)[1])
+        if index < len(self.master_procs):
+            self.master_procs[index] = proc
+        else:
+            self.master_procs.append(proc)
+        return proc
+
+    def leader(self, timeout: float = 30.0) -> Proc:
+        """The master process that leads now (waits for one).
+
+        Raises:
+            Timeout: no master leads within ``timeout`` seconds.
+        """
+        from pcache.client import Client
+        from pcache.common.config import ClientConfig
+
+        deadline = time.monotonic() + timeout
+        with Client(ClientConfig(master=self.master_address, failover_timeout=0, rpc_timeout=2.0)) as client:
+            while True:
+                for address, status in client.master_statuses():
+                    if not isinstance(status, PCacheError) and status.master.role in ("leader", "standalone"):
+                        for proc in [*self.master_procs, *([self.master] if self.master else [])]:
+                            if proc.address == address and proc.alive():
+                                return proc
+                if time.monotonic() > deadline:
+                    raise Timeout(f"no master leads within {timeout:.0f} s")
+                time.sleep(0.05)
+
+    def wait_in_sync(self, count: int | None = None, timeout: float = 30.0) -> None:
+        """Block until the leader has ``count`` in-sync followers (default: every other master alive).
+
+        Raises:
+            Timeout: they did not catch up in time.
+        """
+        from pcache.client import Client
+        from pcache.common.config import ClientConfig
+
+        want = count if count is not None else sum(1 for p in self.master_procs if p.alive()) - 1
+        deadline = time.monotonic() + timeout
+        with Client(ClientConfig(master=self.master_address, rpc_timeout=2.0)) as client:
+            while True:
+                with contextlib.suppress(PCacheError):
+                    if sum(1 for f in client.status().master.followers if f.in_sync) >= want:
+                        return
+                if time.monotonic() > deadline:
+                    raise Timeout(f"fewer than {want} in-sync followers within {timeout:.0f} s")
+                time.sleep(0.05)
+
     def start_worker(self, index: int, extra_args: list[str] | None = None) -> Proc:
         """Start (or restart) worker ``index`` on its own data directory.
 
         ``extra_args`` (``--worker.key=value``) apply to this worker only, after ``worker_args``.
         """
-        assert self.master is not None, "start the master first"
+        assert self.master is not None or self.master_procs, "start the master first"
         extra = extra_args if extra_args is not None else self.per_worker_args.get(index, [])
         args = self._base("worker") + [
             f"--worker.data_dir={self.root / f'worker-{index}'}",
-            f"--worker.master={self.master.address}",
+            f"--worker.master={self.master_address}",
             *self.worker_args,
             *extra,
         ]
@@ -146,16 +238,27 @@ class LocalCluster:
 
     def start(self, *, manifest: bool = True) -> LocalCluster:
         """Start everything, wait until every worker has registered, write ``cluster.json``."""
-        self.start_master()
+        if self.masters > 1:
+            self.start_etcd()
+            for i in range(self.masters):
+                self.start_ha_master(i)
+            self.leader(self.start_timeout)
+        else:
+            self.start_master()
         for i in range(self.workers):
             self.start_worker(i)
         self.wait_workers(self.workers)
+        if self.masters > 1:
+            self.wait_in_sync()
         if manifest:
             self.write_manifest()
         return self
 
     @property
     def master_address(self) -> str:
+        """The master's HOST:PORT, or every master's, comma-separated, for an HA pair."""
+        if self.master_procs:
+            return ",".join(p.address for p in self.master_procs)
         assert self.master is not None
         return self.master.address
 
@@ -182,14 +285,19 @@ class LocalCluster:
 
     def write_manifest(self, **extra: object) -> Path:
         """Write ``cluster.json`` (addresses, pids, data dirs, and ``extra`` keys)."""
-        assert self.master is not None
+        masters = self.master_procs or ([self.master] if self.master else [])
+        assert masters
         manifest = {
-            "master": self.master.address,
+            "master": self.master_address,
             "data_dir": str(self.root),
-            "pids": {"master": self.master.pid, **{p.name: p.pid for p in self.worker_procs}},
+            "pids": {
+                **({"master": self.master.pid} if self.master else {p.name: p.pid for p in self.master_procs}),
+                **{p.name: p.pid for p in self.worker_procs},
+            },
             "workers": [
                 {"name": p.name, "address": p.address, "data_dir": str(self.root / p.name)} for p in self.worker_procs
             ],
+            **({"etcd": self.etcd.endpoint} if self.etcd else {}),
             **extra,
         }
         path = self.root / "cluster.json"
@@ -209,8 +317,14 @@ class LocalCluster:
 
     def stop(self) -> None:
         """SIGTERM every process (SIGKILL after 10 s) and remove the manifest."""
-        procs = [p.popen for p in [*self.worker_procs, self.master] if p is not None and p.popen is not None]
+        procs = [
+            p.popen
+            for p in [*self.worker_procs, self.master, *self.master_procs]
+            if p is not None and p.popen is not None
+        ]
         stop_processes(procs)
+        if self.etcd is not None:
+            self.etcd.stop()
         if self._wrote_manifest:  # never another cluster's
             with contextlib.suppress(FileNotFoundError):
                 (self.root / "cluster.json").unlink()

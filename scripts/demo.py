@@ -171,10 +171,10 @@ class Demo:
         log_path = self.work / "pcache-up.log"
         with open(log_path, "wb") as fh:
             self.up = subprocess.Popen(
-                [sys.executable, "-m", "pcache", "up", "--config", str(PCACHE_TOML), "--data-dir",
+                [*die_with_parent(signal.SIGTERM),  # a demo killed with -9 still stops its cluster
+                 sys.executable, "-m", "pcache", "up", "--config", str(PCACHE_TOML), "--data-dir",
                  str(self.cluster_dir), "--port", "0", "--mount", str(self.mnt)],
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
-                preexec_fn=die_with_parent(signal.SIGTERM),  # a demo killed with -9 still stops its cluster
             )  # fmt: skip
         manifest = self.cluster_dir / "cluster.json"
         deadline = time.monotonic() + 90
@@ -284,9 +284,9 @@ class Demo:
         log_path = self.work / "trainer.log"
         t0 = time.monotonic()
         with open(log_path, "wb") as fh:
-            self.trainer = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                            env={**self.env, "TRAINER_THREADS": "1"}, start_new_session=True,
-                                            preexec_fn=die_with_parent(signal.SIGTERM))  # fmt: skip
+            self.trainer = subprocess.Popen([*die_with_parent(signal.SIGTERM), *cmd], stdin=subprocess.DEVNULL,
+                                            stdout=fh, stderr=subprocess.STDOUT,
+                                            env={**self.env, "TRAINER_THREADS": "1"}, start_new_session=True)  # fmt: skip
         beat = self.run_dir / "heartbeat-rank1.json"
         killed: dict = {}
         deadline = time.monotonic() + 900

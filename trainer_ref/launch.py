@@ -109,12 +109,12 @@ class Supervisor:
             log = open(os.path.join(self.run_dir, f"rank{rank}.log"), "a")  # noqa: SIM115 - the child owns it
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "trainer_ref.train", *self.train_args],
+                    # no rank outlives its supervisor
+                    [*die_with_parent(signal.SIGKILL), sys.executable, "-m", "trainer_ref.train", *self.train_args],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=die_with_parent(signal.SIGKILL),  # no rank outlives its supervisor
                 )  # fmt: skip
             )
             log.close()

@@ -102,8 +102,8 @@ def start_moto(scratch: Path, *, cmd: list[str] | None = None, timeout: float = 
                                                             "-p", str(port)]  # fmt: skip
     env = {**os.environ, "TMPDIR": str(scratch)}  # moto spools objects above 8 MiB to temporary files
     with open(log_path, "wb") as fh:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                preexec_fn=die_with_parent())  # fmt: skip
+        proc = subprocess.Popen([*die_with_parent(), *argv], stdin=subprocess.DEVNULL, stdout=fh,
+                                stderr=subprocess.STDOUT, env=env)  # fmt: skip
     endpoint = wait_for_endpoint(proc, log_path, lambda: f"http://127.0.0.1:{port}", "moto", timeout)
     return Server("moto", proc, endpoint, log_path)
 
@@ -134,8 +134,8 @@ def start_rclone_serve(
     env = {**os.environ, "RCLONE_AUTH_KEY": f'"{access_key},{secret_key}"'}  # CSV: the pair is one quoted field
     cmd = [exe, "serve", "s3", "--config", "/dev/null", "--addr", "127.0.0.1:0", *args, f":local:{root}"]
     with open(log_path, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                preexec_fn=die_with_parent())  # fmt: skip
+        proc = subprocess.Popen([*die_with_parent(), *cmd], stdin=subprocess.DEVNULL, stdout=fh,
+                                stderr=subprocess.STDOUT, env=env)  # fmt: skip
 
     def endpoint() -> str:
         found = re.search(r"Starting s3 server on \[(https?://127\.0\.0\.1:\d+)/?\]", log_path.read_text())

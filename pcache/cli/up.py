@@ -103,6 +103,7 @@ def _mount(cluster, mount_dir: str) -> subprocess.Popen:
     with open(cluster.root / "logs" / "mount.log", "ab") as log:
         proc = subprocess.Popen(
             [
+                *die_with_parent(signal.SIGTERM),  # a killed `pcache up` unmounts too
                 sys.executable,
                 "-m",
                 "fuse_client",
@@ -114,7 +115,6 @@ def _mount(cluster, mount_dir: str) -> subprocess.Popen:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent(signal.SIGTERM),  # a killed `pcache up` unmounts too
         )
     wait_mounted(mount_dir, 30, proc)
     return proc

@@ -347,8 +347,12 @@ class PCacheClient:
             await f.close()
 
     async def status(self) -> pb.ClusterStatus:
-        """Workers, capacity, load and replication health."""
+        """Workers, capacity, load and replication health (from the leader)."""
         return await self.master.cluster_status()
+
+    async def master_statuses(self) -> list[tuple[str, pb.ClusterStatus | PCacheError]]:
+        """Every master's own status (role, epoch, log position): (address, status or the error)."""
+        return await self.master.master_statuses()
 
     async def layout(self, path: str) -> pb.FileLayout:
         """A file's inode and blocks, each with the addresses of its live replicas (not cached).

@@ -3,30 +3,59 @@
 Every call has a deadline (``rpc_timeout``), carries the request header
 (tenant, token, newest epoch seen) and raises PCache errors
 (:func:`pcache.common.rpc.call`).
+
+With several masters (``a:port,b:port``: a leader and its follower) a call goes to the one that
+led last; when it does not answer, or answers that it does not lead (:class:`NotLeader`), or
+stamps an epoch older than one already seen (a deposed leader: :class:`StaleEpoch`), the call
+goes to the next, until one leads or ``failover_timeout`` seconds have passed. A mutation keeps
+one request id across these retries, so a master that applied it before the failover answers
+from its record instead of applying it twice.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import time
+
 import grpc
 
-from pcache.common.config import ClientConfig, check_address
-from pcache.common.rpc import call, channel_options
+from pcache.common import errors as E
+from pcache.common.config import ClientConfig, check_addresses
+from pcache.common.rpc import call_stamped, channel_options
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 
+# calls that change the namespace: they carry a request id and are answered once
+MUTATIONS = frozenset({"Mkdir", "Create", "Symlink", "Rename", "Delete", "SetAttr", "CommitFile"})
+# errors after which another master may answer (a Timeout only for calls safe to repeat)
+FAILOVER_ERRORS = (E.Unavailable, E.StaleEpoch)
+PROBE_AFTER = 1.0  # seconds a call may hang before the other masters are asked who leads
+
 
 class MasterClient:
-    """Async stub wrapper bound to one master address."""
+    """Async stub wrapper bound to the master, or to every master of an HA pair."""
 
     def __init__(self, cfg: ClientConfig, client_id: str) -> None:
-        """Raises InvalidArgument for a master address that is not HOST:PORT."""
-        check_address(cfg.master)
+        """Raises InvalidArgument for a master address that is not HOST:PORT[,HOST:PORT...]."""
+        self.addresses = check_addresses(cfg.master)
         self.cfg = cfg
-        self.address = cfg.master
         self.client_id = client_id
         self.epoch = 0
-        self.channel = grpc.aio.insecure_channel(cfg.master, options=channel_options())
-        self.stub = pb_grpc.MasterStub(self.channel)
+        self.current = 0  # index of the master that answered last
+        self.channels = [grpc.aio.insecure_channel(a, options=channel_options()) for a in self.addresses]
+        self.stubs = [pb_grpc.MasterStub(c) for c in self.channels]
+        self._request_ids = itertools.count(1)
+        self.failovers = 0  # calls that had to go to another master (a metric for tests and benchmarks)
+
+    @property
+    def address(self) -> str:
+        """The master calls go to now."""
+        return self.addresses[self.current]
+
+    @property
+    def stub(self) -> pb_grpc.MasterStub:
+        return self.stubs[self.current]
 
     def header(self) -> pb.RequestHeader:
         """Request header for the next call."""
@@ -35,13 +64,89 @@ class MasterClient:
         )
 
     async def _call(self, name: str, request):
-        return await call(
-            getattr(self.stub, name), request, timeout=self.cfg.rpc_timeout, target=f"master {self.address}"
+        if name in MUTATIONS and not request.header.request_id:
+            request.header.request_id = f"{self.client_id}:{next(self._request_ids)}"
+        if len(self.addresses) == 1:
+            return await self._call_one(0, name, request)
+        deadline = time.monotonic() + self.cfg.failover_timeout
+        delay = 0.05
+        tried = 0
+        while True:
+            index = self.current
+            try:
+                reply = await self._attempt(index, name, request)
+                if tried:
+                    self.failovers += 1
+                return reply
+            except _Moved as moved:
+                tried += 1
+                self.current = moved.index
+            except FAILOVER_ERRORS + (E.Timeout,) as exc:
+                if isinstance(exc, E.Timeout) and name not in MUTATIONS and name not in _IDEMPOTENT:
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise
+                tried += 1
+                self.current = self._next_master(index, exc)
+                if tried % len(self.addresses) == 0:  # every master refused: wait for an election
+                    await asyncio.sleep(delay)
+                    delay = min(0.2, delay * 2)
+
+    async def _attempt(self, index: int, name: str, request):
+        """One call to master ``index``; while it hangs (a SIGSTOPped or cut-off leader keeps the
+        connection open), ask the others whether one leads with a newer epoch, and go there."""
+        task = asyncio.ensure_future(self._call_one(index, name, request))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=PROBE_AFTER)
+            while not done:
+                newer = await self._newer_leader(index)
+                if newer is not None:
+                    raise _Moved(newer)
+                done, _ = await asyncio.wait({task}, timeout=PROBE_AFTER)
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _newer_leader(self, stuck: int) -> int | None:
+        """Index of a master other than ``stuck`` that leads with an epoch newer than seen, or None."""
+        for index, address in enumerate(self.addresses):
+            if index == stuck:
+                continue
+            request = pb.ClusterStatusRequest(header=self.header(), any_master=True)
+            try:
+                reply, _ = await call_stamped(
+                    self.stubs[index].GetClusterStatus, request, timeout=PROBE_AFTER, target=f"master {address}"
+                )
+            except E.PCacheError:
+                continue
+            if reply.master.role == "leader" and reply.epoch > self.epoch:
+                return index
+        return None
+
+    def _next_master(self, index: int, exc: E.PCacheError) -> int:
+        """The master to try after ``index`` failed with ``exc``: the leader it named, else the next."""
+        hint = getattr(exc, "leader", "")
+        if hint in self.addresses and hint != self.addresses[index]:
+            return self.addresses.index(hint)
+        return (index + 1) % len(self.addresses)
+
+    async def _call_one(self, index: int, name: str, request):
+        request.header.epoch = self.epoch
+        address = self.addresses[index]
+        reply, epoch = await call_stamped(
+            getattr(self.stubs[index], name), request, timeout=self.cfg.rpc_timeout, target=f"master {address}"
         )
+        if epoch and epoch < self.epoch:
+            raise E.StaleEpoch(f"master {address} answered with epoch {epoch}, older than {self.epoch} (deposed)")
+        self.epoch = max(self.epoch, epoch)
+        self.current = index
+        return reply
 
     async def close(self) -> None:
-        """Close the channel."""
-        await self.channel.close()
+        """Close the channels."""
+        for channel in self.channels:
+            await channel.close()
 
     async def stat(self, path: str) -> pb.Inode:
         return await self._call("Stat", pb.PathRequest(header=self.header(), path=path))
@@ -151,3 +256,32 @@ class MasterClient:
         status = await self._call("GetClusterStatus", pb.ClusterStatusRequest(header=self.header()))
         self.epoch = max(self.epoch, status.epoch)
         return status
+
+    async def master_statuses(self) -> list[tuple[str, pb.ClusterStatus | E.PCacheError]]:
+        """Ask every master (not only the leader) for its status: (address, status or error)."""
+        out: list[tuple[str, pb.ClusterStatus | E.PCacheError]] = []
+        for index, address in enumerate(self.addresses):
+            request = pb.ClusterStatusRequest(header=self.header(), any_master=True)
+            try:
+                reply, _ = await call_stamped(
+                    self.stubs[index].GetClusterStatus,
+                    request,
+                    timeout=self.cfg.rpc_timeout,
+                    target=f"master {address}",
+                )
+                out.append((address, reply))
+            except E.PCacheError as exc:
+                out.append((address, exc))
+        return out
+
+
+class _Moved(Exception):
+    """Another master leads now: send the call there."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
+# reads: safe to send again to another master after a timeout
+_IDEMPOTENT = frozenset({"Stat", "ListDir", "GetLayout", "GetClusterStatus", "Fsck"})

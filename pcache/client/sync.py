@@ -176,6 +176,9 @@ class Client:
     def status(self) -> pb.ClusterStatus:
         return self._run(self.aio.status())
 
+    def master_statuses(self) -> list[tuple[str, pb.ClusterStatus | PCacheError]]:
+        return self._run(self.aio.master_statuses())
+
     def layout(self, path: str) -> pb.FileLayout:
         return self._run(self.aio.layout(path))
 

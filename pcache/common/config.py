@@ -63,6 +63,22 @@ class MasterConfig:
     """Prometheus metrics HTTP port; -1 disables, 0 picks a free one."""
     log_level: str = "INFO"
     """Python logging level."""
+    advertise_host: str = ""
+    """Address other masters, workers and clients reach this master at; empty: host."""
+    etcd: str = ""
+    """etcd endpoint HOST:PORT for a leader + follower pair (HA); empty runs a single master."""
+    cluster: str = "pcache"
+    """Name of the HA cluster in etcd (masters of one cluster elect one leader)."""
+    lease_ttl: float = 3.0
+    """Seconds the leader's etcd lease lives without a keep-alive (failover takes about this)."""
+    ack_timeout: float = 2.0
+    """Seconds a leader waits for an in-sync follower's acknowledgement before marking it out of
+    sync and going on alone."""
+    commit_timeout: float = 8.0
+    """Seconds a mutation may wait for replication before it fails with Unavailable."""
+    log_tail_entries: int = 200_000
+    """Log entries a master keeps in memory for followers that fall behind; one further behind
+    gets a RocksDB checkpoint instead."""
 
 
 @dataclass
@@ -76,7 +92,7 @@ class WorkerConfig:
     data_dir: str = ""
     """Block store directory (the node's NVMe); required."""
     master: str = f"127.0.0.1:{DEFAULT_MASTER_PORT}"
-    """Master address host:port."""
+    """Master address host:port; for a leader + follower pair, every master: a:port,b:port."""
     capacity_bytes: int = 0
     """Quota of block bytes on this worker; 0 means the free space of data_dir's disk."""
     reserve_bytes: int = 64 * MiB
@@ -115,7 +131,10 @@ class WorkerConfig:
 @dataclass
 class ClientConfig:
     master: str = field(default_factory=lambda: os.environ.get("PCACHE_MASTER") or f"127.0.0.1:{DEFAULT_MASTER_PORT}")
-    """Master address host:port (default: $PCACHE_MASTER, else 127.0.0.1:19600)."""
+    """Master address host:port, or every master of an HA pair: a:port,b:port (default:
+    $PCACHE_MASTER, else 127.0.0.1:19600)."""
+    failover_timeout: float = 30.0
+    """Seconds a call keeps trying the other masters of an HA pair while none leads (failover)."""
     rpc_timeout: float = 10.0
     """Seconds any master RPC may take."""
     connect_timeout: float = 1.0
@@ -181,6 +200,20 @@ _SUFFIXES = {
     "g": GiB, "gb": GiB, "gib": GiB,
     "t": 1024 * GiB, "tb": 1024 * GiB, "tib": 1024 * GiB,
 }  # fmt: skip
+
+
+def check_addresses(addresses: str, what: str = "master address") -> list[str]:
+    """A comma-separated list of ``HOST:PORT`` (the masters of an HA pair), each checked.
+
+    Raises:
+        InvalidArgument: empty, or an item that is not HOST:PORT.
+    """
+    items = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not items:
+        raise InvalidArgument(f"{what} must be HOST:PORT[,HOST:PORT...], got {addresses!r}")
+    for item in items:
+        check_address(item, what)
+    return items
 
 
 def check_address(address: str, what: str = "master address") -> tuple[str, int]:
@@ -267,6 +300,11 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("master", "heartbeat_interval"): (0.01, 3600),
     ("master", "replication_check_interval"): (0.01, 3600),
     ("master", "listdir_limit"): (1, 100_000),
+    ("master", "lease_ttl"): (2, 60),
+    ("master", "ack_timeout"): (0.1, 600),
+    ("master", "commit_timeout"): (0.5, 3600),
+    ("master", "log_tail_entries"): (1, 100_000_000),
+    ("client", "failover_timeout"): (0, 3600),
     ("worker", "capacity_bytes"): (0, 1 << 60),
     ("worker", "reserve_bytes"): (0, 1 << 60),
     ("worker", "mem_tier_bytes"): (0, 1 << 50),

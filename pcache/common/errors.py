@@ -23,6 +23,9 @@ class PCacheError(OSError):
     errno_code: int = _errno.EIO
     retryable: bool = False
 
+    epoch: int = 0  # the epoch a master stamped on the failed answer (0: none)
+    leader: str = ""  # the leader a NotLeader answer named ("" when unknown)
+
     def __init__(self, message: str = "", *, path: str | None = None) -> None:
         super().__init__(self.errno_code, message)
         self.message = message
@@ -137,6 +140,13 @@ class Unavailable(PCacheError, ConnectionError):
     retryable = True
 
 
+class NotLeader(Unavailable):
+    """This master is not the leader (a follower, or a leader whose lease ran out): ask another.
+
+    The message names the leader when the master knows it (``leader HOST:PORT``).
+    """
+
+
 class Timeout(PCacheError, TimeoutError):
     """A remote call did not finish within its deadline."""
 
@@ -184,6 +194,7 @@ ERRORS_BY_NAME: dict[str, type[PCacheError]] = {
         PermissionDenied,
         NotSupported,
         Unavailable,
+        NotLeader,
         Timeout,
         CorruptBlock,
         StaleEpoch,

@@ -61,6 +61,29 @@ MASTER_BAD_REPLICAS = Counter(
 MASTER_LOST_REPLICAS = Counter(
     "pcache_master_lost_replicas_total", "Replicas whose block file a worker found gone.", registry=_MASTER
 )
+MASTER_IS_LEADER = Gauge(
+    "pcache_master_is_leader", "1 while this master leads (or runs standalone), 0 as a follower.", registry=_MASTER
+)
+MASTER_EPOCH = Gauge("pcache_master_epoch", "Fencing epoch of this master's current term.", registry=_MASTER)
+MASTER_APPLIED_INDEX = Gauge(
+    "pcache_master_applied_index", "Last metastore log index applied by this master.", registry=_MASTER
+)
+MASTER_IN_SYNC_FOLLOWERS = Gauge(
+    "pcache_master_in_sync_followers", "Followers that have every acknowledged mutation (leader only).",
+    registry=_MASTER,
+)  # fmt: skip
+MASTER_ALONE = Gauge(
+    "pcache_master_alone",
+    "1 while an HA leader goes on with no in-sync follower (a failover now would have to wait for it).",
+    registry=_MASTER,
+)
+MASTER_FOLLOWER_LAG = Gauge(
+    "pcache_master_follower_lag_entries", "Log entries a follower is behind the leader.", ["member"], registry=_MASTER
+)
+MASTER_REPL_BATCH = Histogram(
+    "pcache_master_replication_batch_entries", "Log entries shipped per round trip (group commit).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096), registry=_MASTER,
+)  # fmt: skip
 
 DATA_OPS = Counter("pcache_worker_ops_total", "Data-plane requests served.", ["op"], registry=_WORKER)
 DATA_BYTES = Counter(

@@ -4,47 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+from collections.abc import Iterable
 
 
-def _load_libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:  # not Linux/glibc: children do not follow their parent
-        return None
+def die_with_parent(sig: int = signal.SIGTERM) -> list[str]:
+    """A prefix for a child's argv: the child gets ``sig`` when this process dies.
 
-
-_LIBC = _load_libc()
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
-    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child gets ``sig`` when this process dies.
-
-    Linux ``prctl(PR_SET_PDEATHSIG)``: a parent killed with SIGKILL, or one that crashes, no longer
-    leaves its servers running (holding ports and data directories). A parent that died between
-    the fork and the ``prctl`` is caught by comparing the parent pid. The signal follows the
-    *thread* that started the child: start children from the main thread (or another that lives
-    as long as they should). Elsewhere than Linux it does nothing.
+    Linux ``prctl(PR_SET_PDEATHSIG)``, set by util-linux's ``setpriv --pdeathsig`` just before it
+    execs the command: a parent killed with SIGKILL, or one that crashes, no longer leaves its
+    servers running (holding ports and data directories). Not a ``preexec_fn``: Python code
+    between fork and exec in a process that runs gRPC can crash the child (gRPC's fork handlers),
+    and without one ``subprocess`` uses vfork. The signal follows the *thread* that started the
+    child: start children from the main thread (or another that lives as long as they should).
+    Without ``setpriv`` (not Linux) the prefix is empty and children do not follow their parent.
     """
-    parent = os.getpid()
-    libc = _LIBC
-
-    def preexec() -> None:  # runs in the child between fork and exec: no allocation, no locks
-        if libc is not None:
-            libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
+    exe = shutil.which("setpriv")
+    return [exe, f"--pdeathsig={signal.Signals(sig).name}", "--"] if exe else []
 
 
 def free_port(host: str = "127.0.0.1") -> int:

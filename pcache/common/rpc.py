@@ -22,6 +22,8 @@ from pcache.common import errors as E
 logger = logging.getLogger(__name__)
 
 ERROR_KEY = "pcache-error"
+EPOCH_KEY = "pcache-epoch"  # every master answer carries the master's epoch (fencing, DESIGN.md)
+LEADER_KEY = "pcache-leader"  # a NotLeader answer names the leader when the master knows it
 
 STATUS_BY_ERROR: dict[type[E.PCacheError], grpc.StatusCode] = {
     E.NotFound: grpc.StatusCode.NOT_FOUND,
@@ -40,6 +42,7 @@ STATUS_BY_ERROR: dict[type[E.PCacheError], grpc.StatusCode] = {
     E.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     E.NotSupported: grpc.StatusCode.UNIMPLEMENTED,
     E.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    E.NotLeader: grpc.StatusCode.FAILED_PRECONDITION,  # not UNAVAILABLE: gRPC would retry the same master
     E.Timeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     E.CorruptBlock: grpc.StatusCode.DATA_LOSS,
     E.StaleEpoch: grpc.StatusCode.ABORTED,
@@ -68,15 +71,21 @@ def rpc_method(func: F) -> F:
 
     @functools.wraps(func)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        # a servicer with an ``epoch`` stamps it on every answer, failed or not
+        stamp = ((EPOCH_KEY, str(self.epoch)),) if isinstance(getattr(self, "epoch", None), int) else ()
         try:
-            return await func(self, request, context)
+            reply = await func(self, request, context)
+            if stamp:
+                context.set_trailing_metadata(stamp)
+            return reply
         except E.PCacheError as exc:
             code = STATUS_BY_ERROR.get(type(exc), grpc.StatusCode.INTERNAL)
-            context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
+            leader = ((LEADER_KEY, exc.leader),) if getattr(exc, "leader", "") else ()
+            context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__), *stamp, *leader))
             await context.abort(code, str(exc))
         except Exception as exc:
             logger.exception("%s failed", func.__name__)
-            context.set_trailing_metadata(((ERROR_KEY, "PCacheError"),))
+            context.set_trailing_metadata(((ERROR_KEY, "PCacheError"), *stamp))
             await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     return wrapper  # type: ignore[return-value]
@@ -107,6 +116,35 @@ async def call(method: Callable[..., Any], request: Any, *, timeout: float, targ
         return await method(request, timeout=timeout)
     except grpc.aio.AioRpcError as exc:
         raise translate(exc, target) from exc
+
+
+async def call_stamped(
+    method: Callable[..., Any], request: Any, *, timeout: float, target: str = ""
+) -> tuple[Any, int]:
+    """As :func:`call`, and also return the epoch the master stamped on its answer (0: none).
+
+    A failed call's error carries the stamp as its ``epoch`` attribute, and the leader's address
+    a NotLeader answer named as its ``leader`` attribute.
+    """
+    pending = method(request, timeout=timeout)
+    try:
+        reply = await pending
+    except grpc.aio.AioRpcError as exc:
+        err = translate(exc, target)
+        err.epoch = _epoch_of(exc.trailing_metadata())
+        err.leader = dict(exc.trailing_metadata() or ()).get(LEADER_KEY, "")
+        raise err from exc
+    return reply, _epoch_of(await pending.trailing_metadata())
+
+
+def _epoch_of(metadata: Any) -> int:
+    for key, value in metadata or ():
+        if key == EPOCH_KEY:
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
 
 
 # gRPC's own retry of calls that failed before reaching the server (service config,

@@ -7,34 +7,55 @@ block from being taken for an orphan and deleted (HDFS keeps "under construction
 block map likewise). A reservation ends with the commit, with the rollback of a failed placement,
 or after ``grace`` seconds without a commit (the writer died; its replicas become orphans).
 
-The state is in memory: a single master that restarts forgets it, and a commit naming a block
-allocated before the restart is refused with a :class:`Conflict` that says so.
+Reservations are stored in the metastore (``a<block:8> -> <inode:8><reserved at:8>``, wall-clock
+seconds), so they survive a master restart and are replicated to the follower like every other
+mutation: a writer whose file is open across a failover commits it on the new leader.
 """
 
 from __future__ import annotations
 
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from pcache.common import errors as E
+from pcache.master.metastore import MetaStore
 
-EXPIRED_REMEMBERED = 100_000  # expired ids kept to explain a late commit (then: "not this file's")
+EXPIRED_REMEMBERED = 100_000  # expired ids kept to explain a late commit
+PREFIX = b"a"
+_U64 = struct.Struct(">Q")
+_RECORD = struct.Struct(">Qd")
+
+
+def _key(block_id: int) -> bytes:
+    return PREFIX + _U64.pack(block_id)
 
 
 class Allocations:
     """Reservations of block ids for writers of inodes: reserve, commit, forget, expire.
 
-    ``first_id`` is the first block id this master process can hand out (ids below it were
-    allocated by an earlier run); ``grace`` is how long, in seconds, a reservation waits for its
-    commit.
+    ``issued()`` is the next block id the master would hand out (ids at or above it were never
+    allocated); ``grace`` is how long, in seconds, a reservation waits for its commit; ``clock``
+    gives wall-clock seconds (reservations outlive the process).
     """
 
-    def __init__(self, first_id: int, *, grace: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.first_id = first_id
+    def __init__(
+        self,
+        store: MetaStore,
+        issued: Callable[[], int],
+        *,
+        grace: float = 600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.issued = issued
         self.grace = grace
         self._clock = clock
         self._reserved: dict[int, tuple[int, float]] = {}  # block id -> (inode, reserved at)
+        for key, value in store.scan(PREFIX):
+            if len(key) == len(PREFIX) + 8:
+                self._reserved[_U64.unpack(key[1:])[0]] = _RECORD.unpack(value)
         self._expired: OrderedDict[int, int] = OrderedDict()  # block id -> inode, oldest first
 
     def __contains__(self, block_id: object) -> bool:
@@ -50,20 +71,24 @@ class Allocations:
         return entry[0] if entry else None
 
     def reserve(self, block_id: int, inode: int) -> None:
-        """Reserve a freshly issued ``block_id`` for a writer of ``inode``."""
-        self._reserved[block_id] = (inode, self._clock())
+        """Reserve a freshly issued ``block_id`` for a writer of ``inode`` (one metastore write)."""
+        entry = (inode, self._clock())
+        self.store.write([(_key(block_id), _RECORD.pack(*entry))])
+        self._reserved[block_id] = entry
 
     def forget(self, block_id: int) -> None:
         """Drop a reservation whose block will never be written (a placement that failed)."""
-        self._reserved.pop(block_id, None)
+        if block_id in self._reserved:
+            self.store.write(deletes=[_key(block_id)])
+            self._reserved.pop(block_id, None)
 
     def check(self, block_id: int, inode: int) -> None:
         """A commit of ``inode`` may adopt ``block_id`` (not yet the file's) only if reserved for it.
 
         Raises:
-            Conflict: the block is not reserved for this file: it was allocated before this master
-                started, its reservation expired, it is reserved for another inode, or another
-                writer's commit replaced it; the message says which. Nothing was committed.
+            Conflict: the block is not reserved for this file: it is reserved for another inode,
+                its reservation expired, it was never allocated, or it was committed before and
+                has been replaced since; the message says which. Nothing was committed.
         """
         owner = self.owner(block_id)
         if owner == inode:
@@ -73,24 +98,28 @@ class Allocations:
                 f"inode {inode}: block {block_id} was allocated for inode {owner}, not for this file;"
                 " this version was not committed"
             )
-        if block_id < self.first_id:
-            raise E.Conflict(
-                f"inode {inode}: block {block_id} was allocated before the master restarted; a master forgets"
-                " blocks allocated and not yet committed when it restarts, so this version was not committed"
-                " (write the file again)"
-            )
         if block_id in self._expired:
             raise E.Conflict(
                 f"inode {inode}: the allocation of block {block_id} expired ({self.grace:.0f} s without a commit,"
                 " master.orphan_grace); this version was not committed"
             )
+        if block_id >= self.issued():
+            raise E.Conflict(
+                f"inode {inode}: block {block_id} was never allocated by this master (it has issued ids below"
+                f" {self.issued()} only); this version was not committed"
+            )
         raise E.Conflict(
-            f"inode {inode} changed since this writer opened it (block {block_id} is no longer its own):"
-            " another writer committed first; this version was not committed"
+            f"inode {inode}: the master holds no allocation of block {block_id}: the block was committed before and"
+            " has since been replaced (another writer committed first), or its allocation expired or was released;"
+            " this version was not committed"
         )
 
-    def commit(self, block_ids: Iterable[int]) -> None:
-        """End the reservations of blocks a commit adopted."""
+    def keys(self, block_ids: Iterable[int]) -> list[bytes]:
+        """Metastore keys of the reservations among ``block_ids`` (a commit deletes them in its batch)."""
+        return [_key(b) for b in block_ids if b in self._reserved]
+
+    def committed(self, block_ids: Iterable[int]) -> None:
+        """Forget the reservations a commit adopted (their keys went in the commit's batch)."""
         for block_id in block_ids:
             self._reserved.pop(block_id, None)
 
@@ -98,6 +127,8 @@ class Allocations:
         """End reservations older than ``grace`` seconds; returns their block ids."""
         horizon = self._clock() - self.grace
         gone = [b for b, (_ino, when) in self._reserved.items() if when < horizon]
+        if gone:
+            self.store.write(deletes=[_key(b) for b in gone])
         for block_id in gone:
             inode, _ = self._reserved.pop(block_id)
             self._expired[block_id] = inode

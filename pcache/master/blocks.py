@@ -47,6 +47,15 @@ class BlockManager:
         # until workers report in, every replica is unconfirmed
         self.under.update(self.locations)
 
+    def confirm_known(self) -> None:
+        """Confirm the replicas held by workers already alive in the registry.
+
+        A follower that takes over has heard every worker's heartbeats, and its metastore holds
+        the leader's last replica sets: no block report is needed before it can serve reads.
+        """
+        for block_id in list(self.under):
+            self._check(block_id)
+
     def _track(self, block_id: int, replicas: set[str], target: int) -> None:
         self.locations[block_id] = replicas
         self.target[block_id] = target

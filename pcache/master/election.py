@@ -26,7 +26,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aetcd
 
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TTL = 5.0  # seconds a leader's lease lives without a keep-alive
 MARGIN = 0.5  # seconds a leader steps down before its lease can expire (clock rate, scheduling)
 ETCD_ERRORS = (aetcd.ClientError, OSError, asyncio.TimeoutError)
+Guard = Callable[[], Awaitable[tuple[list[Any], list[Any]] | None]]
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,11 @@ class Election:
 
     # ----------------------------------------------------------- state --
 
+    @property
+    def client(self) -> aetcd.Client:
+        """The etcd client (shared with the master's other etcd keys)."""
+        return self._client
+
     def is_leader(self) -> bool:
         """Whether this master may act as leader now (its lease cannot have expired yet)."""
         return self._lease is not None and time.monotonic() < self._valid_until
@@ -113,17 +121,20 @@ class Election:
 
     # -------------------------------------------------------- campaign --
 
-    async def campaign(self, *, poll: float | None = None) -> int:
+    async def campaign(self, *, poll: float | None = None, guard: Guard | None = None) -> int:
         """Wait until this master leads; returns its epoch.
 
         Polls the leader key every ``poll`` seconds (default ``ttl / 4``) while another master
         holds it; an unreachable etcd is retried (logged) rather than raised: a master with no
-        etcd can never lead, and must not.
+        etcd can never lead, and must not. ``guard``, when given, is asked before each try: it
+        returns the extra compares and puts of the winning transaction (so eligibility is checked
+        atomically with the win), or None when this master may not lead now.
         """
         poll = poll if poll is not None else self.ttl / 4
         while True:
             try:
-                epoch = await self._try_once()
+                extra = await guard() if guard is not None else ([], [])
+                epoch = await self._try_once(*extra) if extra is not None else None
             except ETCD_ERRORS as exc:
                 logger.warning("election %s: etcd at %s: %s", self.cluster, self.endpoint, exc)
                 epoch = None
@@ -131,14 +142,14 @@ class Election:
                 return epoch
             await asyncio.sleep(poll)
 
-    async def _try_once(self) -> int | None:
+    async def _try_once(self, compare: list | None = None, success: list | None = None) -> int | None:
         sent = time.monotonic()
         lease = await asyncio.wait_for(self._client.lease(int(round(self.ttl))), self.timeout)
         tx = self._client.transactions
         ok, responses = await asyncio.wait_for(
             self._client.transaction(
-                compare=[tx.create(self.key) == 0],
-                success=[tx.put(self.key, self.address.encode(), lease=lease)],
+                compare=[tx.create(self.key) == 0, *(compare or [])],
+                success=[tx.put(self.key, self.address.encode(), lease=lease), *(success or [])],
                 failure=[],
             ),
             self.timeout,

@@ -124,6 +124,11 @@ class RocksMetaStore:
             batch.put(_bytes(key), _bytes(value))
         self._db.write(batch, self._wopts)
 
+    def checkpoint(self, dest: str) -> None:
+        """Write a consistent copy of the store to the new directory ``dest`` (RocksDB Checkpoint:
+        hard links to the SST files plus the live WAL; cheap, and a full database on its own)."""
+        self._rd.Checkpoint(self._db).create_checkpoint(dest)
+
     def close(self) -> None:
         self._db.close()
 

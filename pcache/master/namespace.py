@@ -6,6 +6,7 @@ Key layout (all integers big-endian so that key order is numeric order)::
     d<parent:8><name>      -> <inode:8>  (dentry)
     b<block:8>             -> BlockMeta  (protobuf)
     c<counter>             -> <value:8>  (id high-water marks)
+    a<block:8>             -> reservation of an uncommitted block (:mod:`.allocations`)
 
 Each public method is one mutation applied as one atomic batch, so a crash
 leaves either the old or the new tree. Methods are synchronous and are called
@@ -87,7 +88,7 @@ class Namespace:
         self._inodes = _Counter(store, b"cinode", ROOT + 1)
         self._blocks = _Counter(store, b"cblock", 1)
         # blocks allocated and not yet committed: a commit may adopt only those of its own inode
-        self.allocations = Allocations(self._blocks.peek(), grace=allocation_grace)
+        self.allocations = Allocations(store, self._blocks.peek, grace=allocation_grace)
         if self.store.get(_ikey(ROOT)) is None:
             now = time.time()
             root = pb.Inode(id=ROOT, type=pb.DIRECTORY, mode=0o755, mtime=now, ctime=now, atime=now)
@@ -674,8 +675,9 @@ class Namespace:
         node.mtime = node.ctime = mtime
         node.version += 1
         puts.append((_ikey(node.id), node.SerializeToString()))
-        self.store.write(puts, deletes)
-        self.allocations.commit(b.block_id for b in blocks)
+        adopted = [b.block_id for b in blocks]
+        self.store.write(puts, deletes + self.allocations.keys(adopted))  # the reservations end with the commit
+        self.allocations.committed(adopted)
         node.name = name
         return Freed(freed)
 

@@ -1,4 +1,17 @@
-"""``pcache master``: build the master from its config section and serve it."""
+"""``pcache master``: build the master from its config section and serve it.
+
+A master runs in one of two ways:
+
+* **standalone** (``master.etcd`` empty, the embedded default): it leads alone; its epoch is a
+  counter in its own metastore, bumped at every start.
+* **HA** (``master.etcd = HOST:PORT``): it joins the cluster's members in etcd, follows the
+  leader (applying its log, :mod:`.replication`) and campaigns when it may take over
+  (:mod:`.ha`); as leader its epoch is the etcd revision of its term and it ships its log to the
+  followers, answering a client only once the in-sync follower has the change.
+
+The namespace, block manager and reply cache exist only while this master leads: a follower
+builds them from its (replicated) metastore when it takes over.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +21,19 @@ import logging
 import os
 import struct
 import time
+from typing import TYPE_CHECKING, Literal
 
 import grpc
 
+from pcache.common import errors as E
 from pcache.common.config import MasterConfig, describe
 from pcache.common.metrics import (
+    MASTER_ALONE,
     MASTER_CORRUPT,
     MASTER_DAMAGED_FILES,
+    MASTER_EPOCH,
+    MASTER_IN_SYNC_FOLLOWERS,
+    MASTER_IS_LEADER,
     MASTER_MISSING,
     MASTER_UNDER_REPLICATED,
     MASTER_WORKERS,
@@ -24,23 +43,29 @@ from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import channel_options
 from pcache.master import fsck
 from pcache.master.blocks import BlockManager
+from pcache.master.dedup import ReplyCache
 from pcache.master.metastore import MetaStore, open_metastore
 from pcache.master.namespace import Namespace
 from pcache.master.registry import WorkerRegistry
+from pcache.master.replication import LogShipper, ReplicatedStore, ReplicationServicer, recover_incoming
 from pcache.master.service import MasterServicer
+from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from pcache.master.ha import HAControl
 
 logger = logging.getLogger(__name__)
 
 EPOCH_KEY = b"cepoch"
+MEMBERS_POLL = 0.25  # seconds between a leader's looks at etcd's member list (a new follower is found that fast)
+Role = Literal["standalone", "leader", "follower"]
 
 
 def next_epoch(store: MetaStore) -> int:
-    """Bump and persist the leader epoch (one term per master start)."""
+    """The standalone master's epoch for this start: one more than the last one stored."""
     raw = store.get(EPOCH_KEY)
-    epoch = (struct.unpack(">Q", raw)[0] if raw else 0) + 1
-    store.write([(EPOCH_KEY, struct.pack(">Q", epoch))])
-    return epoch
+    return (struct.unpack(">Q", raw)[0] if raw else 0) + 1
 
 
 class MasterServer:
@@ -49,42 +74,216 @@ class MasterServer:
     def __init__(self, cfg: MasterConfig) -> None:
         self.cfg = cfg
         uri = cfg.metastore or (f"rocksdb://{os.path.abspath(cfg.data_dir)}/meta" if cfg.data_dir else "memory://")
-        self.store = open_metastore(uri, sync=cfg.sync_writes)
-        self.epoch = next_epoch(self.store)
-        self.ns = Namespace(
-            self.store,
-            default_block_size=cfg.default_block_size,
-            default_replication=cfg.default_replication,
-            allocation_grace=cfg.orphan_grace,
+        path = uri.removeprefix("rocksdb://") if uri.startswith("rocksdb://") else None
+        self.ha: HAControl | None = None
+        if cfg.etcd and (path is None or not cfg.data_dir):
+            raise E.InvalidArgument(
+                "master.etcd (a leader + follower pair) needs master.data_dir (a RocksDB metastore)"
+            )
+        if path is not None:
+            recover_incoming(path)
+        self.store = ReplicatedStore(
+            open_metastore(uri, sync=cfg.sync_writes),
+            path=path,
+            reopen=lambda: open_metastore(uri, sync=cfg.sync_writes),
+            tail_entries=cfg.log_tail_entries,
         )
+        self.store.writable = self._why_not_writable
         self.registry = WorkerRegistry(dead_after=cfg.dead_after)
-        self.blocks = BlockManager(self.ns, self.registry, replication_timeout=cfg.replication_timeout)
-        self.servicer = MasterServicer(
-            self.ns,
-            self.registry,
-            self.blocks,
-            epoch=self.epoch,
-            heartbeat_interval=cfg.heartbeat_interval,
-            listdir_limit=cfg.listdir_limit,
-        )
+        self.role: Role = "follower" if cfg.etcd else "standalone"
+        self._epoch = 0  # of this master's own (latest) term
+        self.member = ""
+        self.ns: Namespace | None = None
+        self.blocks: BlockManager | None = None
+        self.replies = ReplyCache(self.store)
+        self.shipper: LogShipper | None = None
+        self.servicer = MasterServicer(self)
+        self.replication = ReplicationServicer(self.store, "", is_leader=lambda: self.role == "leader")
         self.server: grpc.aio.Server | None = None
         self.port = 0
+        self.address = ""
         self._started = time.monotonic()
+        self._led_since = time.monotonic()
+        self._ha_task: asyncio.Task | None = None
+        if self.role == "standalone":
+            epoch = next_epoch(self.store)
+            self.store.epoch = epoch
+            self.store.write([(EPOCH_KEY, struct.pack(">Q", epoch))])
+            self._lead(epoch)
+
+    # ------------------------------------------------------------ roles --
+
+    @property
+    def epoch(self) -> int:
+        """The epoch stamped on answers: this master's term's, or a follower's newest seen."""
+        return self.replication.epoch if self.role == "follower" else self._epoch
+
+    def _why_not_writable(self) -> str | None:
+        if self.role == "standalone":
+            return None
+        if self.role != "leader":
+            return self._not_leader_message()
+        if self.ha is not None and not self.ha.election.is_leader():
+            return "this master's leader lease ran out: it takes no mutation (another master may lead now)"
+        return None
+
+    def _not_leader_message(self) -> str:
+        leader = self.replication.leader
+        return f"this master is a follower; the leader is {leader}" if leader else "this master is a follower"
+
+    def is_leading(self) -> bool:
+        """Whether this master may answer namespace calls now."""
+        return self.ns is not None and self._why_not_writable() is None
+
+    def leading(self) -> tuple[Namespace, BlockManager]:
+        """The namespace and block manager, for a master that leads.
+
+        Raises:
+            NotLeader: a follower (naming the leader when known), or a leader past its lease.
+        """
+        why = self._why_not_writable()
+        if why is not None or self.ns is None or self.blocks is None:
+            err = E.NotLeader(why or "this master is taking over; try again")
+            err.leader = self.replication.leader if self.role == "follower" else ""
+            raise err
+        return self.ns, self.blocks
+
+    async def commit(self) -> None:
+        """Wait until everything written so far is on every required follower (no-op standalone).
+
+        Raises:
+            NotLeader: leadership was lost meanwhile. Unavailable: not replicated in
+                ``master.commit_timeout`` seconds.
+        """
+        if self.shipper is not None:
+            await self.shipper.commit(self.store.index, self.cfg.commit_timeout)
+        elif self.role == "follower":
+            raise E.NotLeader(self._not_leader_message())
+
+    def _lead(self, epoch: int) -> None:
+        """Build the domain objects from the metastore and start a term."""
+        self._epoch = epoch
+        self.store.start_term(epoch)
+        self.ns = Namespace(
+            self.store,
+            default_block_size=self.cfg.default_block_size,
+            default_replication=self.cfg.default_replication,
+            allocation_grace=self.cfg.orphan_grace,
+        )
+        self.blocks = BlockManager(self.ns, self.registry, replication_timeout=self.cfg.replication_timeout)
+        self.blocks.confirm_known()  # workers that already heartbeat here confirm their replicas now
+        self._led_since = time.monotonic()
+        MASTER_IS_LEADER.set(1)
+        MASTER_EPOCH.set(epoch)
+
+    async def _promote(self, epoch: int) -> None:
+        assert self.ha is not None
+        self.role = "leader"
+        self.replication.epoch = max(self.replication.epoch, epoch)
+        self.store.epoch = epoch
+        self.shipper = LogShipper(
+            self.store, epoch=epoch, address=self.address, flags=self.ha,
+            ack_timeout=self.cfg.ack_timeout, rpc_timeout=max(2.0, self.cfg.ack_timeout), on_deposed=self._deposed,
+        )  # fmt: skip
+        self._lead(epoch)
+        logger.info("master %s leads the cluster with epoch %d at log index %d", self.member, epoch, self.store.index)
+        await self._refresh_members()
+
+    def _demote(self, why: str) -> None:
+        if self.role != "leader":
+            return
+        logger.warning("master %s stops leading (epoch %d): %s", self.member, self.epoch, why)
+        self.role = "follower"
+        if self.shipper is not None:
+            self.shipper.close(why)
+            self.shipper = None
+        self.ns = self.blocks = None
+        for state in self.registry.workers.values():
+            state.commands = []
+        MASTER_IS_LEADER.set(0)
+
+    async def _deposed(self, newer: int) -> None:
+        self._demote(f"a follower has seen the newer epoch {newer}")
+        if self.ha is not None:
+            await self.ha.election.resign()
+
+    async def _refresh_members(self) -> None:
+        assert self.ha is not None
+        if self.shipper is None:
+            return
+        try:
+            members = await self.ha.members()
+        except E.Unavailable as exc:
+            logger.warning("cannot list the masters in etcd: %s", exc)
+            return
+        members.pop(self.member, None)
+        if self.shipper is not None:  # it may have stopped leading while etcd answered
+            self.shipper.set_members(members)
+
+    async def _ha_loop(self) -> None:
+        """Follow; campaign whenever this master may take over; lead until the lease is lost."""
+        assert self.ha is not None
+        self.ha.start()
+        while True:
+            try:
+                epoch = await self.ha.election.campaign(poll=0.1, guard=self.ha.guard)
+                await self._promote(epoch)
+                last_refresh = time.monotonic()
+                while self.role == "leader" and self.ha.election.is_leader():
+                    await asyncio.sleep(0.05)
+                    if time.monotonic() - last_refresh > MEMBERS_POLL:
+                        await self._refresh_members()
+                        last_refresh = time.monotonic()
+                self._demote("its etcd lease ran out")
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("leadership of master %s failed; campaigning again", self.member)
+                self._demote("an internal error")
+                await asyncio.sleep(1.0)
+            await self.ha.election.resign()
+
+    async def role_status(self) -> pb.MasterRole:
+        """This master's part in the pair, for ``pcache status``."""
+        role = pb.MasterRole(
+            role=self.role, member=self.member, address=self.address, applied_index=self.store.index,
+            leader=self.address if self.role in ("standalone", "leader") else self.replication.leader,
+        )  # fmt: skip
+        if self.shipper is not None:
+            role.followers.extend(self.shipper.status())
+            role.alone = self.shipper.alone()
+        return role
+
+    # -------------------------------------------------------- lifecycle --
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port."""
         # no SO_REUSEPORT (gRPC's default): a second master on a taken port must fail, not share it
         self.server = grpc.aio.server(options=[*channel_options(), ("grpc.so_reuseport", 0)])
         pb_grpc.add_MasterServicer_to_server(self.servicer, self.server)
+        pb_grpc.add_ReplicationServicer_to_server(self.replication, self.server)
         try:
             self.port = self.server.add_insecure_port(f"{self.cfg.host}:{self.cfg.port}")
         except RuntimeError:
             self.port = 0
         if self.port == 0:
             raise OSError(f"cannot bind the master to {self.cfg.host}:{self.cfg.port} (in use by another process?)")
+        self.address = f"{self.cfg.advertise_host or self.cfg.host}:{self.port}"
         await self.server.start()
         self._started = time.monotonic()
-        logger.info("master epoch %d serving on %s:%d", self.epoch, self.cfg.host, self.port)
+        if self.cfg.etcd:
+            from pcache.master.ha import HAControl, member_id
+
+            self.member = member_id(self.cfg.data_dir)
+            self.replication.member = self.member
+            self.ha = HAControl(self.cfg.etcd, self.cfg.cluster, self.member, self.address, ttl=self.cfg.lease_ttl)
+            MASTER_IS_LEADER.set(0)
+            self._ha_task = asyncio.ensure_future(self._ha_loop())
+            self._ha_task.add_done_callback(_log_failure)
+            logger.info("master %s serving on %s, following (etcd %s, cluster %s)",
+                        self.member, self.address, self.cfg.etcd, self.cfg.cluster)  # fmt: skip
+        else:
+            logger.info("master epoch %d serving on %s", self.epoch, self.address)
         return self.port
 
     async def upkeep(self) -> None:
@@ -93,32 +292,54 @@ class MasterServer:
             await asyncio.sleep(self.cfg.replication_check_interval)
             try:
                 self.upkeep_once()
+            except E.NotLeader:
+                pass  # leadership ended mid-pass
             except Exception:
                 logger.exception("upkeep pass failed")
 
     def upkeep_once(self) -> None:
-        """One pass of liveness, orphan and replication upkeep."""
-        for state in self.registry.expire():
-            self.blocks.worker_died(state.worker_id)
-        # After a restart, give workers time to report before copying anything.
-        if time.monotonic() - self._started > self.cfg.dead_after:
-            issued = self.blocks.schedule()
+        """One pass of liveness, orphan and replication upkeep (liveness only on a follower)."""
+        expired_workers = self.registry.expire()
+        MASTER_WORKERS.set(len(self.registry.alive()))
+        if self.shipper is not None:
+            MASTER_IN_SYNC_FOLLOWERS.set(sum(1 for f in self.shipper.followers.values() if f.in_sync))
+            MASTER_ALONE.set(1 if self.shipper.alone() else 0)
+        if not self.is_leading():
+            return
+        ns, blocks = self.leading()
+        for state in expired_workers:
+            blocks.worker_died(state.worker_id)
+        # After a (re)start, give workers time to report before copying anything.
+        if time.monotonic() - max(self._started, self._led_since) > self.cfg.dead_after:
+            issued = blocks.schedule()
             if issued:
                 logger.info("issued %d re-replications", issued)
-        expired = self.ns.allocations.expire()
+        expired = ns.allocations.expire()
         if expired:
             logger.info("%d block allocations expired without a commit (master.orphan_grace)", len(expired))
-        MASTER_WORKERS.set(len(self.registry.alive()))
-        MASTER_UNDER_REPLICATED.set(self.blocks.under_replicated())  # the figure `pcache status` shows
-        MASTER_MISSING.set(self.blocks.missing())
-        MASTER_CORRUPT.set(self.blocks.corrupt_blocks())
-        MASTER_DAMAGED_FILES.set(fsck.damaged_files(self.ns, self.blocks))
+        self.replies.expire()
+        MASTER_UNDER_REPLICATED.set(blocks.under_replicated())  # the figure `pcache status` shows
+        MASTER_MISSING.set(blocks.missing())
+        MASTER_CORRUPT.set(blocks.corrupt_blocks())
+        MASTER_DAMAGED_FILES.set(fsck.damaged_files(ns, blocks))
 
     async def stop(self, grace: float = 2.0) -> None:
-        """Stop serving and close the metastore."""
+        """Hand leadership over (resign at once), stop serving, close the metastore."""
+        if self._ha_task is not None:
+            self._ha_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ha_task
+        self._demote("stopping")
+        if self.ha is not None:
+            await self.ha.close()
         if self.server is not None:
             await self.server.stop(grace)
         self.store.close()
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.critical("the HA loop failed; this master can no longer lead", exc_info=task.exception())
 
 
 async def serve(cfg: MasterConfig, *, ready_file: str | None = None) -> None:
@@ -128,7 +349,7 @@ async def serve(cfg: MasterConfig, *, ready_file: str | None = None) -> None:
     port = await master.start()
     serve_metrics(cfg.metrics_port, cfg.host, role="master")
     if ready_file:
-        write_ready_file(ready_file, f"{cfg.host}:{port}")
+        write_ready_file(ready_file, f"{cfg.advertise_host or cfg.host}:{port}")
     upkeep = asyncio.create_task(master.upkeep())
     await wait_for_stop_signal()
     logger.info("master stopping")

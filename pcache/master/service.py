@@ -2,14 +2,21 @@
 
 Nothing here decides anything: :class:`~pcache.master.namespace.Namespace`
 owns the tree, :class:`~pcache.master.registry.WorkerRegistry` the workers and
-placement, :class:`~pcache.master.blocks.BlockManager` the replicas.
+placement, :class:`~pcache.master.blocks.BlockManager` the replicas, and
+:class:`~pcache.master.server.MasterServer` whether this master leads and when
+a change is replicated. Every answer that shows or follows a change waits
+until the change is on the in-sync follower (``commit``), so no client ever
+sees state a failover could undo.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from pcache.common import errors as E
 from pcache.common.metrics import RPC_SECONDS
@@ -17,61 +24,82 @@ from pcache.common.rpc import rpc_method
 from pcache.master import fsck
 from pcache.master.blocks import BlockManager
 from pcache.master.namespace import Namespace
-from pcache.master.registry import WorkerRegistry
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 
+if TYPE_CHECKING:
+    from pcache.master.server import MasterServer
+
+R = TypeVar("R", bound=Message)
+
 
 class MasterServicer(pb_grpc.MasterServicer):
-    """gRPC servicer of ``pcache.Master``."""
+    """gRPC servicer of ``pcache.Master`` over one :class:`MasterServer`."""
 
-    def __init__(
-        self,
-        ns: Namespace,
-        registry: WorkerRegistry,
-        blocks: BlockManager,
-        *,
-        epoch: int,
-        heartbeat_interval: float,
-        listdir_limit: int,
-    ) -> None:
-        self.ns = ns
-        self.registry = registry
-        self.blocks = blocks
-        self.epoch = epoch
-        self.heartbeat_interval = heartbeat_interval
-        self.listdir_limit = listdir_limit
+    def __init__(self, master: MasterServer) -> None:
+        self.m = master
+
+    @property
+    def epoch(self) -> int:
+        """The epoch stamped on every answer (:func:`rpc_method`)."""
+        return self.m.epoch
 
     def _check(self, header: pb.RequestHeader, method: str) -> None:
+        """A leader refuses a caller that has seen a newer epoch: it has been deposed."""
         RPC_SECONDS.labels(method)  # create the series on first use
-        if header.epoch > self.epoch:
-            raise E.StaleEpoch(f"master epoch {self.epoch} is older than the caller's {header.epoch}")
+        if header.epoch > self.m.epoch and self.m.is_leading():
+            raise E.StaleEpoch(f"master epoch {self.m.epoch} is older than the caller's {header.epoch}")
+
+    async def _read(self, header: pb.RequestHeader, method: str, apply: Callable[[Namespace, BlockManager], R]) -> R:
+        ns, blocks = self.m.leading()
+        self._check(header, method)
+        with RPC_SECONDS.labels(method).time():
+            reply = apply(ns, blocks)
+            await self.m.commit()  # what it read is on the follower too
+        return reply
+
+    async def _mutate(
+        self,
+        header: pb.RequestHeader,
+        method: str,
+        reply_type: type[R],
+        apply: Callable[[Namespace, BlockManager], R],
+    ) -> R:
+        """Apply a mutation once per request id, then wait until it is replicated."""
+        ns, blocks = self.m.leading()
+        self._check(header, method)
+        with RPC_SECONDS.labels(method).time():
+            if header.request_id:
+                done = self.m.replies.get(header.request_id, method, reply_type)
+                if done is not None:  # applied before (a retry, maybe on the master that took over)
+                    await self.m.commit()
+                    return done  # type: ignore[return-value]
+            since = self.m.store.index
+            reply = apply(ns, blocks)
+            if header.request_id:
+                self.m.replies.record(header.request_id, method, reply, since)  # same log entry
+            await self.m.commit()
+        return reply
 
     # ---------------------------------------------------------- namespace --
 
     @rpc_method
     async def Stat(self, request: pb.PathRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        self._check(request.header, "Stat")
-        with RPC_SECONDS.labels("Stat").time():
-            return self.ns.resolve(request.path)
+        return await self._read(request.header, "Stat", lambda ns, _: ns.resolve(request.path))
 
     @rpc_method
     async def Mkdir(self, request: pb.MkdirRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        self._check(request.header, "Mkdir")
-        with RPC_SECONDS.labels("Mkdir").time():
-            return self.ns.mkdir(
-                request.path,
-                request.mode,
-                parents=request.parents,
-                uid=request.owner.uid,
-                gid=request.owner.gid,
+        def apply(ns: Namespace, _: BlockManager) -> pb.Inode:
+            return ns.mkdir(
+                request.path, request.mode, parents=request.parents, uid=request.owner.uid, gid=request.owner.gid
             )
+
+        return await self._mutate(request.header, "Mkdir", pb.Inode, apply)
 
     @rpc_method
     async def Create(self, request: pb.CreateRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        self._check(request.header, "Create")
-        with RPC_SECONDS.labels("Create").time():
-            node, freed = self.ns.create(
+        def apply(ns: Namespace, blocks: BlockManager) -> pb.Inode:
+            node, freed = ns.create(
                 request.path,
                 request.mode,
                 exclusive=request.exclusive,
@@ -83,46 +111,49 @@ class MasterServicer(pb_grpc.MasterServicer):
                 kind=request.type or pb.REGULAR,
                 rdev=request.rdev,
             )
-            self.blocks.freed(freed)
+            blocks.freed(freed)
             return node
+
+        return await self._mutate(request.header, "Create", pb.Inode, apply)
 
     @rpc_method
     async def Symlink(self, request: pb.SymlinkRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        self._check(request.header, "Symlink")
-        with RPC_SECONDS.labels("Symlink").time():
-            return self.ns.symlink(request.path, request.target, uid=request.owner.uid, gid=request.owner.gid)
+        def apply(ns: Namespace, _: BlockManager) -> pb.Inode:
+            return ns.symlink(request.path, request.target, uid=request.owner.uid, gid=request.owner.gid)
+
+        return await self._mutate(request.header, "Symlink", pb.Inode, apply)
 
     @rpc_method
     async def ListDir(self, request: pb.ListDirRequest, context: grpc.aio.ServicerContext) -> pb.ListDirResponse:
-        self._check(request.header, "ListDir")
-        with RPC_SECONDS.labels("ListDir").time():
-            limit = min(request.limit or self.listdir_limit, self.listdir_limit)
-            entries, truncated = self.ns.listdir(request.path, start_after=request.start_after, limit=limit)
+        def apply(ns: Namespace, _: BlockManager) -> pb.ListDirResponse:
+            limit = min(request.limit or self.m.cfg.listdir_limit, self.m.cfg.listdir_limit)
+            entries, truncated = ns.listdir(request.path, start_after=request.start_after, limit=limit)
             return pb.ListDirResponse(entries=entries, truncated=truncated)
+
+        return await self._read(request.header, "ListDir", apply)
 
     @rpc_method
     async def Rename(self, request: pb.RenameRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        self._check(request.header, "Rename")
-        with RPC_SECONDS.labels("Rename").time():
-            node, freed = self.ns.rename(request.src, request.dst, no_replace=request.no_replace)
-            self.blocks.freed(freed)
+        def apply(ns: Namespace, blocks: BlockManager) -> pb.Inode:
+            node, freed = ns.rename(request.src, request.dst, no_replace=request.no_replace)
+            blocks.freed(freed)
             return node
+
+        return await self._mutate(request.header, "Rename", pb.Inode, apply)
 
     @rpc_method
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
-        self._check(request.header, "Delete")
-        with RPC_SECONDS.labels("Delete").time():
-            freed = self.ns.delete(
-                request.path, recursive=request.recursive, directory=request.directory, file=request.file
-            )
-            self.blocks.freed(freed)
+        def apply(ns: Namespace, blocks: BlockManager) -> pb.Empty:
+            freed = ns.delete(request.path, recursive=request.recursive, directory=request.directory, file=request.file)
+            blocks.freed(freed)
             return pb.Empty()
+
+        return await self._mutate(request.header, "Delete", pb.Empty, apply)
 
     @rpc_method
     async def SetAttr(self, request: pb.SetAttrRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        self._check(request.header, "SetAttr")
-        with RPC_SECONDS.labels("SetAttr").time():
-            return self.ns.setattr(
+        def apply(ns: Namespace, _: BlockManager) -> pb.Inode:
+            return ns.setattr(
                 request.path,
                 mode=request.mode if request.HasField("mode") else None,
                 mtime=request.mtime if request.HasField("mtime") else None,
@@ -133,16 +164,17 @@ class MasterServicer(pb_grpc.MasterServicer):
                 gid=request.gid if request.HasField("gid") else None,
             )
 
+        return await self._mutate(request.header, "SetAttr", pb.Inode, apply)
+
     # ------------------------------------------------------------- blocks --
 
     @rpc_method
     async def GetLayout(self, request: pb.LayoutRequest, context: grpc.aio.ServicerContext) -> pb.FileLayout:
-        self._check(request.header, "GetLayout")
-        with RPC_SECONDS.labels("GetLayout").time():
-            node, metas = self.ns.layout(request.path, request.inode)
+        def apply(ns: Namespace, blocks: BlockManager) -> pb.FileLayout:
+            node, metas = ns.layout(request.path, request.inode)
             out = pb.FileLayout(inode=node)
             for index, meta in enumerate(metas):
-                replicas = [w.info.addr for w in self.blocks.live_replicas(meta.block_id)]
+                replicas = [w.info.addr for w in blocks.live_replicas(meta.block_id)]
                 out.blocks.append(
                     pb.BlockLocation(
                         block_id=meta.block_id,
@@ -154,102 +186,128 @@ class MasterServicer(pb_grpc.MasterServicer):
                 )
             return out
 
+        return await self._read(request.header, "GetLayout", apply)
+
     @rpc_method
     async def AllocateBlock(
         self, request: pb.AllocateBlockRequest, context: grpc.aio.ServicerContext
     ) -> pb.BlockLocation:
-        self._check(request.header, "AllocateBlock")
-        with RPC_SECONDS.labels("AllocateBlock").time():
-            return self.blocks.allocate(
-                request.inode,
-                request.size_hint,
-                client_node=request.client_node,
-                exclude=request.exclude_workers,
+        # not answered from a stored reply: a retry gets a second block id, and the first one's
+        # reservation expires unused (master.orphan_grace)
+        def apply(_: Namespace, blocks: BlockManager) -> pb.BlockLocation:
+            return blocks.allocate(
+                request.inode, request.size_hint, client_node=request.client_node, exclude=request.exclude_workers
             )
+
+        return await self._read(request.header, "AllocateBlock", apply)
 
     @rpc_method
     async def CommitFile(self, request: pb.CommitFileRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        self._check(request.header, "CommitFile")
-        with RPC_SECONDS.labels("CommitFile").time():
-            blocks = list(request.blocks)
-            node, freed = self.ns.commit_file(
+        def apply(ns: Namespace, blocks: BlockManager) -> pb.Inode:
+            committed = list(request.blocks)
+            node, freed = ns.commit_file(
                 request.inode,
                 request.size,
-                blocks,
+                committed,
                 request.mtime,
                 base_version=request.base_version,
                 base_blocks=list(request.base_blocks),
                 replace=request.replace,
             )
-            self.blocks.committed(blocks, node.replication or 1)
-            self.blocks.freed(freed)
+            blocks.committed(committed, node.replication or 1)
+            blocks.freed(freed)
             return node
 
+        return await self._mutate(request.header, "CommitFile", pb.Inode, apply)
+
     # ------------------------------------------------------------ workers --
+    # Workers report to every master: a follower keeps their liveness and load (so it can place
+    # blocks the moment it takes over) and sends no command; replicas it learns from the log.
 
     @rpc_method
     async def RegisterWorker(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterResponse:
         self._check(request.header, "RegisterWorker")
-        state = self.registry.register(request.info)
-        self.blocks.worker_registered(state.worker_id, list(request.blocks))
-        return pb.RegisterResponse(epoch=self.epoch, heartbeat_interval_ms=int(self.heartbeat_interval * 1000))
+        state = self.m.registry.register(request.info)
+        leading = self.m.is_leading()
+        if leading:
+            _, blocks = self.m.leading()
+            blocks.worker_registered(state.worker_id, list(request.blocks))
+            await self.m.commit()
+        return pb.RegisterResponse(
+            epoch=self.m.epoch, heartbeat_interval_ms=int(self.m.cfg.heartbeat_interval * 1000), leader=leading
+        )
 
     @rpc_method
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
         self._check(request.header, "Heartbeat")
-        state = self.registry.heartbeat(request.info)
+        state = self.m.registry.heartbeat(request.info)
+        leading = self.m.is_leading()
         if state is None:
-            return pb.HeartbeatResponse(epoch=self.epoch, reregister=True)
+            return pb.HeartbeatResponse(epoch=self.m.epoch, reregister=True, leader=leading)
+        if not leading:
+            state.commands = []
+            return pb.HeartbeatResponse(epoch=self.m.epoch, leader=False)
         commands, state.commands = state.commands, []
-        return pb.HeartbeatResponse(epoch=self.epoch, commands=commands)
+        if commands:
+            await self.m.commit()  # a DELETE goes out only once the change that freed the block is replicated
+        return pb.HeartbeatResponse(epoch=self.m.epoch, commands=commands, leader=True)
 
     @rpc_method
     async def BlockReceived(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
-        self._check(request.header, "BlockReceived")
-        self.blocks.block_received(request.worker_id, request.block_id)
-        return pb.Empty()
+        def apply(_: Namespace, blocks: BlockManager) -> pb.Empty:
+            blocks.block_received(request.worker_id, request.block_id)
+            return pb.Empty()
+
+        return await self._read(request.header, "BlockReceived", apply)
 
     @rpc_method
     async def ReportBadBlock(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
-        self._check(request.header, "ReportBadBlock")
-        self.blocks.bad_block(request.worker_id, request.block_id)
-        return pb.Empty()
+        def apply(_: Namespace, blocks: BlockManager) -> pb.Empty:
+            blocks.bad_block(request.worker_id, request.block_id)
+            return pb.Empty()
+
+        return await self._read(request.header, "ReportBadBlock", apply)
 
     @rpc_method
     async def ReportBlocks(self, request: pb.IncrementalBlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
-        self._check(request.header, "ReportBlocks")
-        self.blocks.lost(request.worker_id, list(request.lost))
-        for block_id in request.corrupt:
-            self.blocks.bad_block(request.worker_id, block_id)
-        return pb.Empty()
+        def apply(_: Namespace, blocks: BlockManager) -> pb.Empty:
+            blocks.lost(request.worker_id, list(request.lost))
+            for block_id in request.corrupt:
+                blocks.bad_block(request.worker_id, block_id)
+            return pb.Empty()
+
+        return await self._read(request.header, "ReportBlocks", apply)
 
     @rpc_method
     async def Fsck(self, request: pb.FsckRequest, context: grpc.aio.ServicerContext) -> pb.FsckReport:
-        self._check(request.header, "Fsck")
-        with RPC_SECONDS.labels("Fsck").time():
-            return fsck.check(self.ns, self.blocks, request.path or "/")
+        return await self._read(request.header, "Fsck", lambda ns, blocks: fsck.check(ns, blocks, request.path or "/"))
 
     @rpc_method
     async def GetClusterStatus(
         self, request: pb.ClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.ClusterStatus:
+        """The leader answers; with ``any_master`` a follower too (its role, workers, log position)."""
+        if not request.any_master:
+            self.m.leading()
         self._check(request.header, "GetClusterStatus")
         now = time.monotonic()
-        inodes, nblocks = self.ns.count()
-        return pb.ClusterStatus(
-            epoch=self.epoch,
+        status = pb.ClusterStatus(
+            epoch=self.m.epoch,
             workers=[
                 pb.WorkerStatus(info=w.info, alive=w.alive, last_heartbeat_age=now - w.last_seen)
-                for w in self.registry.workers.values()
+                for w in self.m.registry.workers.values()
             ],
-            under_replicated_blocks=self.blocks.under_replicated(),
-            missing_blocks=self.blocks.missing(),
-            inodes=inodes,
-            blocks=nblocks,
-            default_replication=self.ns.default_replication,
-            default_block_size=self.ns.default_block_size,
-            corrupt_blocks=self.blocks.corrupt_blocks(),
-            damaged_files=fsck.damaged_files(self.ns, self.blocks),
+            default_replication=self.m.cfg.default_replication,
+            default_block_size=self.m.cfg.default_block_size,
+            master=await self.m.role_status(),
         )
+        if self.m.is_leading():
+            ns, blocks = self.m.leading()
+            status.inodes, status.blocks = ns.count()
+            status.under_replicated_blocks = blocks.under_replicated()
+            status.missing_blocks = blocks.missing()
+            status.corrupt_blocks = blocks.corrupt_blocks()
+            status.damaged_files = fsck.damaged_files(ns, blocks)
+        return status

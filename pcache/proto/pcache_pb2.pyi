@@ -50,16 +50,18 @@ RESPONSE: DataOp
 READ_RAW: DataOp
 
 class RequestHeader(_message.Message):
-    __slots__ = ("tenant", "token", "epoch", "client_id")
+    __slots__ = ("tenant", "token", "epoch", "client_id", "request_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     token: str
     epoch: int
     client_id: str
-    def __init__(self, tenant: _Optional[str] = ..., token: _Optional[str] = ..., epoch: _Optional[int] = ..., client_id: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, tenant: _Optional[str] = ..., token: _Optional[str] = ..., epoch: _Optional[int] = ..., client_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class WorkerAddr(_message.Message):
     __slots__ = ("worker_id", "host", "port", "uds_path", "node_id")
@@ -398,12 +400,14 @@ class RegisterRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., blocks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("epoch", "heartbeat_interval_ms")
+    __slots__ = ("epoch", "heartbeat_interval_ms", "leader")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     heartbeat_interval_ms: int
-    def __init__(self, epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+    leader: bool
+    def __init__(self, epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., leader: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("header", "info")
@@ -432,14 +436,16 @@ class WorkerCommand(_message.Message):
     def __init__(self, kind: _Optional[_Union[WorkerCommand.Kind, str]] = ..., block_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("epoch", "reregister", "commands")
+    __slots__ = ("epoch", "reregister", "commands", "leader")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     reregister: bool
     commands: _containers.RepeatedCompositeFieldContainer[WorkerCommand]
-    def __init__(self, epoch: _Optional[int] = ..., reregister: _Optional[bool] = ..., commands: _Optional[_Iterable[_Union[WorkerCommand, _Mapping]]] = ...) -> None: ...
+    leader: bool
+    def __init__(self, epoch: _Optional[int] = ..., reregister: _Optional[bool] = ..., commands: _Optional[_Iterable[_Union[WorkerCommand, _Mapping]]] = ..., leader: _Optional[bool] = ...) -> None: ...
 
 class BlockReport(_message.Message):
     __slots__ = ("header", "worker_id", "block_id", "length", "crc32c")
@@ -466,13 +472,15 @@ class WorkerStatus(_message.Message):
     def __init__(self, info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., alive: _Optional[bool] = ..., last_heartbeat_age: _Optional[float] = ...) -> None: ...
 
 class ClusterStatusRequest(_message.Message):
-    __slots__ = ("header",)
+    __slots__ = ("header", "any_master")
     HEADER_FIELD_NUMBER: _ClassVar[int]
+    ANY_MASTER_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ...) -> None: ...
+    any_master: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., any_master: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size", "corrupt_blocks", "damaged_files")
+    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size", "corrupt_blocks", "damaged_files", "master")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     UNDER_REPLICATED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -483,6 +491,7 @@ class ClusterStatus(_message.Message):
     DEFAULT_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     CORRUPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_FILES_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     under_replicated_blocks: int
@@ -493,7 +502,126 @@ class ClusterStatus(_message.Message):
     default_block_size: int
     corrupt_blocks: int
     damaged_files: int
-    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., damaged_files: _Optional[int] = ...) -> None: ...
+    master: MasterRole
+    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., damaged_files: _Optional[int] = ..., master: _Optional[_Union[MasterRole, _Mapping]] = ...) -> None: ...
+
+class FollowerStatus(_message.Message):
+    __slots__ = ("member", "address", "in_sync", "applied_index", "lag", "state", "last_contact_age")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_CONTACT_AGE_FIELD_NUMBER: _ClassVar[int]
+    member: str
+    address: str
+    in_sync: bool
+    applied_index: int
+    lag: int
+    state: str
+    last_contact_age: float
+    def __init__(self, member: _Optional[str] = ..., address: _Optional[str] = ..., in_sync: _Optional[bool] = ..., applied_index: _Optional[int] = ..., lag: _Optional[int] = ..., state: _Optional[str] = ..., last_contact_age: _Optional[float] = ...) -> None: ...
+
+class MasterRole(_message.Message):
+    __slots__ = ("role", "member", "address", "leader", "applied_index", "followers", "alone")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
+    ALONE_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    member: str
+    address: str
+    leader: str
+    applied_index: int
+    followers: _containers.RepeatedCompositeFieldContainer[FollowerStatus]
+    alone: bool
+    def __init__(self, role: _Optional[str] = ..., member: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., applied_index: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., alone: _Optional[bool] = ...) -> None: ...
+
+class KeyValue(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    value: bytes
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class LogEntry(_message.Message):
+    __slots__ = ("index", "epoch", "puts", "deletes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PUTS_FIELD_NUMBER: _ClassVar[int]
+    DELETES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    epoch: int
+    puts: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    deletes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, index: _Optional[int] = ..., epoch: _Optional[int] = ..., puts: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., deletes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class AppendRequest(_message.Message):
+    __slots__ = ("epoch", "leader", "prev_index", "prev_epoch", "entries")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    PREV_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PREV_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    leader: str
+    prev_index: int
+    prev_epoch: int
+    entries: _containers.RepeatedCompositeFieldContainer[LogEntry]
+    def __init__(self, epoch: _Optional[int] = ..., leader: _Optional[str] = ..., prev_index: _Optional[int] = ..., prev_epoch: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ...) -> None: ...
+
+class AppendResponse(_message.Message):
+    __slots__ = ("epoch", "ok", "applied_index", "applied_epoch", "member")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    ok: bool
+    applied_index: int
+    applied_epoch: int
+    member: str
+    def __init__(self, epoch: _Optional[int] = ..., ok: _Optional[bool] = ..., applied_index: _Optional[int] = ..., applied_epoch: _Optional[int] = ..., member: _Optional[str] = ...) -> None: ...
+
+class CheckpointChunk(_message.Message):
+    __slots__ = ("epoch", "leader", "index", "index_epoch", "name", "data", "done")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    INDEX_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    leader: str
+    index: int
+    index_epoch: int
+    name: str
+    data: bytes
+    done: bool
+    def __init__(self, epoch: _Optional[int] = ..., leader: _Optional[str] = ..., index: _Optional[int] = ..., index_epoch: _Optional[int] = ..., name: _Optional[str] = ..., data: _Optional[bytes] = ..., done: _Optional[bool] = ...) -> None: ...
+
+class MemberRequest(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class DedupRecord(_message.Message):
+    __slots__ = ("method", "reply", "time")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    reply: bytes
+    time: float
+    def __init__(self, method: _Optional[str] = ..., reply: _Optional[bytes] = ..., time: _Optional[float] = ...) -> None: ...
 
 class FsckRequest(_message.Message):
     __slots__ = ("header", "path")

@@ -25,6 +25,167 @@ if _version_not_supported:
     )
 
 
+class ReplicationStub:
+    """Leader -> follower replication of the metastore log.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Append = channel.unary_unary(
+                '/pcache.Replication/Append',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.AppendRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.AppendResponse.FromString,
+                _registered_method=True)
+        self.InstallCheckpoint = channel.stream_unary(
+                '/pcache.Replication/InstallCheckpoint',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.CheckpointChunk.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.AppendResponse.FromString,
+                _registered_method=True)
+        self.Probe = channel.unary_unary(
+                '/pcache.Replication/Probe',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.MemberRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.AppendResponse.FromString,
+                _registered_method=True)
+
+
+class ReplicationServicer:
+    """Leader -> follower replication of the metastore log.
+    """
+
+    def Append(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InstallCheckpoint(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Probe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ReplicationServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Append': grpc.unary_unary_rpc_method_handler(
+                    servicer.Append,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.AppendRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.AppendResponse.SerializeToString,
+            ),
+            'InstallCheckpoint': grpc.stream_unary_rpc_method_handler(
+                    servicer.InstallCheckpoint,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.CheckpointChunk.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.AppendResponse.SerializeToString,
+            ),
+            'Probe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Probe,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.MemberRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.AppendResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'pcache.Replication', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('pcache.Replication', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Replication:
+    """Leader -> follower replication of the metastore log.
+    """
+
+    @staticmethod
+    def Append(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Replication/Append',
+            pcache_dot_proto_dot_pcache__pb2.AppendRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.AppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InstallCheckpoint(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/pcache.Replication/InstallCheckpoint',
+            pcache_dot_proto_dot_pcache__pb2.CheckpointChunk.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.AppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Probe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Replication/Probe',
+            pcache_dot_proto_dot_pcache__pb2.MemberRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.AppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class MasterStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -27,8 +27,10 @@ class Etcd:
         stop_process(self.proc)
 
 
-def start_etcd(data_dir: Path, *, timeout: float = 30.0) -> Etcd:
+def start_etcd(data_dir: Path, *, client_port: int = 0, timeout: float = 30.0) -> Etcd:
     """Start ``etcd`` with its data in ``data_dir`` (log ``data_dir/../etcd.log``) and wait for it.
+
+    ``client_port`` 0 picks a free port (give the old one to restart an etcd where it was).
 
     Raises:
         NotFound: no ``etcd`` on PATH (``apt-get install etcd-server``).
@@ -38,7 +40,7 @@ def start_etcd(data_dir: Path, *, timeout: float = 30.0) -> Etcd:
     if exe is None:
         raise NotFound("etcd is not on PATH: install the Debian package etcd-server (apt-get install etcd-server)")
     data_dir.mkdir(parents=True, exist_ok=True)
-    client, peer = free_port(), free_port()
+    client, peer = client_port or free_port(), free_port()
     log_path = data_dir.parent / f"{data_dir.name}.log"
     cmd = [
         exe, "--name", "pcache-etcd", "--data-dir", str(data_dir),
@@ -47,8 +49,8 @@ def start_etcd(data_dir: Path, *, timeout: float = 30.0) -> Etcd:
         "--initial-cluster", f"pcache-etcd=http://127.0.0.1:{peer}",
     ]  # fmt: skip
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=die_with_parent())  # fmt: skip
+        proc = subprocess.Popen([*die_with_parent(), *cmd], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT)  # fmt: skip
     etcd = Etcd(proc, f"127.0.0.1:{client}", data_dir, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -5,6 +5,12 @@ heartbeats every ``heartbeat_interval`` seconds with its capacity, free bytes
 and in-flight I/O; the reply carries DELETE and REPLICATE commands, which run
 in the background. A master that is down or restarted is retried forever:
 the data plane keeps serving meanwhile.
+
+With a leader + follower pair (``worker.master = a:port,b:port``) the worker
+registers with and heartbeats every master, so the follower knows every worker
+the moment it takes over; it runs commands only from a master that says it
+leads with the newest epoch seen (fencing), and sends its block reports to the
+leader.
 """
 
 from __future__ import annotations
@@ -15,14 +21,15 @@ import logging
 import os
 import time
 import uuid
+from dataclasses import dataclass
 
 import grpc
 
-from pcache.common.config import WorkerConfig, default_node_id, describe
+from pcache.common.config import WorkerConfig, check_addresses, default_node_id, describe
 from pcache.common.errors import InvalidArgument, NotFound, PCacheError
 from pcache.common.metrics import LOST_BLOCKS, serve_metrics
 from pcache.common.process import wait_for_stop_signal, write_ready_file
-from pcache.common.rpc import call, channel_options
+from pcache.common.rpc import call, call_stamped, channel_options
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 from pcache.worker.blockstore import DiskBlockStore
@@ -98,8 +105,8 @@ class WorkerServer:
         self.epoch = 0
         self.heartbeat_interval = 1.0
         self.metrics_addr = ""
-        self.channel: grpc.aio.Channel | None = None
-        self.stub: pb_grpc.MasterStub | None = None
+        self.masters = check_addresses(cfg.master, "worker.master")
+        self.links: list[MasterLink] = []
         self._tasks: set[asyncio.Task] = set()
         self._repl_slots = asyncio.Semaphore(MAX_PARALLEL_REPLICATIONS)
 
@@ -112,8 +119,9 @@ class WorkerServer:
         if self.uds_path:
             self.sc = ShortCircuitServer(self.data, self.uds_path)
             await self.sc.start()
-        self.channel = grpc.aio.insecure_channel(self.cfg.master, options=channel_options())
-        self.stub = pb_grpc.MasterStub(self.channel)
+        for address in self.masters:
+            channel = grpc.aio.insecure_channel(address, options=channel_options())
+            self.links.append(MasterLink(address, channel, pb_grpc.MasterStub(channel)))
         self._spawn(self.heartbeat_loop())
         self._spawn(self.checker.run_presence_checks())
         if self.cfg.scrub_bytes_per_s > 0:
@@ -132,8 +140,8 @@ class WorkerServer:
             await self.sc.stop()
         if self.server is not None:
             self.server.close()
-        if self.channel is not None:
-            await self.channel.close()
+        for link in self.links:
+            await link.channel.close()
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -166,47 +174,91 @@ class WorkerServer:
     def _header(self) -> pb.RequestHeader:
         return pb.RequestHeader(epoch=self.epoch, client_id=self.worker_id)
 
-    async def register(self) -> None:
-        """Register with a full block report."""
-        assert self.stub is not None
+    async def register(self, link: MasterLink) -> None:
+        """Register with one master, with a full block report."""
         blocks = await asyncio.to_thread(self.store.block_ids)
-        reply = await call(
-            self.stub.RegisterWorker,
+        reply, stamped = await call_stamped(
+            link.stub.RegisterWorker,
             pb.RegisterRequest(header=self._header(), info=self.info(), blocks=blocks),
             timeout=RPC_TIMEOUT,
-            target="master",
+            target=f"master {link.address}",
         )
-        self.epoch = max(self.epoch, reply.epoch)
+        link.epoch, link.leader = max(reply.epoch, stamped), reply.leader
+        self.epoch = max(self.epoch, link.epoch)
         self.heartbeat_interval = (reply.heartbeat_interval_ms or 1000) / 1000
-        logger.info("registered with master (epoch %d, %d blocks reported)", reply.epoch, len(blocks))
+        logger.info(
+            "registered with %s master %s (epoch %d, %d blocks reported)",
+            "leader" if reply.leader else "follower", link.address, reply.epoch, len(blocks),
+        )  # fmt: skip
 
     async def heartbeat_loop(self) -> None:
-        """Register, then heartbeat and run commands, until cancelled."""
-        assert self.stub is not None
+        """Heartbeat every master (a leader and its followers) until cancelled."""
+        await asyncio.gather(*(self._heartbeat_one(link) for link in self.links))
+
+    async def _heartbeat_one(self, link: MasterLink) -> None:
+        """Register, then heartbeat one master and run the commands it may give, until cancelled."""
         registered = False
         last_report = 0.0
         while True:
             try:
                 if not registered or time.monotonic() - last_report > self.cfg.block_report_interval:
-                    await self.register()  # registration carries the full block report
+                    await self.register(link)  # registration carries the full block report
                     registered = True
                     last_report = time.monotonic()
-                reply = await call(
-                    self.stub.Heartbeat,
+                reply, stamped = await call_stamped(
+                    link.stub.Heartbeat,
                     pb.HeartbeatRequest(header=self._header(), info=self.info()),
                     timeout=RPC_TIMEOUT,
-                    target="master",
+                    target=f"master {link.address}",
                 )
-                self.epoch = max(self.epoch, reply.epoch)
+                link.epoch, link.leader = max(reply.epoch, stamped), reply.leader
                 if reply.reregister:
                     registered = False
                     continue
-                for cmd in reply.commands:
+                for cmd in self.accept_commands(link, reply):
                     self._spawn(self.run_command(cmd))
             except PCacheError as exc:
-                logger.warning("master unreachable: %s", exc)
+                if link.reachable:
+                    logger.warning("master %s unreachable: %s", link.address, exc)
+                link.reachable = link.leader = False
                 registered = False
+            else:
+                link.reachable = True
             await asyncio.sleep(self.heartbeat_interval)
+
+    def accept_commands(self, link: MasterLink, reply: pb.HeartbeatResponse) -> list[pb.WorkerCommand]:
+        """The commands of a heartbeat reply this worker may run: only a leader's, and only when its
+        epoch is the newest this worker has seen from any master (a deposed leader is fenced)."""
+        epoch = link.epoch
+        if epoch > self.epoch:
+            self.epoch = epoch
+        if not reply.commands:
+            return []
+        if not reply.leader or epoch < self.epoch:
+            logger.warning(
+                "ignored %d commands from master %s (epoch %d%s; newest seen %d)",
+                len(reply.commands), link.address, epoch, "" if reply.leader else ", not leading", self.epoch,
+            )  # fmt: skip
+            return []
+        return list(reply.commands)
+
+    async def _to_leader(self, method: str, request) -> None:
+        """Send a report to the leader: the master that led last first, then the others.
+
+        Raises:
+            PCacheError: no master took it (the last one's error).
+        """
+        order = sorted(self.links, key=lambda link: (not link.leader, -link.epoch))
+        last: PCacheError | None = None
+        for link in order:
+            request.header.CopyFrom(self._header())
+            try:
+                await call(getattr(link.stub, method), request, timeout=RPC_TIMEOUT, target=f"master {link.address}")
+                return
+            except PCacheError as exc:
+                last = exc
+        assert last is not None
+        raise last
 
     async def run_command(self, cmd: pb.WorkerCommand) -> None:
         """Carry out one DELETE or REPLICATE command from the master."""
@@ -216,14 +268,8 @@ class WorkerServer:
             elif cmd.kind == pb.WorkerCommand.REPLICATE:
                 async with self._repl_slots:
                     stored = await self.data.replicate(cmd.block_id, list(cmd.targets))
-                assert self.stub is not None
                 for wid in stored:
-                    await call(
-                        self.stub.BlockReceived,
-                        pb.BlockReport(header=self._header(), worker_id=wid, block_id=cmd.block_id),
-                        timeout=RPC_TIMEOUT,
-                        target="master",
-                    )
+                    await self._to_leader("BlockReceived", pb.BlockReport(worker_id=wid, block_id=cmd.block_id))
                 logger.info("replicated block %d to %s", cmd.block_id, ",".join(stored))
         except NotFound:
             logger.info("command %s for block %d: block not here", cmd.kind, cmd.block_id)
@@ -232,12 +278,8 @@ class WorkerServer:
 
     async def report_blocks(self, lost: list[int], corrupt: list[int]) -> None:
         """Incremental block report: block files gone and blocks failing their CRCs."""
-        assert self.stub is not None
-        await call(
-            self.stub.ReportBlocks,
-            pb.IncrementalBlockReport(header=self._header(), worker_id=self.worker_id, lost=lost, corrupt=corrupt),
-            timeout=RPC_TIMEOUT,
-            target="master",
+        await self._to_leader(
+            "ReportBlocks", pb.IncrementalBlockReport(worker_id=self.worker_id, lost=lost, corrupt=corrupt)
         )
 
     async def report_lost(self, block_id: int) -> None:
@@ -249,13 +291,19 @@ class WorkerServer:
 
     async def report_bad_block(self, block_id: int) -> None:
         """Tell the master a local replica failed its CRC (it deletes and re-replicates)."""
-        assert self.stub is not None
-        await call(
-            self.stub.ReportBadBlock,
-            pb.BlockReport(header=self._header(), worker_id=self.worker_id, block_id=block_id),
-            timeout=RPC_TIMEOUT,
-            target="master",
-        )
+        await self._to_leader("ReportBadBlock", pb.BlockReport(worker_id=self.worker_id, block_id=block_id))
+
+
+@dataclass
+class MasterLink:
+    """The worker's connection to one master of the cluster."""
+
+    address: str
+    channel: grpc.aio.Channel
+    stub: pb_grpc.MasterStub
+    epoch: int = 0  # newest epoch this master stamped
+    leader: bool = False  # it said it leads, in its last answer
+    reachable: bool = True
 
 
 async def serve(cfg: WorkerConfig, *, ready_file: str | None = None) -> None:

@@ -282,6 +282,7 @@ EXPECTED = {
     "SymlinkLoop": (errno.ELOOP, (OSError, ValueError), False),
     "Conflict": (errno.ESTALE, (OSError,), False),
     "Unavailable": (errno.EIO, (ConnectionError,), True),
+    "NotLeader": (errno.EIO, (ConnectionError,), True),
     "Timeout": (errno.ETIMEDOUT, (TimeoutError,), True),
     "CorruptBlock": (errno.EIO, (OSError,), True),
     "StaleEpoch": (errno.ESTALE, (OSError,), True),

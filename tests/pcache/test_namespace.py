@@ -671,7 +671,7 @@ def test_commit_rejects_foreign_and_unknown_blocks(ns: Namespace) -> None:
 
 def test_commit_of_an_expired_or_foreign_allocation_says_why(ns: Namespace) -> None:
     clock = [100.0]
-    ns.allocations = Allocations(ns.allocations.first_id, grace=60.0, clock=lambda: clock[0])
+    ns.allocations = Allocations(ns.store, ns.allocations.issued, grace=60.0, clock=lambda: clock[0])
     f, _ = ns.create("/f")
     g, _ = ns.create("/g")
     old, _ = ns.allocate_block(f.id)
@@ -685,12 +685,17 @@ def test_commit_of_an_expired_or_foreign_allocation_says_why(ns: Namespace) -> N
         ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=old, length=1, replicas=["w1"])])
     with pytest.raises(E.Conflict, match=f"block {theirs} was allocated for inode {g.id}, not for this file"):
         ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=theirs, length=1, replicas=["w1"])])
-    with pytest.raises(E.Conflict, match="another writer committed first"):
+    with pytest.raises(E.Conflict, match=f"block {young + 1000} was never allocated by this master"):
         ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=young + 1000, length=1, replicas=["w1"])])
+    # a block that was committed and then replaced by another writer's commit
+    ns.commit_file(g.id, 1, [pb.CommittedBlock(block_id=theirs, length=1, replicas=["w1"])])
+    newer, _ = ns.allocate_block(g.id)
+    ns.commit_file(g.id, 1, [pb.CommittedBlock(block_id=newer, length=1, replicas=["w1"])], replace=True)
+    with pytest.raises(E.Conflict, match="another writer committed first"):
+        ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=theirs, length=1, replicas=["w1"])])
     assert ns.resolve("/f").size == 0
     ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=young, length=1, replicas=["w1"])])
     assert list(ns.resolve("/f").blocks) == [young] and young not in ns.allocations
-    ns.allocations.forget(theirs)
     assert len(ns.allocations) == 0
 
 
@@ -777,16 +782,18 @@ def test_namespace_survives_reopen(tmp_path: Path) -> None:
     node, metas = ns.layout("/a/g")
     assert node.size == BLOCK + 1 and [m.block_id for m in metas] == blocks
     assert ns.count() == (5, 2)
-    assert len(ns.allocations) == 0  # allocations are not durable; their ids are not reused either
-    # a writer that allocated before the restart is told so, and nothing is committed
-    with pytest.raises(E.Conflict, match="allocated before the master restarted"):
-        ns.commit_file(node.id, 1, [pb.CommittedBlock(block_id=pending, length=1, replicas=["w1"])])
-    assert ns.layout("/a/g")[0].size == BLOCK + 1
+    # allocations are durable: a writer that allocated before the restart commits its block
+    assert ns.allocations.owner(pending) == node.id and len(ns.allocations) == 1
+    reopened_pending = pending
     # counters continue past everything handed out before, including the uncommitted block
     new_dir = ns.mkdir("/c")
     assert new_dir.id > max(ids.values())
     new_block, _ = ns.allocate_block(node.id)
     assert new_block > max(blocks + [pending])
+    committed = ns.commit_file(
+        node.id, BLOCK + 1, [pb.CommittedBlock(block_id=reopened_pending, length=BLOCK, replicas=["w1"]), pb.CommittedBlock(block_id=blocks[1], length=1, replicas=["w2"])]
+    )[0]
+    assert list(committed.blocks) == [pending, blocks[1]] and pending not in ns.allocations
     ns.store.close()
 
     # reopening many times without using ids still never goes backwards

@@ -1,0 +1,179 @@
+"""A master's part in high availability, kept in etcd: membership, eligibility, in-sync flags
+(Ling report §2.3.1; ``../shared/DESIGN.md``, "Leader/follower").
+
+Keys, under ``/pcache/<cluster>/``::
+
+    leader              address of the leader, under its lease (:mod:`.election`); the key's
+                        creation revision is the epoch
+    last                member id of the newest leader, written in the same transaction that
+                        won the term, so its mod revision is that term's epoch
+    members/<member>    address of each running master, under the master's own lease
+    insync/<member>     "<epoch>": this follower holds every mutation the leader of <epoch>
+                        acknowledged; written and removed only by that leader, in transactions
+                        that check it still holds the leader key
+
+A master may take over only when it holds every acknowledged mutation: it was the newest leader
+itself (``last`` is its id), or ``insync/<it>`` names the newest term (``last``'s mod revision),
+or the cluster never had a leader. The check and the win are one etcd transaction, so a
+follower marked out of sync a moment before can never win. The member id is kept in the
+master's data directory: a master restarted from an empty directory is a new member and can
+never be taken for an in-sync one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from typing import Any
+
+import aetcd
+
+from pcache.common.errors import Unavailable
+from pcache.master.election import ETCD_ERRORS, Election
+from pcache.master.replication import SyncFlags
+
+logger = logging.getLogger(__name__)
+
+
+def member_id(data_dir: str) -> str:
+    """This master's member id, made once and kept in ``data_dir/member-id``."""
+    path = os.path.join(data_dir, "member-id")
+    with contextlib.suppress(FileNotFoundError):
+        with open(path) as f:
+            known = f.read().strip()
+        if known:
+            return known
+    os.makedirs(data_dir, mode=0o700, exist_ok=True)
+    made = uuid.uuid4().hex[:12]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(made + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return made
+
+
+class HAControl(SyncFlags):
+    """Membership, eligibility and in-sync flags of one master of ``cluster`` in etcd.
+
+    ``endpoint`` is etcd's ``HOST:PORT``; ``ttl`` (seconds) is the leader lease (and the member
+    lease); every etcd call has ``timeout`` seconds.
+    """
+
+    def __init__(
+        self, endpoint: str, cluster: str, member: str, address: str, *, ttl: float, timeout: float = 2.0
+    ) -> None:
+        self.election = Election(endpoint, cluster, address, ttl=ttl, timeout=timeout)
+        self.cluster = cluster
+        self.member = member
+        self.address = address
+        self.timeout = timeout
+        self.prefix = f"/pcache/{cluster}/"
+        self._member_task: asyncio.Task | None = None
+
+    @property
+    def client(self) -> aetcd.Client:
+        return self.election.client
+
+    def _key(self, *parts: str) -> bytes:
+        return (self.prefix + "/".join(parts)).encode()
+
+    async def _etcd(self, coro: Any) -> Any:
+        try:
+            return await asyncio.wait_for(coro, self.timeout)
+        except ETCD_ERRORS as exc:
+            raise Unavailable(f"etcd at {self.election.endpoint}: {exc}") from exc
+
+    # ------------------------------------------------------- membership --
+
+    def start(self) -> None:
+        """Keep this master's ``members/`` key alive in the background."""
+        self._member_task = asyncio.ensure_future(self._keep_member())
+
+    async def _keep_member(self) -> None:
+        key = self._key("members", self.member)
+        while True:
+            try:
+                lease = await self._etcd(self.client.lease(max(2, int(round(self.election.ttl)))))
+                await self._etcd(self.client.put(key, self.address.encode(), lease=lease))
+                while True:
+                    await asyncio.sleep(self.election.ttl / 4)
+                    reply = await self._etcd(lease.refresh())
+                    if reply is None or reply.TTL <= 0:
+                        break  # expired: register again
+            except Unavailable as exc:
+                logger.warning("member key: %s", exc)
+                await asyncio.sleep(self.election.ttl / 4)
+
+    async def members(self) -> dict[str, str]:
+        """Running masters: member id -> address (this one included).
+
+        Raises:
+            Unavailable: etcd does not answer.
+        """
+        prefix = self._key("members", "")
+        found = await self._etcd(self.client.get_prefix(prefix))
+        return {kv.key[len(prefix) :].decode(): kv.value.decode() for kv in found}
+
+    async def close(self) -> None:
+        """Resign, drop the member key, close the connection."""
+        if self._member_task is not None:
+            self._member_task.cancel()
+        with contextlib.suppress(Unavailable):
+            await self._etcd(self.client.delete(self._key("members", self.member)))
+        await self.election.close()
+
+    # ------------------------------------------------------ eligibility --
+
+    async def guard(self) -> tuple[list[Any], list[Any]] | None:
+        """The campaign condition (see the module docstring); None when this master may not lead."""
+        tx = self.client.transactions
+        last_key = self._key("last")
+        last = await self._etcd(self.client.get(last_key))
+        win = [tx.put(last_key, self.member.encode())]
+        if last is None:
+            return [tx.version(last_key) == 0], win
+        compare = [tx.mod(last_key) == last.mod_revision]
+        if last.value.decode() == self.member:
+            return compare, win
+        flag_key = self._key("insync", self.member)
+        flag = await self._etcd(self.client.get(flag_key))
+        if flag is None or flag.value.decode() != str(last.mod_revision):
+            return None
+        return [*compare, tx.value(flag_key) == str(last.mod_revision).encode()], win
+
+    async def eligibility(self) -> str:
+        """Why this master may or may not take over, in words (for ``pcache status``)."""
+        try:
+            guard = await self.guard()
+        except Unavailable as exc:
+            return f"unknown ({exc})"
+        return "may take over" if guard is not None else "out of sync: may not take over"
+
+    # --------------------------------------------------------- in sync --
+
+    async def _flag(self, member: str, *, set_it: bool) -> bool:
+        tx = self.client.transactions
+        epoch = self.election.epoch
+        if not self.election.is_leader():
+            return False
+        flag_key = self._key("insync", member)
+        op = tx.put(flag_key, str(epoch).encode()) if set_it else tx.delete(flag_key)
+        try:
+            ok, _ = await self._etcd(
+                self.client.transaction(compare=[tx.create(self.election.key) == epoch], success=[op], failure=[])
+            )
+        except Unavailable as exc:
+            logger.warning("in-sync flag of %s not %s: %s", member, "set" if set_it else "cleared", exc)
+            return False
+        return bool(ok)
+
+    async def set_in_sync(self, member: str) -> bool:
+        return await self._flag(member, set_it=True)
+
+    async def clear_in_sync(self, member: str) -> bool:
+        return await self._flag(member, set_it=False)

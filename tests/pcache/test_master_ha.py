@@ -1,0 +1,301 @@
+"""Master high availability on a real etcd with real processes: a leader and a follower,
+SIGKILL and SIGSTOP of the leader, a follower killed or wiped, etcd stopped (issue #14)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pcache.client import Client
+from pcache.common import errors as E
+from pcache.common.config import ClientConfig
+from pcache.local import LocalCluster, Proc
+from pcache.proto import pcache_pb2 as pb
+from pcache.testing.faults import wait_for
+from tests.conftest import FAST_MASTER
+
+pytestmark = pytest.mark.skipif(
+    not any(os.access(os.path.join(d, "etcd"), os.X_OK) for d in os.environ.get("PATH", "").split(":")),
+    reason="etcd is not installed (apt-get install etcd-server; .ci/run installs it)",
+)
+
+HA_MASTER = [*FAST_MASTER, "--master.lease_ttl=2", "--master.ack_timeout=1"]
+
+
+@pytest.fixture
+def make_ha(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    clusters: list[LocalCluster] = []
+
+    def make(workers: int = 2, masters: int = 2, master_args: list[str] | None = None) -> LocalCluster:
+        cluster = LocalCluster(
+            str(tmp_path / f"ha{len(clusters)}"), workers=workers, masters=masters,
+            master_args=[*HA_MASTER, *(master_args or [])],
+        )  # fmt: skip
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
+
+
+def client_of(cluster: LocalCluster, **kwargs) -> Client:
+    return Client(ClientConfig(master=cluster.master_address, **kwargs))
+
+
+def index_of(cluster: LocalCluster, proc: Proc) -> int:
+    return cluster.master_procs.index(proc)
+
+
+def follower_of(cluster: LocalCluster, leader: Proc) -> Proc:
+    return next(p for p in cluster.master_procs if p is not leader)
+
+
+def role_of(cluster: LocalCluster, proc: Proc) -> pb.MasterRole:
+    with Client(ClientConfig(master=proc.address, rpc_timeout=2.0)) as pc:
+        ((_, status),) = pc.master_statuses()
+        assert isinstance(status, pb.ClusterStatus), status
+        return status.master
+
+
+# ------------------------------------------------------------------ writers --
+
+
+class Writer(threading.Thread):
+    """Creates, writes, renames and deletes files under its own directory, and keeps a model of
+    what must be there: only acknowledged operations change the model."""
+
+    def __init__(self, cluster: LocalCluster, wid: int, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.wid, self.stop = cluster, wid, stop
+        self.model: dict[str, bytes] = {}
+        self.gone: set[str] = set()
+        self.errors: list[BaseException] = []
+        self.ops = 0
+        self.worst = 0.0
+
+    def run(self) -> None:
+        rng = random.Random(self.wid)
+        base = f"/w{self.wid}"
+        try:
+            with client_of(self.cluster) as pc:
+                pc.mkdir(base, parents=True)
+                n = 0
+                while not self.stop.is_set():
+                    start = time.monotonic()
+                    choice = rng.random()
+                    if choice < 0.55 or len(self.model) < 3:
+                        path = f"{base}/f{n}"
+                        n += 1
+                        data = rng.randbytes(rng.choice([0, 1, 4096, 70_000]))
+                        pc.write_file(path, data)
+                        self.model[path] = data
+                        self.gone.discard(path)
+                    elif choice < 0.8:
+                        src = rng.choice(sorted(self.model))
+                        dst = f"{base}/r{n}"
+                        n += 1
+                        pc.rename(src, dst)
+                        self.model[dst] = self.model.pop(src)
+                        self.gone.add(src)
+                    else:
+                        victim = rng.choice(sorted(self.model))
+                        pc.unlink(victim)
+                        del self.model[victim]
+                        self.gone.add(victim)
+                    self.ops += 1
+                    self.worst = max(self.worst, time.monotonic() - start)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+
+def check_models(cluster: LocalCluster, writers: list[Writer]) -> None:
+    with client_of(cluster) as pc:
+        for w in writers:
+            listed = {f"/w{w.wid}/{e.name}" for e in pc.listdir(f"/w{w.wid}")}
+            assert listed == set(w.model), f"writer {w.wid}: listing differs from the acknowledged operations"
+            for path, data in w.model.items():
+                assert pc.read_file(path) == data, path
+            for path in w.gone:
+                assert not pc.exists(path), f"{path} was renamed or deleted, and is back"
+
+
+@pytest.mark.slow
+def test_eight_writers_survive_five_leader_kills(make_ha) -> None:
+    cluster = make_ha(workers=2)
+    stop = threading.Event()
+    writers = [Writer(cluster, i, stop) for i in range(8)]
+    for w in writers:
+        w.start()
+    rng = random.Random(14)
+    stalls = []
+    try:
+        for _ in range(5):
+            time.sleep(rng.uniform(0.5, 2.5))
+            leader = cluster.leader()
+            before = sum(w.ops for w in writers)
+            killed_at = time.monotonic()
+            cluster.kill(leader, signal.SIGKILL)
+            new = cluster.leader(timeout=20)
+            assert new is not leader
+            wait_for(lambda b=before: sum(w.ops for w in writers) > b + 8, 30, "writers go on after the failover")
+            stalls.append(time.monotonic() - killed_at)
+            cluster.start_ha_master(index_of(cluster, leader))  # back as the follower
+            cluster.wait_in_sync(timeout=30)
+            assert not any(w.errors for w in writers), [w.errors for w in writers]
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(60)
+    assert not any(w.errors for w in writers), [repr(e) for w in writers for e in w.errors]
+    total = sum(w.ops for w in writers)
+    worst = max(w.worst for w in writers)
+    print(f"\n{total} acknowledged operations; longest client stall {worst:.2f} s;"
+          f" kill -> writers going again: {', '.join(f'{s:.2f}' for s in stalls)} s")  # fmt: skip
+    assert total > 100
+    check_models(cluster, writers)
+    # and the follower that took over last has the same namespace as the one it replaced
+    leader = cluster.leader()
+    cluster.kill(leader, signal.SIGKILL)
+    cluster.leader(timeout=20)
+    check_models(cluster, writers)
+
+
+def test_sigstopped_leader_is_fenced_after_its_lease(make_ha) -> None:
+    cluster = make_ha(workers=2)
+    with client_of(cluster) as pc:
+        pc.write_file("/before", b"1")
+        old = cluster.leader()
+        old_epoch = role_of(cluster, old)
+        os.kill(old.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            pc.write_file("/during", b"2")  # waits out the lease, then goes to the new leader
+            print(f"\nfirst mutation {time.monotonic() - t0:.2f} s after SIGSTOP")
+            new = cluster.leader()
+            assert new is not old
+            new_epoch = pc.status().epoch
+        finally:
+            os.kill(old.pid, signal.SIGCONT)
+        assert old_epoch.role == "leader" and new_epoch > pc.status().epoch - 1
+        # the old leader, resumed, takes no mutation and no read: it knows its lease ran out
+        with Client(ClientConfig(master=old.address, failover_timeout=0, rpc_timeout=3.0)) as direct:
+            with pytest.raises(E.NotLeader):
+                direct.write_file("/from-old", b"x")
+            with pytest.raises(E.NotLeader):
+                direct.stat("/before")
+        assert role_of(cluster, old).role == "follower"
+        assert pc.read_file("/before") == b"1" and pc.read_file("/during") == b"2"
+        assert not pc.exists("/from-old")
+        # it catches up as a follower and may take over again
+        cluster.wait_in_sync(timeout=30)
+        pc.write_file("/after", b"3")
+        cluster.kill(new, signal.SIGKILL)
+        assert pc.read_file("/after") == b"3" and cluster.leader() is old
+
+
+def test_worker_runs_commands_only_from_the_newest_leader() -> None:
+    """Worker-side fencing: commands from a follower or an older epoch are dropped."""
+    from pcache.worker.server import MasterLink, WorkerServer
+
+    worker = WorkerServer.__new__(WorkerServer)  # no I/O needed: accept_commands is pure
+    worker.epoch = 0
+    delete = pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=7)
+    old = MasterLink("a:1", None, None, epoch=5, leader=True)  # type: ignore[arg-type]
+    new = MasterLink("b:1", None, None, epoch=9, leader=True)  # type: ignore[arg-type]
+    assert worker.accept_commands(old, pb.HeartbeatResponse(epoch=5, leader=True, commands=[delete])) == [delete]
+    assert worker.accept_commands(new, pb.HeartbeatResponse(epoch=9, leader=True)) == []
+    assert worker.epoch == 9
+    # the deposed leader still thinks it leads: its DELETE is ignored
+    assert worker.accept_commands(old, pb.HeartbeatResponse(epoch=5, leader=True, commands=[delete])) == []
+    follower = MasterLink("c:1", None, None, epoch=9, leader=False)  # type: ignore[arg-type]
+    assert worker.accept_commands(follower, pb.HeartbeatResponse(epoch=9, leader=False, commands=[delete])) == []
+    assert worker.accept_commands(new, pb.HeartbeatResponse(epoch=9, leader=True, commands=[delete])) == [delete]
+
+
+def test_follower_killed_restarted_and_wiped_catches_up(make_ha) -> None:
+    cluster = make_ha(workers=2, master_args=["--master.log_tail_entries=50"])
+    leader = cluster.leader()
+    follower = follower_of(cluster, leader)
+    with client_of(cluster) as pc:
+        pc.mkdir("/alone")
+        cluster.kill(follower, signal.SIGKILL)
+        t0 = time.monotonic()
+        for i in range(10):
+            pc.write_file(f"/alone/{i}", bytes([i]) * 100)
+        print(f"\n10 writes with the follower dead: {time.monotonic() - t0:.2f} s")
+        status = pc.status().master
+        assert status.role == "leader" and status.alone
+        assert not any(f.in_sync for f in status.followers)
+        # back: it catches up from the log tail (10 files are more than 50 entries: a checkpoint)
+        cluster.start_ha_master(index_of(cluster, follower))
+        cluster.wait_in_sync(timeout=30)
+        status = pc.status().master
+        assert not status.alone and status.followers[0].lag == 0
+        # a short absence is caught up from the tail
+        follower = follower_of(cluster, leader)
+        cluster.kill(follower, signal.SIGKILL)
+        pc.write_file("/short", b"s")
+        cluster.start_ha_master(index_of(cluster, follower))
+        cluster.wait_in_sync(timeout=30)
+        # wiped: a new member with an empty metastore gets a checkpoint
+        follower = follower_of(cluster, leader)
+        cluster.kill(follower, signal.SIGKILL)
+        for i in range(60):
+            pc.mkdir(f"/more/{i}", parents=True)
+        cluster.start_ha_master(index_of(cluster, follower), wipe=True)
+        cluster.wait_in_sync(timeout=60)
+        assert "installed the leader's checkpoint" in follower_of(cluster, leader).log.read_text()
+        # the wiped-and-refilled follower takes over with everything
+        cluster.kill(leader, signal.SIGKILL)
+        assert cluster.leader(timeout=20) is not leader
+        assert [pc.read_file(f"/alone/{i}") for i in range(10)] == [bytes([i]) * 100 for i in range(10)]
+        assert pc.read_file("/short") == b"s" and len(pc.listdir("/more")) == 60
+
+
+def test_etcd_stopped_no_split_brain_reads_go_on(make_ha) -> None:
+    cluster = make_ha(workers=2)
+    assert cluster.etcd is not None
+    with client_of(cluster, failover_timeout=3.0) as pc:
+        payload = random.Random(3).randbytes(3 << 20)
+        pc.write_file("/open-me", payload)
+        with pc.open("/open-me", "rb") as f:
+            first = f.read(1 << 20)
+            os.kill(cluster.etcd.proc.pid, signal.SIGSTOP)
+            try:
+                time.sleep(4)  # longer than the lease: the leader must have stepped down
+                roles = [role_of(cluster, p).role for p in cluster.master_procs]
+                assert roles.count("leader") == 0, roles
+                with pytest.raises((E.Unavailable, E.Timeout)):
+                    pc.write_file("/no-leader", b"x")
+                assert f.read() == payload[1 << 20 :] and first == payload[: 1 << 20]  # the open file reads on
+            finally:
+                os.kill(cluster.etcd.proc.pid, signal.SIGCONT)
+    with client_of(cluster) as pc:
+        pc.write_file("/resumed", b"ok")  # etcd back: a leader again
+        assert pc.read_file("/resumed") == b"ok" and not pc.exists("/no-leader")
+        roles = [role_of(cluster, p).role for p in cluster.master_procs]
+        assert sorted(roles) == ["follower", "leader"]
+
+
+def test_file_open_for_writing_across_a_failover(make_ha) -> None:
+    cluster = make_ha(workers=2)
+    block = 1 << 20
+    chunks = [random.Random(i).randbytes(block) for i in range(6)]
+    with client_of(cluster) as pc:
+        with pc.open("/across", "wb", block_size=block) as f:
+            for chunk in chunks[:3]:
+                f.write(chunk)
+            f.flush()
+            cluster.kill(cluster.leader(), signal.SIGKILL)
+            for chunk in chunks[3:]:
+                f.write(chunk)
+        assert pc.read_file("/across") == b"".join(chunks)
+        assert pc.stat("/across").size == 6 * block
