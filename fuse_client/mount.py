@@ -153,7 +153,7 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
         kwargs: dict = {
             "foreground": True,
             "nothreads": False,
-            "fsname": f"pcache:{client_cfg.master}",
+            "fsname": "pcache:" + client_cfg.master.replace(",", "+"),  # a comma would split the -o options
             "subtype": "pcache",
             "default_permissions": True,
             "attr_timeout": opts.attr_timeout,

@@ -155,7 +155,7 @@ class LocalCluster:
             import shutil
 
             shutil.rmtree(data, ignore_errors=True)
-        port = self._master_ports.get(index, 0)
+        port = self._master_ports.get(index, self.master_port + index if self.master_port else 0)
         args = self._base("master") + [
             f"--master.data_dir={data}",
             f"--master.port={port}",

@@ -27,6 +27,7 @@ def status(ctx: click.Context, as_json: bool) -> int:
             )
         )
     else:
+        _echo_masters(st.master)
         alive = sum(1 for w in st.workers if w.alive)
         click.echo(f"epoch {st.epoch}  workers {alive}/{len(st.workers)} alive  inodes {st.inodes}  blocks {st.blocks}")
         click.echo(
@@ -44,6 +45,26 @@ def status(ctx: click.Context, as_json: bool) -> int:
                 f"{state:<6} {info.used_bytes:>12} {info.free_bytes:>14} {info.inflight:>8} {info.mem_tier_hit_ratio:>8.2f}"
             )
     return EXIT_PARTIAL if st.missing_blocks or st.corrupt_blocks else EXIT_OK
+
+
+def _echo_masters(role) -> None:
+    """The leader and its followers: role, member, epoch's log position, sync state and lag."""
+    if role.role == "standalone" or not role.role:
+        click.echo(f"master {role.address} (standalone, log index {role.applied_index})")
+        return
+    click.echo(f"leader {role.address} (member {role.member}, log index {role.applied_index})")
+    if role.alone:
+        click.echo(
+            "  ALONE: no in-sync follower; acknowledged changes live on the leader only, and a failover"
+            " must wait for it"
+        )
+    for f in role.followers:
+        sync = "in sync" if f.in_sync else "OUT OF SYNC"
+        age = f"{f.last_contact_age:.1f} s ago" if f.last_contact_age >= 0 else "never"
+        click.echo(
+            f"  follower {f.address} (member {f.member}): {sync}, {f.state}, lag {f.lag} entries, "
+            f"applied {f.applied_index}, last answer {age}"
+        )
 
 
 COMMANDS = [status]

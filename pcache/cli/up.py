@@ -21,6 +21,12 @@ from pcache.common.process import die_with_parent, process_alive, stop_process
 )
 @click.option("--data-dir", default=None, help="Root of the cluster's data (default from [cluster]).")
 @click.option("--workers", type=click.IntRange(0, 256), default=None, help="Worker processes to start.")
+@click.option(
+    "--masters",
+    type=click.IntRange(1, 5),
+    default=None,
+    help="Masters: 1 alone (default); 2 or 3 a leader + followers on an etcd started here.",
+)
 @click.option("--port", type=int, default=None, help="Master port (default 19600; 0 picks a free one).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config for every process.")
 @click.option("--mount", "mount_dir", type=click.Path(file_okay=False), help="Also mount the cluster here (FUSE).")
@@ -29,6 +35,7 @@ def up(
     ctx: click.Context,
     data_dir: str | None,
     workers: int | None,
+    masters: int | None,
     port: int | None,
     config_path: str | None,
     mount_dir: str | None,
@@ -50,6 +57,7 @@ def up(
     cluster = LocalCluster(
         data_dir=root,
         workers=workers if workers is not None else cfg.cluster.workers,
+        masters=masters if masters is not None else cfg.cluster.masters,
         master_port=port if port is not None else cfg.master.port,
         config=config_path,
         master_args=master_args,
@@ -66,14 +74,20 @@ def up(
             mount_proc = _mount(cluster, mount_dir)
             click.echo(f"mount    {mount_dir}  (log {cluster.root / 'logs' / 'mount.log'})")
         cluster.write_manifest(**({"mount": os.path.abspath(mount_dir)} if mount_dir else {}))
-        click.echo(f"master   {cluster.master_address}")
+        if cluster.etcd is not None:
+            click.echo(f"etcd     {cluster.etcd.endpoint}  (data {cluster.etcd.data_dir})")
+            for proc in cluster.master_procs:
+                click.echo(f"{proc.name:<8} {proc.address}  (data {cluster.root / proc.name})")
+            click.echo(f"masters  {cluster.master_address}  (leader: {cluster.leader().name}; see pcache status)")
+        else:
+            click.echo(f"master   {cluster.master_address}")
         for proc in cluster.worker_procs:
             click.echo(f"{proc.name:<8} {proc.address}  (data {cluster.root / proc.name})")
         click.echo(f"manifest {cluster.root / 'cluster.json'}; logs in {cluster.root / 'logs'}")
         click.echo("cluster is up; Ctrl-C or SIGTERM stops it", err=True)
         reported: set[str] = set()
         while not stop.wait(1.0):
-            for child in [cluster.master, *cluster.worker_procs]:
+            for child in [cluster.master, *cluster.master_procs, *cluster.worker_procs]:
                 if child is not None and not child.alive() and child.name not in reported:
                     reported.add(child.name)
                     click.echo(f"pcache up: {child.name} exited; see {child.log}", err=True)
@@ -90,10 +104,11 @@ def _running_master(root: str) -> int | None:
     from pcache.local import read_manifest
 
     try:
-        pid = int(read_manifest(root)["pids"]["master"])
-    except (PCacheError, KeyError, ValueError):
+        pids = read_manifest(root)["pids"]
+        masters = [int(pid) for name, pid in pids.items() if name == "master" or name.startswith("master-")]
+    except (PCacheError, KeyError, ValueError, AttributeError):
         return None
-    return pid if process_alive(pid) else None
+    return next((pid for pid in masters if process_alive(pid)), None)
 
 
 def _mount(cluster, mount_dir: str) -> subprocess.Popen:

@@ -180,6 +180,9 @@ class ClusterConfig:
     """Root directory of a local cluster (master metadata and one dir per worker)."""
     workers: int = 3
     """Worker processes `pcache up` starts."""
+    masters: int = 1
+    """Masters `pcache up` starts: 1 runs one master alone; 2 or 3 a leader and followers on an etcd
+    it starts too (the ``etcd`` binary, Debian package etcd-server)."""
     worker_capacity_bytes: int = 0
     """Quota per worker; 0 means free disk."""
     start_timeout: float = 30.0
@@ -327,6 +330,7 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("client", "block_size"): (0, MAX_BLOCK_SIZE),
     ("client", "replication"): (0, MAX_REPLICATION),
     ("cluster", "workers"): (0, 256),
+    ("cluster", "masters"): (1, 5),
 }
 
 

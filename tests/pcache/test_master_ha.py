@@ -299,3 +299,37 @@ def test_file_open_for_writing_across_a_failover(make_ha) -> None:
                 f.write(chunk)
         assert pc.read_file("/across") == b"".join(chunks)
         assert pc.stat("/across").size == 6 * block
+
+
+def test_babel_and_checkpoints_take_the_master_list(make_ha, tmp_path: Path) -> None:
+    """``pcache://a,b/...`` in Babel and ckpt_adapter: a leader killed between two saves and two
+    syncs costs a stall, not an error."""
+    import asyncio
+
+    import torch
+
+    from babel.sync import run_sync
+    from ckpt_adapter import CheckpointManager
+
+    cluster = make_ha(workers=2)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(20):
+        (src / f"part-{i}").write_bytes(random.Random(i).randbytes(10_000 + i))
+    uri = f"pcache://{cluster.master_address}"
+    first = asyncio.run(run_sync(f"file://{src}", f"{uri}/data", state_dir=str(tmp_path / "state")))
+    weights = {"w": torch.arange(16.0).reshape(4, 4)}
+    mgr = CheckpointManager(f"{uri}/ckpt", {"model": weights}, keep_last=0)
+    assert mgr.save(1)
+    cluster.kill(cluster.leader(), signal.SIGKILL)
+    (src / "part-new").write_bytes(b"after the failover")
+    second = asyncio.run(run_sync(f"file://{src}", f"{uri}/data", state_dir=str(tmp_path / "state")))
+    weights["w"] += 1
+    assert mgr.save(2)
+    assert first.copied == 20 and second.copied == 1 and not second.failed
+    restored = {"w": torch.zeros(4, 4)}
+    assert CheckpointManager(f"{uri}/ckpt", {"model": restored}).load(2)
+    assert torch.equal(restored["w"], torch.arange(16.0).reshape(4, 4) + 1)
+    with client_of(cluster) as pc:
+        assert pc.read_file("/data/part-new") == b"after the failover"
+        assert len(pc.listdir("/data")) == 21

@@ -791,7 +791,12 @@ def test_namespace_survives_reopen(tmp_path: Path) -> None:
     new_block, _ = ns.allocate_block(node.id)
     assert new_block > max(blocks + [pending])
     committed = ns.commit_file(
-        node.id, BLOCK + 1, [pb.CommittedBlock(block_id=reopened_pending, length=BLOCK, replicas=["w1"]), pb.CommittedBlock(block_id=blocks[1], length=1, replicas=["w2"])]
+        node.id,
+        BLOCK + 1,
+        [
+            pb.CommittedBlock(block_id=reopened_pending, length=BLOCK, replicas=["w1"]),
+            pb.CommittedBlock(block_id=blocks[1], length=1, replicas=["w2"]),
+        ],
     )[0]
     assert list(committed.blocks) == [pending, blocks[1]] and pending not in ns.allocations
     ns.store.close()
