@@ -298,6 +298,16 @@ class LocalCluster:
                 {"name": p.name, "address": p.address, "data_dir": str(self.root / p.name)} for p in self.worker_procs
             ],
             **({"etcd": self.etcd.endpoint} if self.etcd else {}),
+            **(
+                {
+                    "masters": [
+                        {"name": p.name, "address": p.address, "pid": p.pid, "data_dir": str(self.root / p.name)}
+                        for p in self.master_procs
+                    ]
+                }  # fmt: skip
+                if self.master_procs
+                else {}
+            ),
             **extra,
         }
         path = self.root / "cluster.json"

@@ -3,7 +3,8 @@
 Every part is a real process on loopback, started here and stopped at the end:
 
 1. two S3 "regions": moto's server (region A) and ``rclone serve s3`` (region B), and a PCache
-   cluster from ``deploy/local/pcache.toml`` (``pcache up``: master + 3 workers, FUSE mount);
+   cluster from ``deploy/local/pcache.toml`` (``pcache up --masters 2``: a leader and a follower
+   master on an etcd, 3 workers, FUSE mount; one master alone when ``etcd`` is not installed);
 2. token shards built from the Python standard library's sources (``python -m trainer_ref.data
    build``) and uploaded to region A with ``babel sync``;
 3. ``babel sync`` region A -> ``pcache://`` (runtime CRC32C, metadata and sampled verification),
@@ -11,8 +12,9 @@ Every part is a real process on loopback, started here and stopped at the end:
    shard on a worker's disk is caught by a same-host reader, never served, and repaired;
 4. the reference Ling MoE trainer, 2 data-parallel ranks under ``trainer_ref.launch``, reading the
    shards through the mount and saving asynchronous checkpoints through ``ckpt_adapter``;
-5. rank 1 killed with SIGKILL mid-run: the supervisor restarts both ranks from the newest complete
-   checkpoint and the run finishes;
+5. the leader master killed with SIGKILL at 35% of the steps (the follower takes over; the stall
+   it caused is reported), then rank 1 killed with SIGKILL: the supervisor restarts both ranks
+   from the newest complete checkpoint and the run finishes;
 6. the newest committed checkpoint synced PCache -> region B (data first, ``.metadata`` last);
 7. that checkpoint synced back from region B to local disk, loaded with the stock
    ``torch.distributed.checkpoint`` reader and compared tensor by tensor with the trainer's final
@@ -101,6 +103,7 @@ class Demo:
         self.cluster_dir = self.work / "pcache"
         self.run_dir = self.work / "run"
         self.master = ""
+        self.masters = 2 if shutil.which("etcd") else 1  # a leader + follower pair needs etcd
         self.checks: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ helpers --
@@ -173,7 +176,7 @@ class Demo:
             self.up = subprocess.Popen(
                 [*die_with_parent(signal.SIGTERM),  # a demo killed with -9 still stops its cluster
                  sys.executable, "-m", "pcache", "up", "--config", str(PCACHE_TOML), "--data-dir",
-                 str(self.cluster_dir), "--port", "0", "--mount", str(self.mnt)],
+                 str(self.cluster_dir), "--port", "0", "--masters", str(self.masters), "--mount", str(self.mnt)],
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
             )  # fmt: skip
         manifest = self.cluster_dir / "cluster.json"
@@ -189,15 +192,19 @@ class Demo:
                 raise StageError(f"pcache up did not come up within 90 s:\n{tail(log_path)}")
             time.sleep(0.1)
         self.master = doc["master"]
+        if self.masters == 1:
+            log("      etcd is not installed (Debian package etcd-server): one master alone, no leader kill")
         took = time.monotonic() - t0
         log(f"      region A  moto            {self.servers[0].endpoint}  (bucket datasets)")
         log(
             f"      region B  rclone serve s3 {self.servers[1].endpoint}  (bucket checkpoints, on {self.work}/region-b)"
         )
-        log(f"      PCache    master {self.master}, {len(doc['workers'])} workers, mounted at {self.mnt}")
+        which = "masters (leader + follower, etcd " + doc["etcd"] + ")" if doc.get("etcd") else "master"
+        log(f"      PCache    {which} {self.master}, {len(doc['workers'])} workers, mounted at {self.mnt}")
         self.result["services"] = {
             "region_a": self.servers[0].endpoint, "region_b": self.servers[1].endpoint, "master": self.master,
             "workers": len(doc["workers"]), "mount": str(self.mnt), "start_seconds": took,
+            "masters": self.masters,
         }  # fmt: skip
 
     def dataset_to_region_a(self) -> None:
@@ -289,11 +296,18 @@ class Demo:
                                             env={**self.env, "TRAINER_THREADS": "1"}, start_new_session=True)  # fmt: skip
         beat = self.run_dir / "heartbeat-rank1.json"
         killed: dict = {}
+        leader_killed: dict = {}
+        leader_kill_at = max(1, int(self.steps * 0.35)) if self.masters > 1 else None
         deadline = time.monotonic() + 900
         while self.trainer.poll() is None:
             if time.monotonic() > deadline:
                 raise StageError(f"training did not finish within 900 s:\n{tail(log_path)}")
-            if not killed:
+            if leader_kill_at is not None and not leader_killed:
+                with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                    doc = json.loads(beat.read_text())
+                    if doc.get("step", -1) >= leader_kill_at and doc.get("state") == "training":
+                        leader_killed = self.kill_leader(doc["step"])
+            elif not killed:
                 with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
                     doc = json.loads(beat.read_text())
                     if doc.get("step", -1) >= self.kill_at and doc.get("state") == "training":
@@ -315,6 +329,13 @@ class Demo:
         attempts = _attempts(rows)
         resumed_from = attempts[1][0]["step"] - 1 if len(attempts) > 1 else None
         self.checks["rank killed mid-run"] = bool(killed)
+        stall = _stall_after(rows, leader_killed["time"], until=killed.get("time")) if leader_killed else None
+        if self.masters > 1:
+            self.checks["leader master killed mid-run"] = bool(leader_killed)
+            self.checks["training went on across the failover"] = stall is not None and stall < 60
+            if leader_killed and stall is not None:
+                log(f"      leader {leader_killed['name']} SIGKILLed at step {leader_killed['step']}: the follower took"
+                    f" over (epoch {leader_killed['epoch_after']}); longest step gap after it {stall:.1f} s")  # fmt: skip
         self.checks["supervisor recovered and finished"] = bool(recovered) and events[-1]["event"] == "finished"
         self.checks["trained to the last step"] = summary["step"] == self.steps
         curve = _loss_curve(rows)
@@ -332,10 +353,32 @@ class Demo:
             "failure": failures[0]["reason"] if failures else "", "resumed_from_step": resumed_from,
             "recovery_seconds": recovered[0]["recovery_seconds"] if recovered else None,
             "first_loss": curve[0][1], "last_loss": curve[-1][1], "tokens_per_s_median": tok_s,
+            "leader_killed": leader_killed, "failover_stall_seconds": stall,
             "ckpt_blocked_s_median": statistics.median(blocked) if blocked else None,
             "events": [e["event"] for e in events], "ckpt_uri": ckpt_uri,
         }  # fmt: skip
         self.curve, self.rows = curve, rows
+
+    def kill_leader(self, step: int) -> dict:
+        """SIGKILL the leader master (``pcache up`` restarts it as the follower); returns what happened."""
+        from pcache.client import Client
+        from pcache.common.config import ClientConfig
+
+        doc = json.loads((self.cluster_dir / "cluster.json").read_text())
+        with Client(ClientConfig(master=self.master, rpc_timeout=2.0)) as pc:
+            statuses = pc.master_statuses()
+            leader = next(a for a, st in statuses if not isinstance(st, Exception) and st.master.role == "leader")
+            proc = next(m for m in doc["masters"] if m["address"] == leader)
+            before = pc.status().epoch
+            t0 = time.time()
+            os.kill(proc["pid"], signal.SIGKILL)
+            log(f"[5/8] SIGKILL to the leader master {proc['name']} (pid {proc['pid']}) at step {step}")
+            pc.mkdir("/.demo-failover", parents=True)  # the first mutation after the kill: on the new leader
+            took = time.time() - t0
+            after = pc.status().epoch
+        log(f"      a client's next mutation succeeded {took:.1f} s after the kill (epoch {before} -> {after})")
+        return {"name": proc["name"], "pid": proc["pid"], "step": step, "time": t0, "first_mutation_s": took,
+                "epoch_before": before, "epoch_after": after}  # fmt: skip
 
     def checkpoint_to_region_b(self) -> str:
         """Stage 6: the newest committed checkpoint PCache -> region B; data first, ``.metadata`` last."""
@@ -416,6 +459,15 @@ def _stop_group(proc: subprocess.Popen, grace: float) -> None:
     stop_process(proc, grace=grace, group=True)
 
 
+def _stall_after(rows: list[dict], when: float, *, until: float | None = None, window: float = 60.0) -> float | None:
+    """The longest gap (seconds) between two consecutive logged steps of rank 0 from ``when`` on,
+    for ``window`` seconds and not past ``until`` (the rank kill, whose restart gap is its own)."""
+    end = min(when + window, until) if until else when + window
+    times = sorted(r["time"] for r in rows if r.get("time"))
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b >= when and a <= end]
+    return max(gaps) if gaps else None
+
+
 def _loss_curve(rows: list[dict]) -> list[tuple[int, float]]:
     """(step, loss) of the updates that count: after a restart the resumed attempt's rows win."""
     by_step: dict[int, float] = {}
@@ -479,6 +531,10 @@ def print_summary(demo: Demo, seconds: float) -> None:
         f"blocked the step {tr['ckpt_blocked_s_median'] or 0:.2f} s (median)")  # fmt: skip
     log(f"  recovery            {tr['failure'] or 'no failure'}; resumed from step {tr['resumed_from_step']}, "
         f"training again after {tr['recovery_seconds'] or 0:.1f} s")  # fmt: skip
+    if tr.get("leader_killed"):
+        lk = tr["leader_killed"]
+        log(f"  master failover     leader SIGKILLed at step {lk['step']}: next mutation after "
+            f"{lk['first_mutation_s']:.1f} s, longest training step gap {tr['failover_stall_seconds'] or 0:.1f} s")  # fmt: skip
     for what, rep in [("dataset -> region A", ds["upload"]), ("region A -> PCache", ds["to_pcache"]),
                       ("ckpt PCache -> region B", ck["data"]), ("ckpt region B -> local", r["restore"]["sync"])]:  # fmt: skip
         v = rep["verification"]

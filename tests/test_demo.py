@@ -43,9 +43,10 @@ def leftovers(work_dir: str) -> list[str]:
 def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_at: int) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert s["status"] == 0 and s["checks"] and all(s["checks"].values()), s["checks"]
-    assert len(s["checks"]) == 12
-    # 1: two regions and a cluster of a master and 3 workers with a mount
+    assert len(s["checks"]) == 14  # 12, and 2 for the leader master's SIGKILL
+    # 1: two regions and a cluster of a leader + follower pair and 3 workers with a mount
     assert s["services"]["workers"] == 3 and s["services"]["region_a"] != s["services"]["region_b"]
+    assert s["services"]["masters"] == 2
     # 2-3: the shards went local -> A -> PCache with every object CRC'd in-stream and checked
     for rep in (s["dataset"]["upload"], s["dataset"]["to_pcache"]):
         v = rep["verification"]
@@ -62,6 +63,10 @@ def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_
     assert 0 < tr["resumed_from_step"] <= tr["killed"]["step"] and tr["resumed_from_step"] % 10 == 0
     assert tr["recovery_seconds"] > 0 and tr["last_loss"] < tr["first_loss"] - 1.0
     assert tr["tokens_per_s_median"] > 0
+    # 5: the leader master SIGKILLed mid-run, before the rank: the follower took over
+    lk = tr["leader_killed"]
+    assert 0 < lk["step"] < tr["killed"]["step"] and lk["epoch_after"] > lk["epoch_before"]
+    assert 0 < lk["first_mutation_s"] < 30 and tr["failover_stall_seconds"] is not None
     # 6: the newest checkpoint (the last step) went to region B, data sampled, nothing failed
     ck = s["checkpoint"]
     assert ck["name"] == f"step-{steps:08d}" and ck["region_b"].startswith("s3://checkpoints/")

@@ -9,6 +9,8 @@ from google.protobuf.json_format import MessageToDict
 
 from pcache.cli.common import resolve_master
 from pcache.common.cli import EXIT_OK, EXIT_PARTIAL
+from pcache.common.config import ClientConfig
+from pcache.common.errors import PCacheError, Unavailable
 
 
 @click.command(epilog="Example: pcache status --json")
@@ -18,8 +20,22 @@ def status(ctx: click.Context, as_json: bool) -> int:
     """Show the cluster's workers and block health; exit 1 if any block is missing or corrupt."""
     from pcache.client import Client
 
-    with Client(master=resolve_master(ctx)) as pc:
-        st = pc.status()
+    master = resolve_master(ctx)
+    many = "," in master
+    with Client(ClientConfig(master=master, failover_timeout=5.0 if many else 0.0)) as pc:
+        try:
+            st = pc.status()
+        except Unavailable:
+            if not many:
+                raise
+            # no master leads: say what each one is doing, then fail as an unreachable master does
+            for address, own in pc.master_statuses():
+                if isinstance(own, PCacheError):
+                    click.echo(f"master {address}: {own}")
+                else:
+                    click.echo(f"master {address}: {own.master.role}, epoch {own.epoch}, log index"
+                               f" {own.master.applied_index}, leader {own.master.leader or 'unknown'}")  # fmt: skip
+            raise
     if as_json:
         click.echo(
             json.dumps(

@@ -7,11 +7,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import click
 
 from pcache.common.config import load_config
-from pcache.common.errors import InvalidArgument
+from pcache.common.errors import InvalidArgument, PCacheError
 from pcache.common.process import die_with_parent, process_alive, stop_process
 
 
@@ -86,8 +87,20 @@ def up(
         click.echo(f"manifest {cluster.root / 'cluster.json'}; logs in {cluster.root / 'logs'}")
         click.echo("cluster is up; Ctrl-C or SIGTERM stops it", err=True)
         reported: set[str] = set()
+        restarted: dict[int, float] = {}
         while not stop.wait(1.0):
-            for child in [cluster.master, *cluster.master_procs, *cluster.worker_procs]:
+            for index, proc in enumerate(cluster.master_procs):
+                # a master of the pair died: it comes back as the follower (one try per 10 s)
+                if not proc.alive() and time.monotonic() - restarted.get(index, -1e9) > 10:
+                    restarted[index] = time.monotonic()
+                    click.echo(f"pcache up: {proc.name} exited ({proc.popen.returncode if proc.popen else '?'});"
+                               " restarting it as a follower", err=True)  # fmt: skip
+                    try:
+                        cluster.start_ha_master(index)
+                        cluster.write_manifest(**({"mount": os.path.abspath(mount_dir)} if mount_dir else {}))
+                    except PCacheError as exc:
+                        click.echo(f"pcache up: {proc.name} did not restart: {exc}", err=True)
+            for child in [cluster.master, *cluster.worker_procs]:
                 if child is not None and not child.alive() and child.name not in reported:
                     reported.add(child.name)
                     click.echo(f"pcache up: {child.name} exited; see {child.log}", err=True)

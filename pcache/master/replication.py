@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import glob
 import logging
 import os
 import shutil
@@ -243,12 +244,15 @@ class ReplicatedStore:
 
 
 def recover_incoming(path: str) -> None:
-    """At start: finish or discard a checkpoint install a crash interrupted (``path`` = RocksDB dir)."""
+    """At start: finish or discard a checkpoint install a crash interrupted, and remove checkpoints
+    a crashed leader was sending (``path`` = RocksDB dir)."""
     incoming = path + INCOMING
     if not os.path.isdir(path) and os.path.exists(os.path.join(incoming, "COMPLETE")):
         os.rename(incoming, path)  # crashed between the two renames of install()
     shutil.rmtree(incoming, ignore_errors=True)
     shutil.rmtree(path + ".old", ignore_errors=True)
+    for leftover in glob.glob(glob.escape(path) + ".ckpt-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _fsync_dir(path: str) -> None:
@@ -367,6 +371,7 @@ class Follower:
     task: asyncio.Task | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     flag_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one etcd flag change at a time
+    forgetting: asyncio.Task | None = None  # it left the members: released, then removed
 
 
 class SyncFlags:
@@ -443,32 +448,56 @@ class LogShipper:
     def set_members(self, members: dict[str, str]) -> None:
         """Follow exactly these masters (member id -> address), this one left out."""
         for member, address in members.items():
-            known = self.followers.get(member)
-            if known is not None and known.address == address:
+            follower = self.followers.get(member)
+            if follower is not None and follower.address == address and follower.task is not None:
                 continue
-            if known is not None:
-                self._drop(known)
-            follower = Follower(member, address)
+            if follower is None:
+                follower = self.followers[member] = Follower(member, address)
+            else:  # back, or at a new address: it keeps its duties (answers may be waiting for it)
+                self._stop(follower)
+                if follower.forgetting is not None:
+                    follower.forgetting.cancel()
+                    follower.forgetting = None
+                    follower.in_sync = False  # the flag may be gone: set again once it has caught up
+                follower.address, follower.next_index, follower.state = address, None, "probing"
             follower.channel = grpc.aio.insecure_channel(address, options=channel_options())
             follower.stub = pb_grpc.ReplicationStub(follower.channel)
             follower.task = asyncio.ensure_future(self._ship(follower))
-            self.followers[member] = follower
             logger.info("replicating to follower %s at %s", member, address)
         for member in [m for m in self.followers if m not in members]:
-            self._drop(self.followers[member])
+            if self.followers[member].task is not None:
+                self._drop(self.followers[member])
 
-    def _drop(self, follower: Follower) -> None:
-        """Stop shipping to a follower that left etcd's member list (its lease expired)."""
-        self.followers.pop(follower.member, None)
+    def _stop(self, follower: Follower) -> None:
         if follower.task is not None:
             follower.task.cancel()
+            follower.task = None
         if follower.channel is not None:
             asyncio.ensure_future(follower.channel.close())
-        with contextlib.suppress(KeyError):
-            MASTER_FOLLOWER_LAG.remove(follower.member)
+            follower.channel = None
+
+    def _drop(self, follower: Follower) -> None:
+        """Stop shipping to a follower that left etcd's member list (its lease expired).
+
+        A required follower stays counted (answers wait for it) until its in-sync flag is gone
+        from etcd: only then may the leader answer without it.
+        """
+        self._stop(follower)
         if follower.required:
-            # a required follower must be marked out of sync before answers stop waiting for it
-            asyncio.ensure_future(self._release(follower))
+            follower.forgetting = asyncio.ensure_future(self._forget(follower))
+        else:
+            self._remove(follower)
+
+    async def _forget(self, follower: Follower) -> None:
+        await self._release(follower)
+        if not follower.required:
+            self._remove(follower)
+
+    def _remove(self, follower: Follower) -> None:
+        if self.followers.get(follower.member) is follower:
+            del self.followers[follower.member]
+            with contextlib.suppress(KeyError):
+                MASTER_FOLLOWER_LAG.remove(follower.member)
 
     # ----------------------------------------------------------- commit --
 
@@ -547,6 +576,9 @@ class LogShipper:
                 ]  # fmt: skip
                 if stuck:
                     await self._release(follower)
+            for follower in list(self.followers.values()):
+                if follower.task is None and not follower.required:  # left the members, released
+                    self._remove(follower)
 
     # Invariant: a follower's flag is set in etcd only while it is required (answers wait for it),
     # so a follower that may take over holds every acknowledged mutation. ``required`` is set
@@ -571,7 +603,7 @@ class LogShipper:
         if follower.in_sync or follower.state != "replicating" or follower.acked < self.store.index:
             return
         async with follower.flag_lock:
-            if follower.in_sync or follower.acked < self.store.index or follower.member not in self.followers:
+            if follower.in_sync or follower.acked < self.store.index or follower.task is None:
                 return
             follower.required = True  # from now on answers wait for it; then it may take over
             if await self.flags.set_in_sync(follower.member):

@@ -98,7 +98,7 @@ class MasterServer:
         self.replies = ReplyCache(self.store)
         self.shipper: LogShipper | None = None
         self.servicer = MasterServicer(self)
-        self.replication = ReplicationServicer(self.store, "", is_leader=lambda: self.role == "leader")
+        self.replication = ReplicationServicer(self.store, "", is_leader=self._leads_now)
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.address = ""
@@ -130,6 +130,9 @@ class MasterServer:
     def _not_leader_message(self) -> str:
         leader = self.replication.leader
         return f"this master is a follower; the leader is {leader}" if leader else "this master is a follower"
+
+    def _leads_now(self) -> bool:
+        return self.role == "leader" and self._why_not_writable() is None
 
     def is_leading(self) -> bool:
         """Whether this master may answer namespace calls now."""

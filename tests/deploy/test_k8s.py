@@ -30,7 +30,12 @@ K8S_VERSION = "1.30"
 NAMESPACE = "pcache"
 CONFIG_PATH = "/etc/pcache/pcache.toml"
 """Where pods mount the ConfigMap's pcache.toml."""
-FIELD_SAMPLES = {"status.podIP": "10.0.0.11", "status.hostIP": "10.0.0.11", "spec.nodeName": "node-a"}
+FIELD_SAMPLES = {
+    "status.podIP": "10.0.0.11",
+    "status.hostIP": "10.0.0.11",
+    "spec.nodeName": "node-a",
+    "metadata.name": "pod-0",
+}
 """Downward-API values the checks substitute for $(VAR) references."""
 CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
@@ -193,6 +198,7 @@ def test_every_container_command_is_checked() -> None:
         command = param.values[1]["command"]
         assert (
             command[0] in PROGRAMS
+            or command == ["etcd"]  # test_etcd_members_form_one_cluster
             or command[:2] == ["sh", "-c"]
             or command[:3]
             == [
@@ -370,12 +376,26 @@ def test_prometheus_annotations_name_the_metrics_ports(cfg: PCacheConfig) -> Non
 # ------------------------------------------------------------------- PCache processes --
 
 
-def test_master_single_leader_on_its_volume(toml_file: Path, cfg: PCacheConfig) -> None:
+MASTER_ADDRESSES = ",".join(
+    f"pcache-master-{i}.pcache-master-headless.{NAMESPACE}.svc.cluster.local:19600" for i in range(2)
+)
+
+
+def test_master_pair_on_etcd_each_on_its_volume(toml_file: Path, cfg: PCacheConfig) -> None:
     master = one("StatefulSet", "pcache-master")
-    assert master["spec"]["replicas"] == 1  # no follower exists yet: a second replica is a second master
+    assert master["spec"]["replicas"] == 2  # a leader and a follower
     assert master["spec"]["serviceName"] == "pcache-master-headless"
+    anti = pod_spec(master)["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
     run = checked(master, "master", toml_file).config
     assert run is not None and run.master.host == "0.0.0.0"
+    # each pod advertises its own stable name under the headless Service
+    assert run.master.advertise_host == f"pod-0.pcache-master-headless.{NAMESPACE}.svc.cluster.local"
+    # etcd is the Service of etcd.yaml, on its client port
+    etcd_svc = one("Service", "pcache-etcd")
+    (port,) = etcd_svc["spec"]["ports"]
+    assert run.master.etcd == f"pcache-etcd.{NAMESPACE}.svc.cluster.local:{port['port']}"
+    assert run.master.data_dir and run.master.lease_ttl <= 5
     mounts = {m["name"]: m["mountPath"] for m in container(master, "master")["volumeMounts"]}
     (claim,) = master["spec"]["volumeClaimTemplates"]
     assert mounts[claim["metadata"]["name"]] == run.master.data_dir
@@ -383,17 +403,39 @@ def test_master_single_leader_on_its_volume(toml_file: Path, cfg: PCacheConfig) 
     assert ports == {"grpc": cfg.master.port, "metrics": cfg.master.metrics_port}
 
 
-def test_clients_dial_the_master_service(toml_file: Path, cfg: PCacheConfig) -> None:
-    svc = one("Service", "pcache-master")
-    (port,) = svc["spec"]["ports"]
-    address = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local:{port['port']}"
-    assert port["port"] == cfg.master.port
+def test_clients_dial_every_master(toml_file: Path, cfg: PCacheConfig) -> None:
+    svc = one("Service", "pcache-master-headless")
+    grpc_port = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc")
+    assert grpc_port["port"] == cfg.master.port and svc["spec"]["clusterIP"] == "None"
+    assert not [d for d in objects("Service") if d["metadata"]["name"] == "pcache-master"]  # no Service hides the leader
+    address = MASTER_ADDRESSES
     assert cfg.worker.master == cfg.client.master == address
     mount = checked(one("DaemonSet", "pcache-mount"), "mount", toml_file)
     assert mount.ctx.params["master"] == address
     job = container(one("Job", "ling-moe-train"), "trainer")
     assert {"name": "PCACHE_MASTER", "value": address} in job["env"]
     assert f"--ckpt.uri=pcache://{address}/ckpt/ling-moe-run1" in job["args"]
+
+
+def test_etcd_members_form_one_cluster() -> None:
+    etcd = one("StatefulSet", "pcache-etcd")
+    c = container(etcd, "etcd")
+    flags = dict(a.removeprefix("--").split("=", 1) for a in c["args"])
+    replicas = etcd["spec"]["replicas"]
+    assert replicas % 2 == 1 and etcd["spec"]["podManagementPolicy"] == "Parallel"
+    headless = etcd["spec"]["serviceName"]
+    members = dict(m.split("=", 1) for m in flags["initial-cluster"].split(","))
+    assert members == {
+        f"pcache-etcd-{i}": f"http://pcache-etcd-{i}.{headless}.{NAMESPACE}.svc.cluster.local:2380"
+        for i in range(replicas)
+    }
+    assert flags["name"] == "$(POD_NAME)" and flags["initial-advertise-peer-urls"].startswith("http://$(POD_NAME).")
+    assert flags["data-dir"].startswith(c["volumeMounts"][0]["mountPath"] + "/")
+    exe = shutil.which("etcd")
+    if exe is not None:  # every flag is one this etcd knows (Debian etcd-server; .ci/run installs it)
+        known = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=30).stdout
+        for flag in flags:
+            assert f"--{flag}" in known, flag
 
 
 def _host_paths(doc: dict[str, Any]) -> dict[str, str]:

@@ -26,6 +26,7 @@ INSTALL_BIN = "/opt/pcache/bin/"
 FILES = {
     "/etc/pcache/pcache.toml": SYSTEMD / "pcache.toml",
     "/etc/pcache/worker.env": SYSTEMD / "worker.env",
+    "/etc/pcache/master.env": SYSTEMD / "master.env",
     "/etc/babel/babel.env": SYSTEMD / "babel.env",
 }
 """Installed path -> the example in this repository."""
@@ -181,7 +182,9 @@ def test_example_config_loads_strictly(cfg: PCacheConfig) -> None:
     text = FILES["/etc/pcache/pcache.toml"].read_text()
     assert tomllib.loads(text).keys() == {"master", "worker", "client"}
     assert cfg.worker.master == cfg.client.master
-    assert cfg.worker.master.rpartition(":")[2] == str(cfg.master.port)
+    masters = cfg.worker.master.split(",")
+    assert len(masters) == 2 and all(m.rpartition(":")[2] == str(cfg.master.port) for m in masters)
+    assert cfg.master.etcd  # a leader + follower pair
 
 
 def _ready_file_awaited(unit: Unit, run: Checked) -> None:
@@ -196,6 +199,10 @@ def test_master_unit(cfg: PCacheConfig) -> None:
     assert run.ctx.command.name == "master" and run.config is not None
     assert run.config.master.data_dir == "/var/lib/" + value(unit, "Service", "StateDirectory")
     assert value(unit, "Service", "User") == "pcache"
+    host = read_env_file(FILES["/etc/pcache/master.env"])["PCACHE_MASTER_HOST"]
+    assert run.config.master.advertise_host == host != "0.0.0.0"
+    assert f"{host}:{run.config.master.port}" in run.config.client.master.split(",")  # the clients know it
+    assert "etcd.service" in words(unit, "Unit", "After")
     _ready_file_awaited(unit, run)
 
 

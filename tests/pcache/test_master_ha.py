@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -276,6 +278,12 @@ def test_etcd_stopped_no_split_brain_reads_go_on(make_ha) -> None:
                 with pytest.raises((E.Unavailable, E.Timeout)):
                     pc.write_file("/no-leader", b"x")
                 assert f.read() == payload[1 << 20 :] and first == payload[: 1 << 20]  # the open file reads on
+                cli = subprocess.run(
+                    [sys.executable, "-m", "pcache", "--master", cluster.master_address, "status"],
+                    capture_output=True, text=True, timeout=60,
+                )  # fmt: skip
+                assert cli.returncode == 2, cli.stdout + cli.stderr
+                assert cli.stdout.count(": follower, epoch") == 2, cli.stdout  # each master says what it is
             finally:
                 os.kill(cluster.etcd.proc.pid, signal.SIGCONT)
     with client_of(cluster) as pc:

@@ -1,0 +1,145 @@
+"""The replicated metastore log without a network: numbering, terms, log matching, the tail,
+checkpoints, and the reply cache that answers retried mutations once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pcache.common import errors as E
+from pcache.master.dedup import ReplyCache
+from pcache.master.metastore import MemoryMetaStore, RocksMetaStore
+from pcache.master.namespace import Namespace
+from pcache.master.replication import ReplicatedStore, recover_incoming
+from pcache.proto import pcache_pb2 as pb
+
+
+def leader_store(**kwargs) -> ReplicatedStore:
+    store = ReplicatedStore(MemoryMetaStore(), **kwargs)
+    store.epoch = 7
+    store.start_term(7)
+    return store
+
+
+def test_every_write_is_the_next_entry_of_the_term() -> None:
+    store = leader_store()
+    assert (store.index, store.index_epoch) == (1, 7)  # the term's first entry
+    store.write([(b"k1", b"v1")])
+    store.write([(b"k2", b"v2")], [b"k1"])
+    assert store.index == 3 and [e.index for e in store.tail] == [1, 2, 3]
+    assert store.get(b"k1") is None and store.get(b"k2") == b"v2"
+    store.start_term(9)
+    store.write([(b"k3", b"v3")])
+    assert [store.epoch_of(i) for i in range(6)] == [0, 7, 7, 7, 9, 9]
+    assert store.holds(3, 7) and store.holds(5, 9)
+    assert not store.holds(3, 9) and not store.holds(6, 9)  # another term's entry; past the end
+
+
+def test_a_follower_applies_only_entries_that_follow_its_log() -> None:
+    leader = leader_store()
+    for i in range(5):
+        leader.write([(b"k%d" % i, b"v")])
+    follower = ReplicatedStore(MemoryMetaStore())
+    first = pb.AppendRequest(epoch=7, prev_index=0, prev_epoch=0, entries=leader.entries_after(0)[:3])
+    assert follower.append(first) and follower.index == 3
+    gap = pb.AppendRequest(epoch=7, prev_index=4, prev_epoch=7, entries=leader.entries_after(4))
+    assert not follower.append(gap) and follower.index == 3  # refused, nothing applied
+    wrong_term = pb.AppendRequest(epoch=7, prev_index=3, prev_epoch=5, entries=leader.entries_after(3))
+    assert not follower.append(wrong_term)
+    rest = pb.AppendRequest(epoch=7, prev_index=3, prev_epoch=7, entries=leader.entries_after(3))
+    assert follower.append(rest) and (follower.index, follower.index_epoch) == (leader.index, 7)
+    assert dict(follower.scan(b"k")) == dict(leader.scan(b"k"))
+    assert follower.epoch_of(1) == 7  # the term record came with the log
+
+
+def test_the_tail_is_bounded_and_says_when_it_cannot_serve() -> None:
+    store = leader_store(tail_entries=10)
+    for i in range(30):
+        store.write([(b"k%d" % i, b"x" * 100)])
+    assert len(store.tail) == 10 and store.tail_first() == store.index - 9
+    with pytest.raises(LookupError):
+        store.entries_after(5)
+    assert [e.index for e in store.entries_after(store.index - 3)] == [store.index - 2, store.index - 1, store.index]
+
+
+def test_a_write_that_is_not_allowed_changes_nothing() -> None:
+    store = leader_store()
+    store.writable = lambda: "this master is a follower"
+    with pytest.raises(E.NotLeader, match="follower"):
+        store.write([(b"k", b"v")])
+    assert store.get(b"k") is None and store.index == 1
+
+
+def test_amend_puts_the_reply_in_the_mutations_entry() -> None:
+    store = leader_store()
+    mark = store.index
+    store.write([(b"a", b"1")])
+    store.amend(mark, [(b"r-id", b"reply")])
+    assert store.index == mark + 1 and {kv.key for kv in store.tail[-1].puts} == {b"a", b"r-id"}
+    assert store.get(b"r-id") == b"reply"
+    store.amend(store.index, [(b"r-2", b"reply2")])  # no mutation since: a new entry of its own
+    assert store.index == mark + 2
+
+
+def test_reply_cache_answers_a_retry_once_and_expires() -> None:
+    clock = [1000.0]
+    store = leader_store()
+    replies = ReplyCache(store, keep=60.0, clock=lambda: clock[0])
+    assert replies.get("c:1", "Create", pb.Inode) is None
+    since = store.index
+    store.write([(b"i", b"node")])
+    replies.record("c:1", "Create", pb.Inode(id=42, name="f"), since)
+    assert replies.get("c:1", "Create", pb.Inode) == pb.Inode(id=42, name="f")
+    with pytest.raises(E.InvalidArgument, match="used for Create"):
+        replies.get("c:1", "Rename", pb.Inode)
+    with pytest.raises(E.InvalidArgument):
+        replies.get("x" * 300, "Create", pb.Inode)
+    clock[0] += 61
+    assert replies.expire() == 1 and replies.get("c:1", "Create", pb.Inode) is None
+
+
+def test_a_namespace_rebuilt_from_a_replica_continues_its_ids(tmp_path: Path) -> None:
+    """What a follower does when it takes over: same tree, ids past every id handed out,
+    reservations of uncommitted blocks kept."""
+    leader = leader_store()
+    ns = Namespace(leader, default_block_size=1 << 20, default_replication=1)
+    f, _ = ns.create("/f")
+    pending, _ = ns.allocate_block(f.id)
+    follower = ReplicatedStore(MemoryMetaStore())
+    assert follower.append(pb.AppendRequest(epoch=7, entries=leader.entries_after(0)))
+    follower.epoch = 9
+    follower.start_term(9)
+    taken = Namespace(follower, default_block_size=1 << 20, default_replication=1)
+    assert taken.resolve("/f").id == f.id and taken.allocations.owner(pending) == f.id
+    assert taken.create("/g")[0].id > f.id and taken.allocate_block(f.id)[0] > pending
+    node, _ = taken.commit_file(f.id, 1, [pb.CommittedBlock(block_id=pending, length=1, replicas=["w"])])
+    assert list(node.blocks) == [pending]
+
+
+def test_checkpoint_install_swaps_the_database(tmp_path: Path) -> None:
+    path = str(tmp_path / "leader")
+    leader = ReplicatedStore(RocksMetaStore(path), path=path)
+    leader.epoch = 3
+    leader.start_term(3)
+    leader.write([(b"k", b"v")])
+    fpath = str(tmp_path / "follower")
+    follower = ReplicatedStore(RocksMetaStore(fpath), path=fpath, reopen=lambda: RocksMetaStore(fpath))
+    follower.local.write([(b"stale", b"x")])  # what a deposed leader might hold
+    assert leader.checkpoint(fpath + ".incoming") == (2, 3)
+    follower.install(fpath + ".incoming")
+    assert (follower.index, follower.index_epoch) == (2, 3) and follower.get(b"k") == b"v"
+    assert follower.get(b"stale") is None and follower.epoch_of(2) == 3
+    follower.close()
+    leader.close()
+    # a crash between the two renames of an install is finished at the next start
+    import os
+
+    os.rename(fpath, fpath + ".incoming")
+    (Path(fpath + ".incoming") / "COMPLETE").write_text("")
+    os.makedirs(fpath + ".ckpt-m-1")
+    recover_incoming(fpath)
+    assert os.path.isdir(fpath) and not os.path.exists(fpath + ".incoming") and not os.path.exists(fpath + ".ckpt-m-1")
+    reopened = ReplicatedStore(RocksMetaStore(fpath), path=fpath)
+    assert reopened.index == 2 and reopened.get(b"k") == b"v"
+    reopened.close()
