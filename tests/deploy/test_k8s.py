@@ -407,7 +407,9 @@ def test_clients_dial_every_master(toml_file: Path, cfg: PCacheConfig) -> None:
     svc = one("Service", "pcache-master-headless")
     grpc_port = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc")
     assert grpc_port["port"] == cfg.master.port and svc["spec"]["clusterIP"] == "None"
-    assert not [d for d in objects("Service") if d["metadata"]["name"] == "pcache-master"]  # no Service hides the leader
+    assert not [
+        d for d in objects("Service") if d["metadata"]["name"] == "pcache-master"
+    ]  # no Service hides the leader
     address = MASTER_ADDRESSES
     assert cfg.worker.master == cfg.client.master == address
     mount = checked(one("DaemonSet", "pcache-mount"), "mount", toml_file)
