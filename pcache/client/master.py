@@ -30,6 +30,7 @@ from pcache.proto import pcache_pb2_grpc as pb_grpc
 MUTATIONS = frozenset({"Mkdir", "Create", "Symlink", "Rename", "Delete", "SetAttr", "CommitFile"})
 # errors after which another master may answer (a Timeout only for calls safe to repeat)
 FAILOVER_ERRORS = (E.Unavailable, E.StaleEpoch)
+MAX_BATCH = 256  # calls per Batch RPC
 PROBE_AFTER = 1.0  # seconds a call may hang before the other masters are asked who leads
 
 
@@ -46,6 +47,9 @@ class MasterClient:
         self.channels = [grpc.aio.insecure_channel(a, options=channel_options()) for a in self.addresses]
         self.stubs = [pb_grpc.MasterStub(c) for c in self.channels]
         self._request_ids = itertools.count(1)
+        self._inflight = 0  # Stat/Create/Batch calls on the wire
+        self._queued: list[tuple[pb.BatchOp, asyncio.Future]] = []
+        self._batching = True
         self.failovers = 0  # calls that had to go to another master (a metric for tests and benchmarks)
 
     @property
@@ -64,10 +68,10 @@ class MasterClient:
         )
 
     async def _call(self, name: str, request):
+        if len(self.addresses) == 1:  # one master: no failover, so no retry to answer once
+            return await self._call_one(0, name, request)
         if name in MUTATIONS and not request.header.request_id:
             request.header.request_id = f"{self.client_id}:{next(self._request_ids)}"
-        if len(self.addresses) == 1:
-            return await self._call_one(0, name, request)
         deadline = time.monotonic() + self.cfg.failover_timeout
         delay = 0.05
         tried = 0
@@ -149,7 +153,8 @@ class MasterClient:
             await channel.close()
 
     async def stat(self, path: str) -> pb.Inode:
-        return await self._call("Stat", pb.PathRequest(header=self.header(), path=path))
+        request = pb.PathRequest(header=self.header(), path=path)
+        return await self._coalesced("Stat", request, pb.BatchOp(stat=request))
 
     async def mkdir(self, path: str, mode: int, parents: bool, owner: pb.Owner | None = None) -> pb.Inode:
         return await self._call(
@@ -169,21 +174,88 @@ class MasterClient:
         kind: pb.FileType = pb.REGULAR,
         rdev: int = 0,
     ) -> pb.Inode:
-        return await self._call(
-            "Create",
-            pb.CreateRequest(
-                header=self.header(),
-                path=path,
-                mode=mode,
-                exclusive=exclusive,
-                truncate=truncate,
-                block_size=block_size,
-                replication=replication,
-                owner=owner,
-                type=kind,
-                rdev=rdev,
-            ),
+        request = pb.CreateRequest(
+            header=self.header(),
+            path=path,
+            mode=mode,
+            exclusive=exclusive,
+            truncate=truncate,
+            block_size=block_size,
+            replication=replication,
+            owner=owner,
+            type=kind,
+            rdev=rdev,
         )
+        if len(self.addresses) > 1:  # answered once even if its batch is sent again after a failover
+            request.header.request_id = f"{self.client_id}:{next(self._request_ids)}"
+        return await self._coalesced("Create", request, pb.BatchOp(create=request))
+
+    # ------------------------------------------------------------ batching --
+    # Nagle's algorithm for metadata: a call with nothing in flight goes out alone at once; calls
+    # made while one is in flight wait for it and then leave together in one Batch RPC. A lone
+    # caller sees no added latency; many concurrent callers (data loader workers, FUSE threads,
+    # checkpoint ranks of one process) share round trips, and the master's commit wait.
+
+    async def _coalesced(self, name: str, request, op: pb.BatchOp) -> pb.Inode:
+        if self._inflight == 0 or not self._batching:
+            self._inflight += 1
+            try:
+                return await self._call(name, request)
+            finally:
+                self._inflight -= 1
+                self._flush()
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._queued.append((op, future))
+        return await future
+
+    def _flush(self) -> None:
+        if self._inflight or not self._queued:
+            return
+        batch, self._queued = self._queued[:MAX_BATCH], self._queued[MAX_BATCH:]
+        batch = [(op, f) for op, f in batch if not f.done()]  # callers that gave up
+        if not batch:
+            self._flush()
+            return
+        self._inflight += 1
+        asyncio.ensure_future(self._send_batch(batch))
+
+    async def _send_batch(self, batch: list[tuple[pb.BatchOp, asyncio.Future]]) -> None:
+        try:
+            try:
+                reply = await self._call("Batch", pb.BatchRequest(header=self.header(), ops=[op for op, _ in batch]))
+                results = list(reply.results)
+            except E.NotSupported:  # a master without Batch: one call each from now on
+                self._batching = False
+                results = [await self._one_of(op) for op, _ in batch]
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                elif result.error:
+                    future.set_exception(E.from_name(result.error, result.message))
+                else:
+                    future.set_result(result.inode)
+        except E.PCacheError as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        except BaseException as exc:  # cancelled with the client: nobody may wait forever
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(E.Unavailable(f"batch abandoned: {exc!r}"))
+            raise
+        finally:
+            self._inflight -= 1
+            self._flush()
+
+    async def _one_of(self, op: pb.BatchOp) -> pb.BatchResult | E.PCacheError:
+        try:
+            if op.WhichOneof("op") == "stat":
+                return pb.BatchResult(inode=await self._call("Stat", op.stat))
+            return pb.BatchResult(inode=await self._call("Create", op.create))
+        except E.PCacheError as exc:
+            return exc
 
     async def symlink(self, path: str, target: str, owner: pb.Owner | None = None) -> pb.Inode:
         return await self._call(
@@ -284,4 +356,4 @@ class _Moved(Exception):
 
 
 # reads: safe to send again to another master after a timeout
-_IDEMPOTENT = frozenset({"Stat", "ListDir", "GetLayout", "GetClusterStatus", "Fsck"})
+_IDEMPOTENT = frozenset({"Stat", "ListDir", "GetLayout", "GetClusterStatus", "Fsck", "Batch"})

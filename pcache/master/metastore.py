@@ -35,6 +35,10 @@ class MetaStore(Protocol):
         """Apply puts and deletes as one atomic batch."""
         ...
 
+    def write_many(self, batches: Iterable[tuple[Iterable[tuple[bytes, bytes]], Iterable[bytes]]]) -> None:
+        """Apply several (puts, deletes) batches in order as one atomic batch (a follower's group)."""
+        ...
+
     def close(self) -> None:
         """Flush and release the store."""
         ...
@@ -82,6 +86,10 @@ class MemoryMetaStore:
                 bisect.insort(self._keys, key)
             self._data[key] = value
 
+    def write_many(self, batches: Iterable[tuple[Iterable[tuple[bytes, bytes]], Iterable[bytes]]]) -> None:
+        for puts, deletes in batches:
+            self.write(puts, deletes)
+
     def close(self) -> None:
         pass
 
@@ -117,11 +125,15 @@ class RocksMetaStore:
             it.next()
 
     def write(self, puts: Iterable[tuple[bytes, bytes]] = (), deletes: Iterable[bytes] = ()) -> None:
+        self.write_many([(puts, deletes)])
+
+    def write_many(self, batches: Iterable[tuple[Iterable[tuple[bytes, bytes]], Iterable[bytes]]]) -> None:
         batch = self._rd.WriteBatch(raw_mode=True)
-        for key in deletes:
-            batch.delete(_bytes(key))
-        for key, value in puts:
-            batch.put(_bytes(key), _bytes(value))
+        for puts, deletes in batches:
+            for key in deletes:
+                batch.delete(_bytes(key))
+            for key, value in puts:
+                batch.put(_bytes(key), _bytes(value))
         self._db.write(batch, self._wopts)
 
     def checkpoint(self, dest: str) -> None:

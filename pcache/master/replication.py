@@ -131,6 +131,11 @@ class ReplicatedStore:
         self._apply(entry)
         self.on_append()
 
+    def write_many(self, batches: Iterable[tuple[Iterable[tuple[bytes, bytes]], Iterable[bytes]]]) -> None:
+        """Write each batch as its own log entry, in order."""
+        for puts, deletes in batches:
+            self.write(puts, deletes)
+
     def amend(self, since: int, puts: list[tuple[bytes, bytes]]) -> None:
         """Add ``puts`` to the last entry if it was written after index ``since``, else write them.
 
@@ -138,14 +143,15 @@ class ReplicatedStore:
         applies both or neither. Call it with no ``await`` between the mutation and here (the
         entry must not have been shipped yet).
         """
-        if self.index <= since or not self.tail or self.tail[-1].index != self.index:
+        if self.index <= since:
             self.write(puts)
             return
-        entry = self.tail[-1]
-        for key, value in puts:
-            entry.puts.add(key=key, value=value)
+        if self.tail and self.tail[-1].index == self.index:
+            entry = self.tail[-1]
+            for key, value in puts:
+                entry.puts.add(key=key, value=value)
+            self._tail_size += sum(len(k) + len(v) for k, v in puts)
         self.local.write(puts)
-        self._tail_size += sum(len(k) + len(v) for k, v in puts)
 
     def close(self) -> None:
         self.local.close()
@@ -168,15 +174,20 @@ class ReplicatedStore:
         puts = [(kv.key, kv.value) for kv in entry.puts]
         puts.append((ZIDX, POSITION.pack(entry.index, entry.epoch)))
         self.local.write(puts, entry.deletes)
+        self._remember(entry)
+
+    def _remember(self, entry: pb.LogEntry) -> None:
+        """Advance the position past an applied ``entry``, note a term start, keep it in the tail."""
         self.index, self.index_epoch = entry.index, entry.epoch
-        for key, value in puts:
-            if key.startswith(ZTERM) and len(key) == len(ZTERM) + 8:
-                self._term_starts.append(U64.unpack(key[len(ZTERM) :])[0])
-                self._term_epochs.append(U64.unpack(value)[0])
-        self.tail.append(entry)
-        self._tail_size += _entry_bytes(entry)
-        while self.tail and (len(self.tail) > self.tail_entries or self._tail_size > self.tail_bytes):
-            self._tail_size -= _entry_bytes(self.tail.popleft())
+        for kv in entry.puts:
+            if kv.key.startswith(ZTERM) and len(kv.key) == len(ZTERM) + 8:
+                self._term_starts.append(U64.unpack(kv.key[len(ZTERM) :])[0])
+                self._term_epochs.append(U64.unpack(kv.value)[0])
+        if self.tail_entries:
+            self.tail.append(entry)
+            self._tail_size += _entry_bytes(entry)
+            while self.tail and (len(self.tail) > self.tail_entries or self._tail_size > self.tail_bytes):
+                self._tail_size -= _entry_bytes(self.tail.popleft())
         MASTER_APPLIED_INDEX.set(self.index)
 
     def tail_first(self) -> int:
@@ -205,13 +216,22 @@ class ReplicatedStore:
     # ------------------------------------------------------ follower side --
 
     def append(self, request: pb.AppendRequest) -> bool:
-        """Apply a leader's entries if they follow this log's last one; returns whether they did."""
+        """Apply a leader's entries if they follow this log's last one; returns whether they did.
+
+        The whole group goes to RocksDB as one write batch (the leader's group commit, once more).
+        """
         if request.prev_index != self.index or request.prev_epoch != self.index_epoch:
             return False
-        for entry in request.entries:
-            if entry.index != self.index + 1:
-                raise E.ProtocolError(f"log entry {entry.index} does not follow {self.index}")
-            self._apply(entry)
+        for offset, entry in enumerate(request.entries):
+            if entry.index != self.index + 1 + offset:
+                raise E.ProtocolError(f"log entry {entry.index} does not follow {self.index + offset}")
+        if request.entries:
+            batches = [([(kv.key, kv.value) for kv in entry.puts], entry.deletes) for entry in request.entries]
+            last = request.entries[-1]
+            batches[-1][0].append((ZIDX, POSITION.pack(last.index, last.epoch)))
+            self.local.write_many(batches)
+            for entry in request.entries:
+                self._remember(entry)
         return True
 
     def checkpoint(self, dest: str) -> tuple[int, int]:

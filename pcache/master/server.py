@@ -86,7 +86,7 @@ class MasterServer:
             open_metastore(uri, sync=cfg.sync_writes),
             path=path,
             reopen=lambda: open_metastore(uri, sync=cfg.sync_writes),
-            tail_entries=cfg.log_tail_entries,
+            tail_entries=cfg.log_tail_entries if cfg.etcd else 0,  # standalone: nobody to serve a tail to
         )
         self.store.writable = self._why_not_writable
         self.registry = WorkerRegistry(dead_after=cfg.dead_after)

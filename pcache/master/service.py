@@ -69,16 +69,27 @@ class MasterServicer(pb_grpc.MasterServicer):
         ns, blocks = self.m.leading()
         self._check(header, method)
         with RPC_SECONDS.labels(method).time():
-            if header.request_id:
-                done = self.m.replies.get(header.request_id, method, reply_type)
-                if done is not None:  # applied before (a retry, maybe on the master that took over)
-                    await self.m.commit()
-                    return done  # type: ignore[return-value]
-            since = self.m.store.index
-            reply = apply(ns, blocks)
-            if header.request_id:
-                self.m.replies.record(header.request_id, method, reply, since)  # same log entry
+            reply = self._apply_once(ns, blocks, header, method, reply_type, apply)
             await self.m.commit()
+        return reply
+
+    def _apply_once(
+        self,
+        ns: Namespace,
+        blocks: BlockManager,
+        header: pb.RequestHeader,
+        method: str,
+        reply_type: type[R],
+        apply: Callable[[Namespace, BlockManager], R],
+    ) -> R:
+        if header.request_id:
+            done = self.m.replies.get(header.request_id, method, reply_type)
+            if done is not None:  # applied before (a retry, maybe on the master that took over)
+                return done  # type: ignore[return-value]
+        since = self.m.store.index
+        reply = apply(ns, blocks)
+        if header.request_id:
+            self.m.replies.record(header.request_id, method, reply, since)  # same log entry
         return reply
 
     # ---------------------------------------------------------- namespace --
@@ -98,23 +109,36 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def Create(self, request: pb.CreateRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        def apply(ns: Namespace, blocks: BlockManager) -> pb.Inode:
-            node, freed = ns.create(
-                request.path,
-                request.mode,
-                exclusive=request.exclusive,
-                truncate=request.truncate,
-                block_size=request.block_size,
-                replication=request.replication,
-                uid=request.owner.uid,
-                gid=request.owner.gid,
-                kind=request.type or pb.REGULAR,
-                rdev=request.rdev,
-            )
-            blocks.freed(freed)
-            return node
+        return await self._mutate(request.header, "Create", pb.Inode, _create(request))
 
-        return await self._mutate(request.header, "Create", pb.Inode, apply)
+    @rpc_method
+    async def Batch(self, request: pb.BatchRequest, context: grpc.aio.ServicerContext) -> pb.BatchResponse:
+        """Stats and creates of a client's concurrent callers, in order, one commit wait for all.
+
+        An error of one op is its own result; losing the lease mid-batch fails the whole batch
+        (the client sends it again to the new leader; its creates are answered once).
+        """
+        ns, blocks = self.m.leading()
+        self._check(request.header, "Batch")
+        out = pb.BatchResponse()
+        with RPC_SECONDS.labels("Batch").time():
+            for op in request.ops:
+                result = out.results.add()
+                kind = op.WhichOneof("op")
+                try:
+                    if kind == "stat":
+                        result.inode.CopyFrom(ns.resolve(op.stat.path))
+                    elif kind == "create":
+                        node = self._apply_once(ns, blocks, op.create.header, "Create", pb.Inode, _create(op.create))
+                        result.inode.CopyFrom(node)
+                    else:
+                        raise E.InvalidArgument(f"unknown batch op {kind!r}")
+                except E.NotLeader:
+                    raise
+                except E.PCacheError as exc:
+                    result.error, result.message = type(exc).__name__, str(exc)
+            await self.m.commit()
+        return out
 
     @rpc_method
     async def Symlink(self, request: pb.SymlinkRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
@@ -311,3 +335,25 @@ class MasterServicer(pb_grpc.MasterServicer):
             status.corrupt_blocks = blocks.corrupt_blocks()
             status.damaged_files = fsck.damaged_files(ns, blocks)
         return status
+
+
+def _create(request: pb.CreateRequest) -> Callable[[Namespace, BlockManager], pb.Inode]:
+    """The mutation of one Create request (alone or in a Batch)."""
+
+    def apply(ns: Namespace, blocks: BlockManager) -> pb.Inode:
+        node, freed = ns.create(
+            request.path,
+            request.mode,
+            exclusive=request.exclusive,
+            truncate=request.truncate,
+            block_size=request.block_size,
+            replication=request.replication,
+            uid=request.owner.uid,
+            gid=request.owner.gid,
+            kind=request.type or pb.REGULAR,
+            rdev=request.rdev,
+        )
+        blocks.freed(freed)
+        return node
+
+    return apply

@@ -679,6 +679,38 @@ class Empty(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class BatchOp(_message.Message):
+    __slots__ = ("stat", "create")
+    STAT_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
+    stat: PathRequest
+    create: CreateRequest
+    def __init__(self, stat: _Optional[_Union[PathRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ...) -> None: ...
+
+class BatchRequest(_message.Message):
+    __slots__ = ("header", "ops")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    ops: _containers.RepeatedCompositeFieldContainer[BatchOp]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[BatchOp, _Mapping]]] = ...) -> None: ...
+
+class BatchResult(_message.Message):
+    __slots__ = ("inode", "error", "message")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    inode: Inode
+    error: str
+    message: str
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., error: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class BatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ...) -> None: ...
+
 class DataHeader(_message.Message):
     __slots__ = ("op", "block_id", "offset", "length", "crc32c", "pipeline", "token", "epoch", "error", "message", "chunk_crcs", "replicas", "write_handle", "block_length")
     OP_FIELD_NUMBER: _ClassVar[int]

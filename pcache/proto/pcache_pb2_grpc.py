@@ -285,6 +285,11 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.IncrementalBlockReport.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Batch = channel.unary_unary(
+                '/pcache.Master/Batch',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.BatchRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.BatchResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -398,6 +403,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Batch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -490,6 +501,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReportBlocks,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.IncrementalBlockReport.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.Empty.SerializeToString,
+            ),
+            'Batch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Batch,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.BatchRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.BatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -978,6 +994,33 @@ class Master:
             '/pcache.Master/ReportBlocks',
             pcache_dot_proto_dot_pcache__pb2.IncrementalBlockReport.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Batch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/Batch',
+            pcache_dot_proto_dot_pcache__pb2.BatchRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.BatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -311,3 +311,47 @@ def test_an_open_from_the_metadata_cache_reads_the_new_version_once_the_old_bloc
         wait_for(lambda: not any(p.exists() for p in files), 30, "the old version's block files deleted")
         assert reader.read_file("/ckpt") == new
         assert reader.read_file("/ckpt") == new  # the stale entry is gone from the cache too
+
+
+def test_concurrent_stats_and_creates_share_batches(shared_cluster) -> None:
+    """Calls made while one is in flight leave together in one Batch RPC; each gets its own
+    answer or error, in order."""
+    import asyncio
+
+    from pcache.client import PCacheClient
+
+    async def scenario() -> None:
+        pc = PCacheClient(ClientConfig(master=shared_cluster.master_address, metadata_ttl=0.0))
+        sent: list[str] = []
+        real = pc.master._call
+
+        async def counting(name, request):
+            sent.append(name)
+            return await real(name, request)
+
+        pc.master._call = counting  # type: ignore[method-assign]
+        try:
+            await pc.mkdir("/batched", parents=True)
+            sent.clear()
+            files = [await pc.open(f"/batched/f{i}", "wb") for i in range(3)]
+            for f in files:
+                await f.close()
+            assert sent == ["Create", "Create", "Create"]  # one at a time: no batching, no delay
+            sent.clear()
+            writers = [pc.open(f"/batched/g{i}", "xb") for i in range(40)]
+            handles = await asyncio.gather(*writers)
+            for f in handles:
+                await f.close()
+            assert sent.count("Batch") >= 1 and len(sent) < 40  # 40 creates in far fewer round trips
+            sent.clear()
+            paths = [f"/batched/g{i}" for i in range(40)] + ["/batched/missing", "/batched/f1"]
+            results = await asyncio.gather(*(pc.stat(p) for p in paths), return_exceptions=True)
+            assert len(sent) < len(paths)
+            assert [r.path for r in results[:40]] == paths[:40]
+            assert isinstance(results[40], E.NotFound) and results[41].path == "/batched/f1"
+            again = await asyncio.gather(*(pc.open(f"/batched/g{i}", "xb") for i in range(5)), return_exceptions=True)
+            assert all(isinstance(r, E.AlreadyExists) for r in again)  # per-call errors from a batch
+        finally:
+            await pc.close()
+
+    asyncio.run(scenario())

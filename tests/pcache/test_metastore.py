@@ -284,3 +284,10 @@ def test_the_rocksdb_directory_is_the_masters_alone(tmp_path) -> None:
         assert (path.stat().st_mode & 0o777) == 0o700
     finally:
         store.close()
+
+
+def test_write_many_applies_batches_in_order(store: MetaStore) -> None:
+    store.write_many([([(b"k", b"1"), (b"j", b"1")], []), ([], [b"k"]), ([(b"j", b"2")], [])])
+    assert store.get(b"k") is None and store.get(b"j") == b"2"
+    store.write_many([([], [b"j"]), ([(b"j", b"3")], [b"x"])])
+    assert store.get(b"j") == b"3"
