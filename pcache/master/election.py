@@ -143,6 +143,8 @@ class Election:
             await asyncio.sleep(poll)
 
     async def _try_once(self, compare: list | None = None, success: list | None = None) -> int | None:
+        if await asyncio.wait_for(self._client.get(self.key), self.timeout) is not None:
+            return None  # someone leads: no lease to grant and revoke (a candidate polls often)
         sent = time.monotonic()
         lease = await asyncio.wait_for(self._client.lease(int(round(self.ttl))), self.timeout)
         tx = self._client.transactions

@@ -14,7 +14,9 @@ Keys, under ``/pcache/<cluster>/``::
 
 A master may take over only when it holds every acknowledged mutation: it was the newest leader
 itself (``last`` is its id), or ``insync/<it>`` names the newest term (``last``'s mod revision),
-or the cluster never had a leader. The check and the win are one etcd transaction, so a
+or the cluster never had a leader. A last leader that has just restarted lets an in-sync follower
+go first (for ``2 * ttl``): the follower may hold acknowledged entries its disk lost. The check
+and the win are one etcd transaction, so a
 follower marked out of sync a moment before can never win. The member id is kept in the
 master's data directory: a master restarted from an empty directory is a new member and can
 never be taken for an in-sync one.
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
@@ -74,6 +77,7 @@ class HAControl(SyncFlags):
         self.timeout = timeout
         self.prefix = f"/pcache/{cluster}/"
         self._member_task: asyncio.Task | None = None
+        self._started = time.monotonic()
 
     @property
     def client(self) -> aetcd.Client:
@@ -90,8 +94,20 @@ class HAControl(SyncFlags):
 
     # ------------------------------------------------------- membership --
 
+    async def _in_sync_peer(self, epoch: int) -> bool:
+        """Whether another running master is in sync with the term ``epoch``."""
+        flags = await self._etcd(self.client.get_prefix(self._key("insync", "")))
+        members = await self.members()
+        prefix = self._key("insync", "")
+        return any(
+            kv.value.decode() == str(epoch) and kv.key[len(prefix) :].decode() in members
+            and kv.key[len(prefix) :].decode() != self.member
+            for kv in flags
+        )  # fmt: skip
+
     def start(self) -> None:
         """Keep this master's ``members/`` key alive in the background."""
+        self._started = time.monotonic()
         self._member_task = asyncio.ensure_future(self._keep_member())
 
     async def _keep_member(self) -> None:
@@ -139,6 +155,10 @@ class HAControl(SyncFlags):
             return [tx.version(last_key) == 0], win
         compare = [tx.mod(last_key) == last.mod_revision]
         if last.value.decode() == self.member:
+            if time.monotonic() - self._started < 2 * self.election.ttl and await self._in_sync_peer(last.mod_revision):
+                # just restarted: a follower in sync with our last term holds all we acknowledged,
+                # perhaps more than our own disk kept (a power loss without sync_writes): it goes first
+                return None
             return compare, win
         flag_key = self._key("insync", self.member)
         flag = await self._etcd(self.client.get(flag_key))
