@@ -14,6 +14,11 @@ from pcache.client import Client
 from pcache.common.config import ClientConfig
 from pcache.local import LocalCluster
 
+REQUIRES_ETCD = pytest.mark.skipif(
+    shutil.which("etcd") is None, reason="etcd is not installed (apt-get install etcd-server; .ci/run installs it)"
+)
+"""Marks tests that start a real etcd (Debian package etcd-server)."""
+
 FAST_MASTER = ["--master.dead_after=3", "--master.replication_check_interval=0.5", "--master.heartbeat_interval=0.5"]
 
 

@@ -114,19 +114,24 @@ class MasterClient:
 
     async def _newer_leader(self, stuck: int) -> int | None:
         """Index of a master other than ``stuck`` that leads with an epoch newer than seen, or None."""
-        for index, address in enumerate(self.addresses):
+        for index in range(len(self.addresses)):
             if index == stuck:
                 continue
-            request = pb.ClusterStatusRequest(header=self.header(), any_master=True)
             try:
-                reply, _ = await call_stamped(
-                    self.stubs[index].GetClusterStatus, request, timeout=PROBE_AFTER, target=f"master {address}"
-                )
+                reply = await self._own_status(index, PROBE_AFTER)
             except E.PCacheError:
                 continue
             if reply.master.role == "leader" and reply.epoch > self.epoch:
                 return index
         return None
+
+    async def _own_status(self, index: int, timeout: float) -> pb.ClusterStatus:
+        """Master ``index``'s own status, follower or not (no failover to another)."""
+        request = pb.ClusterStatusRequest(header=self.header(), any_master=True)
+        reply, _ = await call_stamped(
+            self.stubs[index].GetClusterStatus, request, timeout=timeout, target=f"master {self.addresses[index]}"
+        )
+        return reply
 
     def _next_master(self, index: int, exc: E.PCacheError) -> int:
         """The master to try after ``index`` failed with ``exc``: the leader it named, else the next."""
@@ -333,15 +338,8 @@ class MasterClient:
         """Ask every master (not only the leader) for its status: (address, status or error)."""
         out: list[tuple[str, pb.ClusterStatus | E.PCacheError]] = []
         for index, address in enumerate(self.addresses):
-            request = pb.ClusterStatusRequest(header=self.header(), any_master=True)
             try:
-                reply, _ = await call_stamped(
-                    self.stubs[index].GetClusterStatus,
-                    request,
-                    timeout=self.cfg.rpc_timeout,
-                    target=f"master {address}",
-                )
-                out.append((address, reply))
+                out.append((address, await self._own_status(index, self.cfg.rpc_timeout)))
             except E.PCacheError as exc:
                 out.append((address, exc))
         return out

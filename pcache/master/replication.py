@@ -710,12 +710,20 @@ class LogShipper:
         reply, _ = await call_stamped(
             getattr(follower.stub, name), request, timeout=self.rpc_timeout, target=f"follower {follower.address}"
         )
+        self._heard(follower, reply)
+        return reply
+
+    def _heard(self, follower: Follower, reply: pb.AppendResponse) -> None:
+        """Note a follower's answer; one that has seen a newer epoch means this leader is deposed.
+
+        Raises:
+            StaleEpoch: with the newer epoch as its ``epoch``.
+        """
         follower.last_contact = time.monotonic()
         if reply.epoch > self.epoch:
             err = E.StaleEpoch(f"follower {follower.member} has seen epoch {reply.epoch} > {self.epoch}")
             err.epoch = reply.epoch
             raise err
-        return reply
 
     async def _send_checkpoint(self, follower: Follower) -> None:
         """Stream a fresh RocksDB checkpoint to a follower too far behind, then go on from it."""
@@ -754,9 +762,5 @@ class LogShipper:
             )
         finally:
             shutil.rmtree(dest, ignore_errors=True)
-        follower.last_contact = time.monotonic()
-        if reply.epoch > self.epoch:
-            err = E.StaleEpoch(f"follower {follower.member} has seen epoch {reply.epoch} > {self.epoch}")
-            err.epoch = reply.epoch
-            raise err
+        self._heard(follower, reply)
         self._place(follower, reply)

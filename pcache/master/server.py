@@ -246,7 +246,7 @@ class MasterServer:
                 await asyncio.sleep(1.0)
             await self.ha.election.resign()
 
-    async def role_status(self) -> pb.MasterRole:
+    def role_status(self) -> pb.MasterRole:
         """This master's part in the pair, for ``pcache status``."""
         role = pb.MasterRole(
             role=self.role, member=self.member, address=self.address, applied_index=self.store.index,

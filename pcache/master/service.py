@@ -325,7 +325,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             ],
             default_replication=self.m.cfg.default_replication,
             default_block_size=self.m.cfg.default_block_size,
-            master=await self.m.role_status(),
+            master=self.m.role_status(),
         )
         if self.m.is_leading():
             ns, blocks = self.m.leading()

@@ -3,22 +3,16 @@
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import threading
 import time
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import FAST_MASTER
+from tests.conftest import FAST_MASTER, REQUIRES_ETCD
 from tests.fuse_client.conftest import Mount
 
-pytestmark = pytest.mark.skipif(
-    not any(os.access(os.path.join(d, "etcd"), os.X_OK) for d in os.environ.get("PATH", "").split(":")),
-    reason="etcd is not installed (apt-get install etcd-server; .ci/run installs it)",
-)
+pytestmark = REQUIRES_ETCD
 
 
 def test_mount_reads_and_writes_in_a_loop_across_failovers(fuse_ready, tmp_path: Path) -> None:

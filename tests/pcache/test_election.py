@@ -18,11 +18,9 @@ import pytest
 from pcache.common.errors import Unavailable
 from pcache.master.election import MARGIN, Election
 from pcache.testing.etcd import Etcd, start_etcd
+from tests.conftest import REQUIRES_ETCD
 
-pytestmark = pytest.mark.skipif(
-    not any(os.access(os.path.join(d, "etcd"), os.X_OK) for d in os.environ.get("PATH", "").split(":")),
-    reason="etcd is not installed (apt-get install etcd-server; .ci/run installs it)",
-)
+pytestmark = REQUIRES_ETCD
 
 TTL = 3.0
 

@@ -21,12 +21,9 @@ from pcache.common.config import ClientConfig
 from pcache.local import LocalCluster, Proc
 from pcache.proto import pcache_pb2 as pb
 from pcache.testing.faults import wait_for
-from tests.conftest import FAST_MASTER
+from tests.conftest import FAST_MASTER, REQUIRES_ETCD
 
-pytestmark = pytest.mark.skipif(
-    not any(os.access(os.path.join(d, "etcd"), os.X_OK) for d in os.environ.get("PATH", "").split(":")),
-    reason="etcd is not installed (apt-get install etcd-server; .ci/run installs it)",
-)
+pytestmark = REQUIRES_ETCD
 
 HA_MASTER = [*FAST_MASTER, "--master.lease_ttl=2", "--master.ack_timeout=1"]
 
