@@ -50,6 +50,7 @@ class MasterClient:
         self._inflight = 0  # Stat/Create/Batch calls on the wire
         self._queued: list[tuple[pb.BatchOp, asyncio.Future]] = []
         self._batching = True
+        self._flush_soon = False  # a flush is scheduled for the next loop turn
         self.failovers = 0  # calls that had to go to another master (a metric for tests and benchmarks)
 
     @property
@@ -197,18 +198,21 @@ class MasterClient:
 
     # ------------------------------------------------------------ batching --
     # Nagle's algorithm for metadata: a call with nothing in flight goes out alone at once; calls
-    # made while one is in flight wait for it and then leave together in one Batch RPC. A lone
-    # caller sees no added latency; many concurrent callers (data loader workers, FUSE threads,
-    # checkpoint ranks of one process) share round trips, and the master's commit wait.
+    # made while one is in flight wait for it and then leave together in one Batch RPC, joined by
+    # the next calls of the callers its answer woke (the flush waits one event-loop turn for
+    # them, or every batch would carry only half the callers). A lone caller sees no added
+    # latency; many concurrent callers (data loader workers, FUSE threads, checkpoint ranks of
+    # one process) share round trips, and the master's commit wait.
 
     async def _coalesced(self, name: str, request, op: pb.BatchOp) -> pb.Inode:
-        if self._inflight == 0 or not self._batching:
+        if (self._inflight == 0 and not self._flush_soon) or not self._batching:
             self._inflight += 1
             try:
                 return await self._call(name, request)
             finally:
                 self._inflight -= 1
-                self._flush()
+                if self._queued:  # callers waited for this one: its caller's next call joins them
+                    self._flush_later()
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._queued.append((op, future))
         return await future
@@ -227,8 +231,13 @@ class MasterClient:
     async def _send_batch(self, batch: list[tuple[pb.BatchOp, asyncio.Future]]) -> None:
         try:
             try:
-                reply = await self._call("Batch", pb.BatchRequest(header=self.header(), ops=[op for op, _ in batch]))
-                results = list(reply.results)
+                if len(batch) == 1:  # a batch of one is its plain call
+                    results = [await self._one_of(batch[0][0])]
+                else:
+                    reply = await self._call(
+                        "Batch", pb.BatchRequest(header=self.header(), ops=[op for op, _ in batch])
+                    )
+                    results = list(reply.results)
             except E.NotSupported:  # a master without Batch: one call each from now on
                 self._batching = False
                 results = [await self._one_of(op) for op, _ in batch]
@@ -252,7 +261,17 @@ class MasterClient:
             raise
         finally:
             self._inflight -= 1
-            self._flush()
+            self._flush_later()
+
+    def _flush_later(self) -> None:
+        """Flush once the callers this batch woke have run: their next calls join the next batch."""
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_soon = False
+        self._flush()
 
     async def _one_of(self, op: pb.BatchOp) -> pb.BatchResult | E.PCacheError:
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -72,23 +72,51 @@ def rpc_method(func: F) -> F:
     @functools.wraps(func)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         # a servicer with an ``epoch`` stamps it on every answer, failed or not
-        stamp = ((EPOCH_KEY, str(self.epoch)),) if isinstance(getattr(self, "epoch", None), int) else ()
+        stamp = _stamp(self)
         try:
             reply = await func(self, request, context)
             if stamp:
                 context.set_trailing_metadata(stamp)
             return reply
-        except E.PCacheError as exc:
-            code = STATUS_BY_ERROR.get(type(exc), grpc.StatusCode.INTERNAL)
-            leader = ((LEADER_KEY, exc.leader),) if getattr(exc, "leader", "") else ()
-            context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__), *stamp, *leader))
-            await context.abort(code, str(exc))
         except Exception as exc:
-            logger.exception("%s failed", func.__name__)
-            context.set_trailing_metadata(((ERROR_KEY, "PCacheError"), *stamp))
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            await _abort(context, exc, stamp, func.__name__)
 
     return wrapper  # type: ignore[return-value]
+
+
+def rpc_stream_method(func: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """As :func:`rpc_method`, for a servicer method that is an async generator (a response stream):
+    an error ends the stream with the status, the error name and the epoch stamp."""
+
+    @functools.wraps(func)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for reply in func(self, request, context):
+                yield reply
+        except Exception as exc:
+            await _abort(context, exc, _stamp(self), func.__name__)
+
+    return wrapper
+
+
+def _stamp(servicer: Any) -> tuple[tuple[str, str], ...]:
+    epoch = getattr(servicer, "epoch", None)
+    return ((EPOCH_KEY, str(epoch)),) if isinstance(epoch, int) else ()
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, exc: Exception, stamp: tuple[tuple[str, str], ...], method: str
+) -> None:
+    """End a call with the status of ``exc`` (a PCache error keeps its name; anything else is INTERNAL)."""
+    if isinstance(exc, E.PCacheError):
+        code = STATUS_BY_ERROR.get(type(exc), grpc.StatusCode.INTERNAL)
+        leader = ((LEADER_KEY, exc.leader),) if getattr(exc, "leader", "") else ()
+        context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__), *stamp, *leader))
+        await context.abort(code, str(exc))  # raises
+    else:
+        logger.exception("%s failed", method)
+        context.set_trailing_metadata(((ERROR_KEY, "PCacheError"), *stamp))
+        await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 def translate(exc: grpc.aio.AioRpcError, target: str = "") -> E.PCacheError:
@@ -130,11 +158,17 @@ async def call_stamped(
     try:
         reply = await pending
     except grpc.aio.AioRpcError as exc:
-        err = translate(exc, target)
-        err.epoch = _epoch_of(exc.trailing_metadata())
-        err.leader = dict(exc.trailing_metadata() or ()).get(LEADER_KEY, "")
-        raise err from exc
+        raise translate_stamped(exc, target) from exc
     return reply, _epoch_of(await pending.trailing_metadata())
+
+
+def translate_stamped(exc: grpc.aio.AioRpcError, target: str = "") -> E.PCacheError:
+    """As :func:`translate`, with the answer's epoch stamp as ``epoch`` and a NotLeader's
+    leader address as ``leader``."""
+    err = translate(exc, target)
+    err.epoch = _epoch_of(exc.trailing_metadata())
+    err.leader = dict(exc.trailing_metadata() or ()).get(LEADER_KEY, "")
+    return err
 
 
 def _epoch_of(metadata: Any) -> int:

@@ -43,7 +43,7 @@ import grpc
 
 from pcache.common import errors as E
 from pcache.common.metrics import MASTER_APPLIED_INDEX, MASTER_FOLLOWER_LAG, MASTER_REPL_BATCH
-from pcache.common.rpc import call_stamped, channel_options, rpc_method
+from pcache.common.rpc import call_stamped, channel_options, rpc_method, rpc_stream_method, translate_stamped
 from pcache.master.metastore import MetaStore
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
@@ -56,6 +56,7 @@ POSITION = struct.Struct(">QQ")
 U64 = struct.Struct(">Q")
 BATCH_ENTRIES = 4096  # entries per Append at most
 BATCH_BYTES = 4 << 20  # bytes of entries per Append at most
+WINDOW = 4  # Append messages on a follower's stream awaiting their answer at most
 CHUNK_BYTES = 1 << 20  # bytes per checkpoint chunk
 INCOMING = ".incoming"  # suffix of the directory a checkpoint is received into
 
@@ -321,10 +322,14 @@ class ReplicationServicer(pb_grpc.ReplicationServicer):
     async def Probe(self, request: pb.MemberRequest, context: grpc.aio.ServicerContext) -> pb.AppendResponse:
         return self._reply(True)
 
-    @rpc_method
-    async def Append(self, request: pb.AppendRequest, context: grpc.aio.ServicerContext) -> pb.AppendResponse:
-        self._accept(request.epoch, request.leader)
-        return self._reply(self.store.append(request))
+    @rpc_stream_method
+    async def Append(
+        self, request_iterator: AsyncIterator[pb.AppendRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.AppendResponse]:
+        """Apply the leader's stream of entry groups in order, answering each one in turn."""
+        async for request in request_iterator:
+            self._accept(request.epoch, request.leader)
+            yield self._reply(self.store.append(request))
 
     @rpc_method
     async def InstallCheckpoint(
@@ -666,29 +671,88 @@ class LogShipper:
         if follower.next_index < self.store.tail_first():
             await self._send_checkpoint(follower)
             return
-        entries = self.store.entries_after(follower.next_index - 1)
-        if not entries:
-            follower.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(follower.wake.wait(), self.heartbeat)
-            entries = self.store.entries_after(follower.next_index - 1)
-        prev = follower.next_index - 1
-        request = pb.AppendRequest(
-            epoch=self.epoch, leader=self.address, prev_index=prev, prev_epoch=self.store.epoch_of(prev),
-            entries=entries,
-        )  # fmt: skip
-        reply = await self._rpc(follower, "Append", request)
-        if entries:
-            MASTER_REPL_BATCH.observe(len(entries))
-        if reply.ok:
+        await self._stream(follower)
+
+    async def _stream(self, follower: Follower) -> None:
+        """Ship entries on one Append stream until the follower refuses one or the stream fails.
+
+        Up to :data:`WINDOW` messages are in flight, so the entries of the next client batches
+        leave before the previous ones are answered (pipelined, as etcd's raft streams do); an
+        idle stream carries an empty message every ``heartbeat`` seconds. A message unanswered
+        for ``rpc_timeout`` seconds fails the stream (the follower is then probed again).
+
+        Raises:
+            StaleEpoch: the follower has seen a newer epoch. Unavailable, Timeout: the stream broke.
+        """
+        assert follower.stub is not None and follower.next_index is not None
+        target = f"follower {follower.address}"
+        call = follower.stub.Append()  # long-lived: each message's answer has the deadline
+        sent: deque[float] = deque()  # send times of the messages not yet answered
+        last = follower.next_index - 1  # the last index sent
+        last_sent = time.monotonic()
+        reader = asyncio.ensure_future(self._answers(follower, call, sent, target))
+        reader.add_done_callback(lambda task: task.cancelled() or task.exception())  # seen, even if unread
+        try:
+            while not reader.done():
+                now = time.monotonic()
+                if len(sent) < WINDOW:
+                    if last + 1 < self.store.tail_first():
+                        return  # it fell out of the tail: a checkpoint next
+                    entries = self.store.entries_after(last)
+                    if entries or (not sent and now - last_sent >= self.heartbeat):
+                        request = pb.AppendRequest(
+                            epoch=self.epoch, leader=self.address, prev_index=last,
+                            prev_epoch=self.store.epoch_of(last), entries=entries,
+                        )  # fmt: skip
+                        sent.append(now)  # before the write: its answer may come while it is written
+                        try:
+                            async with asyncio.timeout(self.rpc_timeout):
+                                await call.write(request)
+                        except grpc.aio.AioRpcError as exc:
+                            raise translate_stamped(exc, target) from exc
+                        except TimeoutError as exc:
+                            raise E.Timeout(f"{target} took no entries for {self.rpc_timeout:.1f} s") from exc
+                        last_sent = now
+                        if entries:
+                            last = entries[-1].index
+                            MASTER_REPL_BATCH.observe(len(entries))
+                        continue
+                # wait for an append, an answer, the end of the stream or the next heartbeat
+                if sent:
+                    wait = self.rpc_timeout - (now - sent[0])
+                    if wait <= 0:
+                        raise E.Timeout(f"{target} answered no entries for {self.rpc_timeout:.1f} s")
+                else:
+                    wait = self.heartbeat - (now - last_sent)
+                follower.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(follower.wake.wait(), max(wait, 0.0))
+            reader.result()  # its error, if it failed
+        finally:
+            reader.cancel()
+            call.cancel()
+
+    async def _answers(self, follower: Follower, call, sent: deque[float], target: str) -> None:
+        """Take a stream's answers in order; returns when the follower refused one (placed anew)."""
+        while True:
+            try:
+                reply = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                raise translate_stamped(exc, target) from exc
+            if reply is grpc.aio.EOF:
+                raise E.Unavailable(f"{target} closed the replication stream")
+            sent.popleft()
+            self._heard(follower, reply)
+            follower.wake.set()
+            if not reply.ok:
+                self._place(follower, reply)
+                return
             follower.acked = reply.applied_index
             follower.next_index = reply.applied_index + 1
             follower.state = "replicating"
             MASTER_FOLLOWER_LAG.labels(follower.member).set(self.store.index - follower.acked)
             self._advance()
             await self._maybe_rejoin(follower)
-        else:
-            self._place(follower, reply)
 
     def _place(self, follower: Follower, reply: pb.AppendResponse) -> None:
         """Find where a follower's log agrees with ours: after its last entry, or a checkpoint."""

@@ -35,7 +35,7 @@ class ReplicationStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Append = channel.unary_unary(
+        self.Append = channel.stream_stream(
                 '/pcache.Replication/Append',
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.AppendRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.AppendResponse.FromString,
@@ -56,8 +56,9 @@ class ReplicationServicer:
     """Leader -> follower replication of the metastore log.
     """
 
-    def Append(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+    def Append(self, request_iterator, context):
+        """the leader's log, in order on one stream; each request answered in turn (pipelined)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -77,7 +78,7 @@ class ReplicationServicer:
 
 def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Append': grpc.unary_unary_rpc_method_handler(
+            'Append': grpc.stream_stream_rpc_method_handler(
                     servicer.Append,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.AppendRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.AppendResponse.SerializeToString,
@@ -105,7 +106,7 @@ class Replication:
     """
 
     @staticmethod
-    def Append(request,
+    def Append(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -115,8 +116,8 @@ class Replication:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/pcache.Replication/Append',
             pcache_dot_proto_dot_pcache__pb2.AppendRequest.SerializeToString,

@@ -143,3 +143,97 @@ def test_checkpoint_install_swaps_the_database(tmp_path: Path) -> None:
     reopened = ReplicatedStore(RocksMetaStore(fpath), path=fpath)
     assert reopened.index == 2 and reopened.get(b"k") == b"v"
     reopened.close()
+
+
+class _Flags:
+    """In-sync flags kept in memory (the etcd-backed ones are exercised in test_master_ha)."""
+
+    def __init__(self) -> None:
+        self.in_sync: set[str] = set()
+
+    async def set_in_sync(self, member: str) -> bool:
+        self.in_sync.add(member)
+        return True
+
+    async def clear_in_sync(self, member: str) -> bool:
+        self.in_sync.discard(member)
+        return True
+
+
+def test_the_append_stream_pipelines_bursts_and_stays_up_when_idle() -> None:
+    """A leader's log reaches a follower over one gRPC Append stream (loopback): every commit
+    returns once the follower applied it, both stores agree, and an idle stream (heartbeats
+    only) is not mistaken for a silent follower: it is never re-probed."""
+    import asyncio
+    import threading
+
+    import grpc
+
+    from pcache.master.replication import LogShipper, ReplicationServicer
+    from pcache.proto import pcache_pb2_grpc as pb_grpc
+
+    follower_store = ReplicatedStore(MemoryMetaStore())
+    follower_loop = asyncio.new_event_loop()  # the follower answers from its own thread, as from its own process
+    started = threading.Event()
+    server: grpc.aio.Server | None = None
+    port = 0
+
+    async def serve() -> None:
+        nonlocal server, port
+        server = grpc.aio.server()
+        pb_grpc.add_ReplicationServicer_to_server(ReplicationServicer(follower_store, "f1", lambda: False), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        started.set()
+        await server.wait_for_termination()
+
+    thread = threading.Thread(target=follower_loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+
+    async def scenario() -> None:
+        leader = leader_store()
+        shipper = LogShipper(leader, epoch=7, address="leader", flags=_Flags(), rpc_timeout=1.0, heartbeat=0.1)
+        probes = 0
+        try:
+            shipper.set_members({"f1": f"127.0.0.1:{port}"})
+            follower = shipper.followers["f1"]
+            real_rpc = shipper._rpc
+
+            async def counting(f, name, request):
+                nonlocal probes
+                probes += name == "Probe"
+                return await real_rpc(f, name, request)
+
+            shipper._rpc = counting  # type: ignore[method-assign]
+            for _ in range(100):  # until it is in sync (required): commits wait for it from then on
+                if follower.in_sync:
+                    break
+                await asyncio.sleep(0.02)
+            assert follower.in_sync
+            for burst in range(5):
+                waits = []
+                for i in range(40):  # concurrent writers: their entries leave on several messages
+                    leader.write([(b"k%d.%d" % (burst, i), b"v" * i)])
+                    waits.append(shipper.commit(leader.index, timeout=5.0))
+                    if i % 7 == 0:
+                        await asyncio.sleep(0)
+                await asyncio.gather(*waits)
+                assert follower_store.index == leader.index  # committed means applied there
+            assert dict(follower_store.scan(b"k")) == dict(leader.scan(b"k")) and len(dict(leader.scan(b"k"))) == 200
+            probes_before = probes
+            await asyncio.sleep(2.5)  # idle: more than twice the answer deadline
+            assert follower.state == "replicating" and probes == probes_before
+            assert shipper.status()[0].last_contact_age < 0.5  # heartbeats answered
+            leader.write([(b"after-idle", b"x")])
+            await shipper.commit(leader.index, timeout=5.0)
+            assert follower_store.get(b"after-idle") == b"x"
+        finally:
+            shipper.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        assert server is not None
+        asyncio.run_coroutine_threadsafe(server.stop(None), follower_loop).result(10)
+        thread.join(10)
