@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from babel.daemon import DEFAULT_LISTEN, DaemonConfig, serve, split_addr
+from babel.daemon import DEFAULT_ALLOW, DEFAULT_LISTEN, DaemonConfig, serve, split_addr
 from babel.journal import default_state_dir
 
 
@@ -16,11 +16,12 @@ from babel.journal import default_state_dir
     epilog="""Examples:
 
 \b
-  babel daemon --listen 0.0.0.0:7700 --max-jobs 4
+  babel daemon --listen 0.0.0.0:7700 --max-jobs 4 --allow s3:// --allow file:///data
   babel sync file:///data/shards s3://train-data/shards --daemon 127.0.0.1:7700
   babel jobs --daemon 127.0.0.1:7700
-  curl -X POST 127.0.0.1:7700/schedules -d '{"src": "s3://ckpt/run7", "dst": "file:///ckpt/run7",
-       "every": 300, "newest_checkpoint": true}'
+  curl -X POST 127.0.0.1:7700/schedules -H "Authorization: Bearer $(cat ~/.local/state/babel/daemon.token)"
+       -H 'Content-Type: application/json'
+       -d '{"src": "s3://ckpt/run7", "dst": "file:///data/ckpt/run7", "every": 300, "newest_checkpoint": true}'
 """,
 )
 @click.option("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT", help="HTTP API address.")
@@ -34,15 +35,51 @@ from babel.journal import default_state_dir
     show_default=True,
     help="Jobs running at once (others queue).",
 )
-def daemon_cmd(listen: str, state_dir: str | None, max_jobs: int) -> int:
-    """Serve an HTTP API that queues syncs, runs schedules and keeps the job history."""
+@click.option(
+    "--allow",
+    "allow",
+    multiple=True,
+    metavar="PREFIX",
+    help="URI prefix jobs may name (repeat; replaces the default s3:// oss:// pcache://). "
+    "file:// paths only when given, e.g. --allow file:///data.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Host header name to accept besides IP literals and localhost (repeat), e.g. a Service's DNS name.",
+)
+@click.option(
+    "--token-file",
+    default="",
+    metavar="PATH",
+    help="Bearer token file [default: STATE_DIR/daemon.token, created 0600]; $BABEL_DAEMON_TOKEN overrides it.",
+)
+def daemon_cmd(
+    listen: str, state_dir: str | None, max_jobs: int, allow: tuple[str, ...], allowed_hosts: tuple[str, ...],
+    token_file: str,
+) -> int:  # fmt: skip
+    """Serve an HTTP API that queues syncs, runs schedules and keeps the job history.
+
+    Every request needs the bearer token (the CLI on this machine finds it in the state
+    directory); jobs may only name URIs under the allowed prefixes.
+    """
     try:
         split_addr(listen)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--listen") from exc
+    for prefix in allow:
+        if "://" not in prefix:
+            raise click.BadParameter(f"expected a URI prefix such as s3://bucket/ or file:///data, got {prefix!r}",
+                                     param_hint="--allow")  # fmt: skip
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
         logging.getLogger("babel").setLevel(logging.INFO)  # a server logs its config and jobs without -v
-    asyncio.run(serve(DaemonConfig(listen=listen, state_dir=state_dir or default_state_dir(), max_jobs=max_jobs)))
+    cfg = DaemonConfig(
+        listen=listen, state_dir=state_dir or default_state_dir(), max_jobs=max_jobs, token_file=token_file,
+        allow=tuple(allow) or DEFAULT_ALLOW, allowed_hosts=tuple(allowed_hosts),
+    )  # fmt: skip
+    asyncio.run(serve(cfg))
     return 0
 
 

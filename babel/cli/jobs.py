@@ -21,9 +21,9 @@ from pcache.common.process import process_alive
 def jobs_cmd(state_dir: str | None, daemon_addr: str | None, as_json: bool, limit: int) -> int:
     """List sync jobs, newest first, with their state and summary."""
     if daemon_addr:
-        from babel.daemon import fetch_jobs
+        from babel.daemon import client_token, fetch_jobs
 
-        jobs = fetch_jobs(daemon_addr)
+        jobs = fetch_jobs(daemon_addr, token=client_token(state_dir or default_state_dir()))
     else:
         jobs = list_jobs(state_dir or default_state_dir())
     jobs = jobs[:limit]

@@ -97,9 +97,9 @@ def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, 
     except BadOption as exc:
         raise click.BadParameter(exc.reason, param_hint="--" + exc.field.replace("_", "-")) from exc
     if daemon_addr:
-        from babel.daemon import submit
+        from babel.daemon import client_token, submit
 
-        job = submit(daemon_addr, src, dst, options)
+        job = submit(daemon_addr, src, dst, options, token=client_token(state_dir))
         click.echo(job["id"])
         return 0
     with RichProgress(progress and not as_json) as bar:

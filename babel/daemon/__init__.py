@@ -14,7 +14,11 @@ and cancels its jobs (cancellation is a safe point: jobs resume from their journ
 start it resumes the jobs a stopped or killed daemon left ``queued`` or ``running``.
 
 HTTP/JSON API (errors are ``{"error": MESSAGE, "type": CLASS, "field": NAME}``; 400 for
-a malformed request, naming the field, 404 for an unknown id, 409 for a busy job):
+a malformed request, naming the field, 401 without the bearer token, 403 for a URI outside
+the allowed prefixes or a foreign ``Host`` header, 404 for an unknown id, 409 for a busy job,
+415 for a body that is not ``application/json``). Every request carries
+``Authorization: Bearer TOKEN`` (:mod:`~babel.daemon.security`: where the token lives, the
+Host and prefix rules); a bare ``GET /healthz`` answers ``{ok}`` without it:
 
 =============================  =================================================================
 ``POST /jobs``                 ``{src, dst, options?}`` -> 202 ``{id, state: "queued"}``;
@@ -50,6 +54,7 @@ Modules: :mod:`~babel.daemon.engine` (the :class:`Daemon`: queue, schedules, his
 :mod:`~babel.daemon.api` (HTTP routes, :func:`serve`), :mod:`~babel.daemon.client`,
 :mod:`~babel.daemon.checkpoints` (the newest committed checkpoint),
 :mod:`~babel.daemon.validate` (request fields; sync options by :mod:`babel.options`' rules),
+:mod:`~babel.daemon.security` (token, Host header, allowed URI prefixes),
 :mod:`~babel.daemon.config` and :mod:`~babel.daemon.errors`.
 """
 
@@ -58,18 +63,27 @@ from babel.daemon.checkpoints import join_uri, natural_key, newest_checkpoint
 from babel.daemon.client import CLIENT_TIMEOUT, fetch_job, fetch_jobs, submit
 from babel.daemon.config import DEFAULT_LISTEN, DaemonConfig, Schedule, split_addr
 from babel.daemon.engine import Daemon
-from babel.daemon.errors import Conflict, NotFound, RequestRejected
+from babel.daemon.errors import Conflict, Forbidden, NotFound, RequestRejected, Unauthorized, UnsupportedMediaType
+from babel.daemon.security import DEFAULT_ALLOW, TOKEN_ENV, check_allowed, client_token, server_token
 from babel.daemon.validate import options_from_json
 
 __all__ = [
     "CLIENT_TIMEOUT",
+    "DEFAULT_ALLOW",
     "DEFAULT_LISTEN",
+    "TOKEN_ENV",
     "Conflict",
     "Daemon",
     "DaemonConfig",
+    "Forbidden",
     "NotFound",
     "RequestRejected",
     "Schedule",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "check_allowed",
+    "client_token",
+    "server_token",
     "fetch_job",
     "fetch_jobs",
     "join_uri",

@@ -13,7 +13,8 @@ from aiohttp import web
 
 from babel.daemon.config import DaemonConfig, split_addr
 from babel.daemon.engine import Daemon
-from babel.daemon.errors import HTTP_STATUS, RequestRejected
+from babel.daemon.errors import HTTP_STATUS, Forbidden, RequestRejected, Unauthorized, UnsupportedMediaType
+from babel.daemon.security import host_allowed, server_token, token_matches
 from babel.daemon.validate import check_bool, options_from_json
 from babel.errors import BabelError
 
@@ -29,11 +30,39 @@ async def _translate_errors(request: web.Request, handler) -> web.StreamResponse
     try:
         return await handler(request)
     except tuple(HTTP_STATUS) as exc:
-        return web.json_response(_error_body(exc), status=HTTP_STATUS[type(exc)])
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+        return web.json_response(_error_body(exc), status=HTTP_STATUS[type(exc)], headers=headers)
     except web.HTTPException as exc:  # unknown route or method: JSON too
         if exc.status < 400:
             raise
         return web.json_response({"error": exc.reason, "type": "HTTPError", "field": ""}, status=exc.status)
+
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _guard(daemon: Daemon, token: str):
+    """Middleware: the Host header names this daemon, the bearer token is the daemon's, a body is
+    JSON (:mod:`babel.daemon.security`). A bare ``GET /healthz`` (a liveness probe) needs no token
+    and gets ``{ok}`` only."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler) -> web.StreamResponse:
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        port = sockname[1] if sockname else -1
+        if not host_allowed(request.headers.get("Host", ""), port, daemon.cfg.allowed_hosts):
+            raise Forbidden(
+                f"Host {request.headers.get('Host', '')!r} does not name this daemon (see --allowed-host)", field="Host"
+            )
+        if not token_matches(request.headers.get("Authorization", ""), token):
+            if request.method == "GET" and request.path == "/healthz":
+                return web.json_response({"ok": True})
+            raise Unauthorized("a bearer token is required (Authorization: Bearer TOKEN; see `babel daemon --help`)")
+        if request.method in BODY_METHODS and request.content_type != "application/json":
+            raise UnsupportedMediaType(f"the body must be application/json, not {request.content_type or 'none'}")
+        return await handler(request)
+
+    return guard
 
 
 async def _body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:
@@ -52,8 +81,9 @@ async def _body(request: web.Request, allowed: set[str], required: set[str]) -> 
     return body
 
 
-def make_app(daemon: Daemon) -> web.Application:
-    """The HTTP/JSON API (module docstring) over ``daemon``; handlers only translate and delegate."""
+def make_app(daemon: Daemon, token: str) -> web.Application:
+    """The HTTP/JSON API (module docstring) over ``daemon``, open to holders of ``token``;
+    handlers only translate and delegate."""
     routes = web.RouteTableDef()
 
     @routes.post("/jobs")
@@ -104,7 +134,7 @@ def make_app(daemon: Daemon) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "pid": os.getpid(), "state_dir": daemon.state_dir, **daemon.counts()})
 
-    app = web.Application(middlewares=[_translate_errors])
+    app = web.Application(middlewares=[_translate_errors, _guard(daemon, token)])
     app.add_routes(routes)
     return app
 
@@ -115,7 +145,7 @@ async def serve(cfg: DaemonConfig) -> None:
     Raises:
         ValueError: ``cfg.listen`` is not HOST:PORT.
         BabelError: another daemon holds the state directory.
-        OSError: the address cannot be bound.
+        OSError: the address cannot be bound, or the token file cannot be read or created.
     """
     logger.info("babel daemon config: %s", " ".join(f"{k}={v!r}" for k, v in asdict(cfg).items()))
     host, port = split_addr(cfg.listen)
@@ -123,9 +153,10 @@ async def serve(cfg: DaemonConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    token = server_token(cfg.state_dir, cfg.token_file)
     daemon = Daemon(cfg)
     await daemon.start()
-    runner = web.AppRunner(make_app(daemon), access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(make_app(daemon, token), access_log=None, shutdown_timeout=1.0)
     try:
         await runner.setup()
         await web.TCPSite(runner, host, port, shutdown_timeout=1.0).start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from babel.daemon.security import DEFAULT_ALLOW
 from babel.journal import default_state_dir
 
 DEFAULT_LISTEN = "127.0.0.1:7700"
@@ -22,6 +23,13 @@ class DaemonConfig:
     """Jobs running at once; the others wait with state ``queued``."""
     stop_grace: float = 5.0
     """Seconds the jobs get to stop after SIGTERM/SIGINT before the process exits anyway."""
+    token_file: str = ""
+    """File holding the API's bearer token ("" = ``<state_dir>/daemon.token``, created 0600);
+    ``$BABEL_DAEMON_TOKEN`` overrides it."""
+    allow: tuple[str, ...] = DEFAULT_ALLOW
+    """URI prefixes jobs and schedules may name (default: the object stores, no ``file://``)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Names besides IP literals and ``localhost`` the ``Host`` header may give (a Service's DNS name)."""
 
 
 @dataclass

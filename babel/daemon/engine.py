@@ -17,6 +17,7 @@ from typing import Any
 from babel.daemon.checkpoints import join_uri, newest_checkpoint
 from babel.daemon.config import DaemonConfig, Schedule
 from babel.daemon.errors import Conflict, NotFound
+from babel.daemon.security import check_allowed
 from babel.daemon.validate import check_positive, check_uri, options_from_json
 from babel.errors import BabelError
 from babel.journal import Journal, list_jobs
@@ -108,10 +109,9 @@ class Daemon:
         """Create a sync job and queue it; ``extra`` goes into its job.json. Returns the job.json.
 
         Raises:
-            RequestRejected: a bad URI (``field`` src or dst).
+            RequestRejected: a bad URI (``field`` src or dst). Forbidden: outside ``cfg.allow``.
         """
-        check_uri(src, "src")
-        check_uri(dst, "dst")
+        self._check_uris(src, dst)
         job_id = create_job(src, dst, options or SyncOptions(), self.state_dir)
         return self._queue(job_id, **extra)
 
@@ -121,6 +121,7 @@ class Daemon:
         Raises:
             NotFound: no such job.
             Conflict: it is queued or running (here or in a live process), or not a sync job.
+            Forbidden: its URIs are outside ``cfg.allow`` now.
         """
         doc = self.job(job_id)
         if job_id in self._tasks:
@@ -129,7 +130,14 @@ class Daemon:
             raise Conflict(f"job {job_id} is a {doc['kind']} job; only sync jobs resume")
         if doc.get("state") in ACTIVE and other_process_alive(doc.get("pid")):
             raise Conflict(f"job {job_id} is {doc['state']} in process {doc['pid']}")
+        self._check_uris(doc.get("src", ""), doc.get("dst", ""))  # the prefixes allowed may have changed since
         return self._queue(job_id)
+
+    def _check_uris(self, src: str, dst: str) -> None:
+        """Raises RequestRejected (a bad URI) or Forbidden (outside ``cfg.allow``), naming the field."""
+        for uri, field in ((src, "src"), (dst, "dst")):
+            check_uri(uri, field)
+            check_allowed(uri, field, self.cfg.allow)
 
     def jobs(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Every job's job.json in the state directory, newest first (at most ``limit``)."""
@@ -210,10 +218,9 @@ class Daemon:
         """Add a schedule (persisted) and run its first tick now. Returns it (see :meth:`schedule`).
 
         Raises:
-            RequestRejected: a bad URI or ``every`` not > 0 seconds.
+            RequestRejected: a bad URI or ``every`` not > 0 seconds. Forbidden: outside ``cfg.allow``.
         """
-        check_uri(src, "src")
-        check_uri(dst, "dst")
+        self._check_uris(src, dst)
         every = check_positive(every, "every", "seconds")
         sched = Schedule(
             id="sched-" + secrets.token_hex(4), src=src, dst=dst, every=float(every),

@@ -43,10 +43,23 @@ pytestmark = pytest.mark.s3
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def http(addr: str, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
-    """(status, JSON body) of one request to the daemon."""
+def http(
+    addr: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    raw: bytes | None = None,
+    *,
+    token: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    """(status, JSON body) of one request to the daemon, as JSON with ``token`` (None: no
+    Authorization header); ``headers`` added last (they may replace those)."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(f"http://{addr}{path}", data=data, method=method)
+    sent = {"Content-Type": "application/json"}
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(f"http://{addr}{path}", data=data, method=method, headers={**sent, **(headers or {})})
     try:
         with _OPENER.open(req, timeout=10) as resp:
             return resp.status, json.loads(resp.read())
@@ -70,10 +83,11 @@ class DaemonProcess:
     def __init__(self, state: Path, *extra: str) -> None:
         self.addr = f"127.0.0.1:{free_port()}"
         self.log = state.parent / f"daemon-{time.monotonic_ns()}.log"
+        allow = ["--allow", "s3://", "--allow", f"file://{state.parent}"]  # the test's own directory only
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "babel.cli.main", "daemon", "--listen", self.addr, "--state-dir", str(state),
-                 *extra],
+                 *allow, *extra],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         try:
@@ -81,6 +95,12 @@ class DaemonProcess:
         except AssertionError:
             self.proc.kill()
             raise AssertionError(self.log.read_text()) from None
+        self.token = (state / "daemon.token").read_text().strip()
+        self.env = {"BABEL_DAEMON_TOKEN": self.token}  # for the CLI, whose default state dir is not this one
+
+    def http(self, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+        """:func:`http` to this daemon with its token."""
+        return http(self.addr, method, path, body, raw, token=self.token)
 
     def _healthy(self) -> bool:
         assert self.proc.poll() is None, self.log.read_text()
@@ -166,7 +186,9 @@ def test_queue_runs_at_most_max_jobs(tmp_path: Path) -> None:
         srcs.append(f"file://{tmp_path}/src{i}")
 
     async def scenario() -> tuple[list[str], int]:
-        daemon = Daemon(DaemonConfig(listen="127.0.0.1:0", state_dir=str(state), max_jobs=1))
+        daemon = Daemon(
+            DaemonConfig(listen="127.0.0.1:0", state_dir=str(state), max_jobs=1, allow=(f"file://{tmp_path}",))
+        )
         await daemon.start()
         try:
             ids = [daemon.submit(src, f"file://{tmp_path}/dst{i}")["id"] for i, src in enumerate(srcs)]
@@ -196,7 +218,7 @@ def test_newest_checkpoint_from_s3_in_process(tmp_path: Path, s3_uri: str, moto_
     assert asyncio.run(newest_checkpoint(s3_uri)) == "step-9"  # step-10 has no .metadata yet
 
     async def scenario() -> dict:
-        daemon = Daemon(DaemonConfig(state_dir=str(tmp_path / "state")))
+        daemon = Daemon(DaemonConfig(state_dir=str(tmp_path / "state"), allow=("s3://", f"file://{tmp_path}")))
         await daemon.start()
         try:
             sid = daemon.add_schedule(s3_uri, f"file://{tmp_path}/out", 60, newest_checkpoint=True)["id"]
@@ -221,12 +243,12 @@ def test_cli_submits_and_lists_jobs(tmp_path: Path, s3_uri: str, moto_endpoint: 
     write_tree(src, files)
     d = daemons(state)
 
-    r = babel("sync", f"file://{src}", s3_uri, "--daemon", d.addr, "--verify", "full")
+    r = babel("sync", f"file://{src}", s3_uri, "--daemon", d.addr, "--verify", "full", env=d.env)
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip()
 
     def done() -> dict | None:
-        r = babel("jobs", "--daemon", d.addr, "--json")
+        r = babel("jobs", "--daemon", d.addr, "--json", env=d.env)
         assert r.returncode == 0, r.stderr
         jobs = {j["id"]: j for j in json.loads(r.stdout)}
         return jobs[job_id] if jobs[job_id]["state"] not in ("queued", "running") else None
@@ -240,11 +262,11 @@ def test_cli_submits_and_lists_jobs(tmp_path: Path, s3_uri: str, moto_endpoint: 
 
     from babel.daemon import fetch_job, fetch_jobs
 
-    assert fetch_job(d.addr, job_id)["summary"]["copied"] == len(files)
+    assert fetch_job(d.addr, job_id, token=d.token)["summary"]["copied"] == len(files)
     # a job the CLI runs itself on the same state directory is in the daemon's history too
     r = babel("sync", f"file://{src}", f"file://{tmp_path}/local", "--json", env={"BABEL_STATE_DIR": str(state)})
     assert r.returncode == 0, r.stderr
-    history = fetch_jobs(d.addr)
+    history = fetch_jobs(d.addr, token=d.token)
     assert [j["id"] for j in history][1] == job_id and history[0]["dst"] == f"file://{tmp_path}/local"
     assert "runner" not in history[0]  # not the daemon's: never resumed by it
 
@@ -268,24 +290,24 @@ def test_bad_requests_get_400_naming_the_field(tmp_path: Path, daemons) -> None:
         ("/schedules", {**ok, "every": 5, "newest_checkpoint": "yes"}, "newest_checkpoint"),
     ]
     for path, body, where in cases:
-        status, doc = http(d.addr, "POST", path, body)
+        status, doc = d.http("POST", path, body)
         assert (status, doc["field"]) == (400, where), (body, doc)
-    status, doc = http(d.addr, "POST", "/jobs", {**ok, "src": "nope://x/y"})
+    status, doc = d.http("POST", "/jobs", {**ok, "src": "nope://x/y"})
     assert "BadURI" in doc["error"] and "nope" in doc["error"]
-    assert http(d.addr, "POST", "/jobs", raw=b"{not json")[0] == 400
+    assert d.http("POST", "/jobs", raw=b"{not json")[0] == 400
     huge = b'{"src": "%s", "dst": "%s", "options": {"memory": 1%s}}' % (
         ok["src"].encode(),
         ok["dst"].encode(),
         b"0" * 5000,
     )
-    assert http(d.addr, "POST", "/jobs", raw=huge)[0] == 400  # past Python's int-parsing limit: not a 500
-    assert http(d.addr, "GET", "/jobs/20990101-000000-abcdef")[0] == 404
-    assert http(d.addr, "GET", "/jobs/..")[0] == 404
-    assert http(d.addr, "POST", "/jobs/nope/resume")[0] == 404
-    assert http(d.addr, "DELETE", "/schedules/nope")[0] == 404
+    assert d.http("POST", "/jobs", raw=huge)[0] == 400  # past Python's int-parsing limit: not a 500
+    assert d.http("GET", "/jobs/20990101-000000-abcdef")[0] == 404
+    assert d.http("GET", "/jobs/..")[0] == 404
+    assert d.http("POST", "/jobs/nope/resume")[0] == 404
+    assert d.http("DELETE", "/schedules/nope")[0] == 404
     assert list_jobs(str(tmp_path / "state")) == []  # nothing was created by a rejected request
 
-    r = babel("sync", "nope://x", f"file://{tmp_path}/b", "--daemon", d.addr)
+    r = babel("sync", "nope://x", f"file://{tmp_path}/b", "--daemon", d.addr, env=d.env)
     assert r.returncode == 3 and "BadURI" in r.stderr and "Traceback" not in r.stderr
     port = free_port()
     r = babel("daemon", "--listen", "127.0.0.1:99999", "--state-dir", str(tmp_path / "s2"))
@@ -309,14 +331,14 @@ def test_newest_checkpoint_schedule_survives_restart(tmp_path: Path, daemons) ->
     assert asyncio.run(newest_checkpoint(f"file://{ckpt}")) == "step-200"  # by number: step-90 < step-200
 
     d = daemons(state)
-    status, sched = http(d.addr, "POST", "/schedules",
+    status, sched = d.http("POST", "/schedules",
                          {"src": f"file://{ckpt}", "dst": f"file://{mirror}", "every": 0.3, "newest_checkpoint": True})  # fmt: skip
     assert status == 201 and sched["every"] == 0.3
     sid = sched["id"]
 
     def synced(name: str):
         def check():
-            doc = http(d.addr, "GET", f"/schedules/{sid}")[1]
+            doc = d.http("GET", f"/schedules/{sid}")[1]
             return doc if doc["last_synced"] == name else None
 
         return check
@@ -326,7 +348,7 @@ def test_newest_checkpoint_schedule_survives_restart(tmp_path: Path, daemons) ->
     time.sleep(1.0)  # a few periods: nothing new, nothing submitted
 
     def ckpt_jobs(name: str) -> list[dict]:
-        return [j for j in http(d.addr, "GET", "/jobs")[1] if j.get("checkpoint") == name]
+        return [j for j in d.http("GET", "/jobs")[1] if j.get("checkpoint") == name]
 
     data, commit = sorted(ckpt_jobs("step-200"), key=lambda j: j["created"])
     assert (data["stage"], commit["stage"]) == ("data", "commit")
@@ -337,20 +359,20 @@ def test_newest_checkpoint_schedule_survives_restart(tmp_path: Path, daemons) ->
     wait_for(synced("step-300"), 10, "step-300 to be synced", every=0.05)
     assert tree(mirror) == {**{f"step-200/{k}": v for k, v in step[200].items()},
                             **{f"step-300/{k}": v for k, v in step[300].items()}}  # fmt: skip
-    history = [j.get("checkpoint") for j in http(d.addr, "GET", "/jobs")[1]]
+    history = [j.get("checkpoint") for j in d.http("GET", "/jobs")[1]]
     assert history == ["step-300"] * 2 + ["step-200"] * 2  # newest first
 
     t0 = time.monotonic()
     assert d.stop(signal.SIGTERM) == 0
     assert time.monotonic() - t0 < 5
     d2 = daemons(state)
-    status, schedules = http(d2.addr, "GET", "/schedules")
+    status, schedules = d2.http("GET", "/schedules")
     assert status == 200 and [s["id"] for s in schedules] == [sid]
     assert schedules[0]["last_synced"] == "step-300" and schedules[0]["newest_checkpoint"] is True
     time.sleep(1.0)
-    assert len(http(d2.addr, "GET", "/jobs")[1]) == 4  # step-300 was synced already: not again
-    assert http(d2.addr, "DELETE", f"/schedules/{sid}") == (200, {"id": sid, "deleted": True})
-    assert http(d2.addr, "GET", "/schedules") == (200, [])
+    assert len(d2.http("GET", "/jobs")[1]) == 4  # step-300 was synced already: not again
+    assert d2.http("DELETE", f"/schedules/{sid}") == (200, {"id": sid, "deleted": True})
+    assert d2.http("GET", "/schedules") == (200, [])
     assert json.loads((state / "schedules.json").read_text()) == {"schedules": []}
 
 
@@ -362,7 +384,7 @@ def test_sigterm_and_sigkill_mid_job_then_resumed_to_ok(
     write_tree(src, files)
     d = daemons(state)
     r = babel("sync", f"file://{src}", s3_uri, "--daemon", d.addr, "--bwlimit", "12M", "--part-size", "5M",
-              "--transfers", "2")  # fmt: skip
+              "--transfers", "2", env=d.env)  # fmt: skip
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip()
 
@@ -385,8 +407,61 @@ def test_sigterm_and_sigkill_mid_job_then_resumed_to_ok(
 
     d3 = daemons(state)
     job = wait_for(
-        lambda: (j := http(d3.addr, "GET", f"/jobs/{job_id}")[1])["state"] == "ok" and j, 20, "the job", every=0.05
+        lambda: (j := d3.http("GET", f"/jobs/{job_id}")[1])["state"] == "ok" and j, 20, "the job", every=0.05
     )
     assert job["summary"]["already_done"] > 0  # the killed runs' copies were kept
     assert bucket_contents(s3_uri.split("/")[2], moto_endpoint) == files
-    assert http(d3.addr, "GET", "/healthz")[1]["running"] == 0
+    assert d3.http("GET", "/healthz")[1]["running"] == 0
+
+
+def test_an_attacker_gets_nothing_from_the_daemon(tmp_path: Path, daemons) -> None:
+    """From the attacker's side: no token, a wrong or truncated token, a form post (CSRF), a
+    foreign Host header (DNS rebinding), jobs naming /etc, /root, a '..' escape or a symlink out
+    of the allowed directory: each refused, and no job is created."""
+    state = tmp_path / "state"
+    d = daemons(state, "--allowed-host", "babel.svc")
+    token_file = state / "daemon.token"
+    assert token_file.stat().st_mode & 0o777 == 0o600 and len(d.token) >= 40
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "escape").symlink_to("/etc")
+    ok = {"src": f"file://{tmp_path}/data", "dst": f"file://{tmp_path}/out"}
+    for token in (None, "", "wrong", d.token[:-1], d.token + "x", d.token.upper()):
+        for method, path, body in (("GET", "/jobs", None), ("POST", "/jobs", ok), ("GET", "/schedules", None),
+                                   ("POST", "/schedules", {**ok, "every": 5}), ("DELETE", "/schedules/x", None),
+                                   ("POST", "/jobs/x/resume", None), ("GET", "/jobs/x", None)):  # fmt: skip
+            status, doc = http(d.addr, method, path, body, token=token)
+            assert (status, doc["type"]) == (401, "Unauthorized"), (token, method, path, doc)
+    assert http(d.addr, "GET", "/healthz") == (200, {"ok": True})  # a liveness probe learns nothing more
+    assert "pid" in d.http("GET", "/healthz")[1]
+    form = http(d.addr, "POST", "/jobs", raw=b"src=file:///etc&dst=file:///tmp/x", token=d.token,
+                headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+    assert form[0] == 415
+    plain = http(
+        d.addr, "POST", "/jobs", raw=json.dumps(ok).encode(), token=d.token, headers={"Content-Type": "text/plain"}
+    )
+    assert plain[0] == 415
+    port = d.addr.rsplit(":", 1)[1]
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1:1", f"babel.svc.evil:{port}", ""):
+        status, doc = http(d.addr, "GET", "/jobs", token=d.token, headers={"Host": host})
+        assert status == 403 and doc["field"] == "Host", host
+    for host in (f"localhost:{port}", f"babel.svc:{port}", f"[::1]:{port}", f"10.1.2.3:{port}"):
+        assert http(d.addr, "GET", "/jobs", token=d.token, headers={"Host": host})[0] == 200, host
+    forbidden = [
+        ("src", "file:///etc"), ("src", "file:///etc/shadow"), ("dst", "file:///root/x"),
+        ("src", f"file://{tmp_path}/data/../../etc"), ("src", f"file://{tmp_path}/data/escape"),
+        ("dst", f"file://{tmp_path}database"), ("src", "file://" + str(tmp_path).rstrip("/") + "x/y"),
+    ]  # fmt: skip
+    for field, uri in forbidden:
+        status, doc = d.http("POST", "/jobs", {**ok, field: uri})
+        assert status in (400, 403) and doc["field"] == field, (uri, doc)
+        status, doc = d.http("POST", "/schedules", {**ok, field: uri, "every": 5})
+        assert status in (400, 403) and doc["field"] == field, (uri, doc)
+    assert list_jobs(str(state)) == [] and d.http("GET", "/schedules") == (200, [])
+    status, doc = d.http("POST", "/jobs", ok)  # the allowed directory itself works
+    assert status == 202
+    # the CLI finds the token in the daemon's state directory; with another one it is refused
+    r = babel("jobs", "--daemon", d.addr, "--state-dir", str(state), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["id"] == doc["id"], r.stderr
+    r = babel("jobs", "--daemon", d.addr, "--state-dir", str(tmp_path / "other"))
+    assert r.returncode != 0 and "bearer token" in r.stderr and "Traceback" not in r.stderr
+    assert d.token not in d.log.read_text()  # the token is never logged

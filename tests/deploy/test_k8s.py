@@ -561,11 +561,17 @@ def test_babel_daemon(toml_file: Path, tmp_path: Path) -> None:
     assert host == "0.0.0.0" and [p["containerPort"] for p in babel["ports"]] == [port]
     (svc_port,) = one("Service", "babel-daemon")["spec"]["ports"]
     assert svc_port["port"] == port
+    svc = one("Service", "babel-daemon")["metadata"]
+    assert {svc["name"], f"{svc['name']}.{svc['namespace']}.svc"} <= set(run.ctx.params["allowed_hosts"])
+    assert run.ctx.params["allow"] and not any(p.startswith("file://") for p in run.ctx.params["allow"])
+    token_env = next(e for e in babel["env"] if e["name"] == "BABEL_DAEMON_TOKEN")
+    assert token_env["valueFrom"]["secretKeyRef"]["name"] == one("Secret", "babel-api-token")["metadata"]["name"]
     mounts = {m["name"]: m["mountPath"] for m in babel["volumeMounts"]}
     assert mounts["state"] == run.ctx.params["state_dir"]
     assert {"name": "BABEL_STATE_DIR", "value": run.ctx.params["state_dir"]} in babel["env"]
     paths = {
-        "/" + r.canonical.strip("/") for r in make_app(Daemon(DaemonConfig(state_dir=str(tmp_path)))).router.resources()
+        "/" + r.canonical.strip("/")
+        for r in make_app(Daemon(DaemonConfig(state_dir=str(tmp_path))), "t").router.resources()
     }
     for kind in ("readinessProbe", "livenessProbe"):
         assert babel[kind]["httpGet"]["path"] in paths
