@@ -1,0 +1,216 @@
+"""Signed credentials: tenant and admin tokens for master RPCs, block tokens for the data plane.
+
+Both are HMAC-SHA256 over every field they carry, under a key named by its id, so a holder cannot
+change any field (tenant, scope, block, operations, expiry) without the key, and a verifier needs
+no lookup but the key ring. The design is HDFS's: delegation tokens for the namespace and block
+access tokens (``BlockTokenSecretManager``: block id, access modes, expiry, key id; the NameNode
+hands them out with every located block, DataNodes check them on every op).
+
+Formats (ASCII, ``.``-separated; no field may contain a dot)::
+
+    v1.KID.TENANT.SCOPE.EXPIRY.MAC              token for master RPCs
+    b1.KID.BLOCK.OPS.TENANT.EXPIRY.MAC          block token
+
+``SCOPE`` is ``tenant`` (namespace operations inside that tenant's root), ``admin`` (everything,
+any tenant) or ``worker`` (worker registration and heartbeats); ``OPS`` a subset of ``rwd``
+(read, write, delete); ``EXPIRY`` whole seconds since the epoch (0: never); ``MAC`` the
+unpadded URL-safe base64 of HMAC-SHA256(key, ``"pcache\\0" + the fields joined by "\\0"``).
+
+Key rotation: a :class:`KeyRing` signs with its current key and verifies with any key it holds,
+so adding a new current key while the previous one stays in the ring cuts nobody off; dropping
+the previous key then revokes every credential it signed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+from pcache.common.errors import InvalidArgument, PermissionDenied
+
+SCOPES = ("tenant", "admin", "worker")
+OPS = frozenset("rwd")
+KEY_BYTES = 32
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")  # key ids and tenant names
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """``name`` if it is a valid key id or tenant name: 1-63 of ``[A-Za-z0-9_-]``, not starting
+    with ``-`` or ``_``.
+
+    Raises:
+        InvalidArgument: it is not.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidArgument(f"{what} must be 1-63 letters, digits, '-' or '_' (not first), got {name!r}")
+    return name
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class KeyRing:
+    """HMAC keys by id; ``current`` signs, every key verifies.
+
+    Raises (constructor):
+        InvalidArgument: no keys, ``current`` not among them, a bad id, or a key shorter than
+            16 bytes.
+    """
+
+    def __init__(self, keys: dict[str, bytes], current: str) -> None:
+        if not keys or current not in keys:
+            raise InvalidArgument(f"the current key {current!r} is not in the key ring")
+        for kid, secret in keys.items():
+            check_name(kid, "key id")
+            if len(secret) < 16:
+                raise InvalidArgument(f"key {kid!r} has {len(secret)} bytes; at least 16 are needed")
+        self.keys = dict(keys)
+        self.current = current
+
+    @classmethod
+    def generate(cls, kid: str = "") -> KeyRing:
+        """A ring of one fresh random 256-bit key (id: ``kid`` or ``k`` + 8 hex digits)."""
+        kid = kid or "k" + secrets.token_hex(4)
+        return cls({kid: os.urandom(KEY_BYTES)}, kid)
+
+    @classmethod
+    def parse(cls, spec: str) -> KeyRing:
+        """A ring from ``KID:BASE64URL[,KID:BASE64URL...]``; the first key is the current one.
+
+        Raises:
+            InvalidArgument: empty, malformed, a repeated id or a short key.
+        """
+        keys: dict[str, bytes] = {}
+        first = ""
+        for part in (p.strip() for p in spec.split(",")):
+            kid, sep, encoded = part.partition(":")
+            if not sep or not kid or not encoded:
+                raise InvalidArgument("a key ring is KID:BASE64URL[,KID:BASE64URL...] (the first signs)")
+            if kid in keys:
+                raise InvalidArgument(f"key id {kid!r} appears twice in the key ring")
+            try:
+                keys[kid] = _unb64(encoded)
+            except ValueError as exc:
+                raise InvalidArgument(f"key {kid!r} is not base64url") from exc
+            first = first or kid
+        return cls(keys, first)
+
+    def format(self) -> str:
+        """The :meth:`parse` form, current key first (a secret: store it 0600)."""
+        order = [self.current, *(k for k in self.keys if k != self.current)]
+        return ",".join(f"{kid}:{_b64(self.keys[kid])}" for kid in order)
+
+    def rotated(self, kid: str = "") -> KeyRing:
+        """A ring with a fresh current key and only the current one as the previous key."""
+        fresh = KeyRing.generate(kid)
+        if fresh.current in self.keys:
+            raise InvalidArgument(f"key id {fresh.current!r} is in the key ring already")
+        return KeyRing({fresh.current: fresh.keys[fresh.current], self.current: self.keys[self.current]}, fresh.current)
+
+    def mac(self, kid: str, fields: tuple[str, ...]) -> str:
+        """MAC of ``fields`` under key ``kid`` (KeyError: not in the ring)."""
+        message = "\0".join(("pcache", *fields)).encode()
+        return _b64(hmac.new(self.keys[kid], message, hashlib.sha256).digest())
+
+    def check(self, kid: str, fields: tuple[str, ...], mac: str) -> bool:
+        """Whether ``mac`` is the MAC of ``fields`` under key ``kid`` (constant-time compare)."""
+        if kid not in self.keys:
+            return False
+        return hmac.compare_digest(self.mac(kid, fields).encode(), mac.encode("ascii", "replace"))
+
+
+@dataclass(frozen=True)
+class Claims:
+    """What a verified master token says."""
+
+    tenant: str
+    scope: str
+    expiry: int  # seconds since the epoch; 0: never
+    kid: str
+
+
+def mint_token(ring: KeyRing, tenant: str, scope: str = "tenant", ttl: float = 0.0, now: float | None = None) -> str:
+    """A master token for ``tenant`` with ``scope``, valid ``ttl`` seconds (0: no expiry).
+
+    Raises:
+        InvalidArgument: a bad tenant name or scope.
+    """
+    check_name(tenant, "tenant")
+    if scope not in SCOPES:
+        raise InvalidArgument(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    expiry = 0 if ttl <= 0 else int((time.time() if now is None else now) + ttl)
+    fields = ("v1", ring.current, tenant, scope, str(expiry))
+    return ".".join((*fields, ring.mac(ring.current, fields)))
+
+
+def verify_token(ring: KeyRing, token: str, now: float | None = None) -> Claims:
+    """The claims of a master token this ring signed and that has not expired.
+
+    Raises:
+        PermissionDenied: no token, a malformed one, an unknown key id, a wrong MAC, or expired.
+    """
+    if not token:
+        raise PermissionDenied("no token: this cluster needs a tenant token (see `pcache tenant token`)")
+    parts = token.split(".")
+    if len(parts) != 6 or parts[0] != "v1":
+        raise PermissionDenied("malformed token")
+    version, kid, tenant, scope, expiry, mac = parts
+    if scope not in SCOPES or not expiry.isdigit() or not _NAME.match(tenant):
+        raise PermissionDenied("malformed token")
+    if not ring.check(kid, (version, kid, tenant, scope, expiry), mac):
+        raise PermissionDenied("invalid token (unknown key or bad signature)")
+    if int(expiry) and int(expiry) < (time.time() if now is None else now):
+        raise PermissionDenied("token expired")
+    return Claims(tenant=tenant, scope=scope, expiry=int(expiry), kid=kid)
+
+
+def mint_block_token(ring: KeyRing, block_id: int, ops: str, tenant: str, ttl: float, now: float | None = None) -> str:
+    """A block token letting its holder do ``ops`` (subset of ``rwd``) on ``block_id`` for ``ttl`` s.
+
+    Raises:
+        InvalidArgument: bad ops, tenant or ttl.
+    """
+    if not ops or set(ops) - OPS:
+        raise InvalidArgument(f"block token ops must be a subset of 'rwd', got {ops!r}")
+    if ttl <= 0:
+        raise InvalidArgument("a block token needs an expiry (ttl > 0)")
+    check_name(tenant, "tenant")
+    expiry = int((time.time() if now is None else now) + ttl)
+    fields = ("b1", ring.current, str(int(block_id)), "".join(sorted(set(ops))), tenant, str(expiry))
+    return ".".join((*fields, ring.mac(ring.current, fields)))
+
+
+def check_block_token(ring: KeyRing, token: str, block_id: int, op: str, now: float | None = None) -> str:
+    """Check that ``token`` allows ``op`` (one of ``rwd``) on ``block_id`` now; returns its tenant.
+
+    Raises:
+        PermissionDenied: no token, malformed, forged, for another block or operation, or expired.
+    """
+    if not token:
+        raise PermissionDenied(f"no block token for block {block_id}")
+    parts = token.split(".")
+    if len(parts) != 7 or parts[0] != "b1":
+        raise PermissionDenied("malformed block token")
+    version, kid, block, ops, tenant, expiry, mac = parts
+    if not block.isdigit() or not expiry.isdigit():
+        raise PermissionDenied("malformed block token")
+    if not ring.check(kid, (version, kid, block, ops, tenant, expiry), mac):
+        raise PermissionDenied("invalid block token (unknown key or bad signature)")
+    if int(block) != block_id:
+        raise PermissionDenied(f"the block token is for block {block}, not {block_id}")
+    if op not in ops:
+        raise PermissionDenied(f"the block token of block {block_id} does not allow {op!r} (only {ops!r})")
+    if int(expiry) < (time.time() if now is None else now):
+        raise PermissionDenied(f"the block token of block {block_id} expired")
+    return tenant

@@ -1,0 +1,112 @@
+"""Tenant, admin and block tokens from an attacker's side: every altered, replayed, expired or
+foreign credential is refused, and rotation keeps the previous key's tokens valid."""
+
+from __future__ import annotations
+
+import pytest
+
+from pcache.common import errors as E
+from pcache.common.auth import (
+    KeyRing,
+    check_block_token,
+    mint_block_token,
+    mint_token,
+    verify_token,
+)
+
+NOW = 1_800_000_000.0
+
+
+def _flips(token: str):
+    """Every token with one character changed (to a different character of the same alphabet)."""
+    for i, ch in enumerate(token):
+        yield token[:i] + ("A" if ch != "A" else "B") + token[i + 1 :]
+
+
+def test_a_token_says_who_and_what_and_nothing_else_verifies() -> None:
+    ring = KeyRing.generate("k1")
+    token = mint_token(ring, "team-a", "tenant", ttl=3600, now=NOW)
+    claims = verify_token(ring, token, now=NOW)
+    assert (claims.tenant, claims.scope, claims.kid, claims.expiry) == ("team-a", "tenant", "k1", int(NOW + 3600))
+    assert verify_token(ring, mint_token(ring, "ops", "admin"), now=NOW).scope == "admin"
+    for bad in _flips(token):
+        with pytest.raises(E.PermissionDenied):
+            verify_token(ring, bad, now=NOW)
+    version, kid, tenant, scope, expiry, mac = token.split(".")
+    forged = [
+        ".".join((version, kid, "team-b", scope, expiry, mac)),  # another tenant, same MAC
+        ".".join((version, kid, tenant, "admin", expiry, mac)),  # escalation
+        ".".join((version, kid, tenant, scope, str(int(expiry) + 86400), mac)),  # longer life
+        ".".join((version, kid, tenant, scope, "0", mac)),  # no expiry
+        ".".join((version, "k2", tenant, scope, expiry, mac)),  # unknown key id
+        ".".join((version, kid, tenant, scope, expiry)),  # no MAC
+        ".".join((version, kid, tenant, scope, expiry, "")),
+        token + ".x",
+        token[:-1],
+        "", "v1", "garbage", "v2" + token[2:], "v1.k1.team-a.tenant.-5." + mac, token.replace("team-a", "team-ä"),
+    ]  # fmt: skip
+    for bad in forged:
+        with pytest.raises(E.PermissionDenied):
+            verify_token(ring, bad, now=NOW)
+    with pytest.raises(E.PermissionDenied, match="expired"):
+        verify_token(ring, token, now=NOW + 3601)
+    with pytest.raises(E.PermissionDenied):  # another cluster's key with the same id
+        verify_token(KeyRing.generate("k1"), token, now=NOW)
+
+
+def test_rotation_accepts_the_previous_key_and_drops_the_one_before() -> None:
+    ring = KeyRing.generate("k1")
+    old = mint_token(ring, "team-a")
+    ring2 = ring.rotated("k2")
+    new = mint_token(ring2, "team-a")
+    assert new.split(".")[1] == "k2" and ring2.current == "k2"
+    assert verify_token(ring2, old).tenant == verify_token(ring2, new).tenant == "team-a"
+    ring3 = ring2.rotated("k3")
+    assert verify_token(ring3, new).kid == "k2"
+    with pytest.raises(E.PermissionDenied):
+        verify_token(ring3, old)  # k1 left the ring: its tokens are revoked
+    again = KeyRing.parse(ring3.format())
+    assert again.current == "k3" and again.keys == ring3.keys
+    with pytest.raises(E.InvalidArgument):
+        ring3.rotated("k3")
+
+
+@pytest.mark.parametrize(
+    "spec", ["", "k1", "k1:", ":abc", "k1:c2hvcnQ", "k1:" + "A" * 43 + ",k1:" + "B" * 43, "bad id:" + "A" * 43]
+)
+def test_malformed_key_rings_are_refused(spec: str) -> None:
+    with pytest.raises(E.InvalidArgument):
+        KeyRing.parse(spec)
+
+
+def test_a_block_token_opens_one_block_for_its_operations_until_it_expires() -> None:
+    ring = KeyRing.generate("b1")
+    token = mint_block_token(ring, 42, "r", "team-a", ttl=600, now=NOW)
+    assert check_block_token(ring, token, 42, "r", now=NOW) == "team-a"
+    for block, op, now, why in [
+        (43, "r", NOW, "for block 42"),  # replayed for another block
+        (42, "w", NOW, "does not allow"),  # a read token used to overwrite
+        (42, "d", NOW, "does not allow"),
+        (42, "r", NOW + 601, "expired"),
+    ]:
+        with pytest.raises(E.PermissionDenied, match=why):
+            check_block_token(ring, token, block, op, now=now)
+    for bad in _flips(token):
+        with pytest.raises(E.PermissionDenied):
+            check_block_token(ring, bad, 42, "r", now=NOW)
+    version, kid, block, ops, tenant, expiry, mac = token.split(".")
+    for bad in [
+        ".".join((version, kid, block, "rwd", tenant, expiry, mac)),
+        ".".join((version, kid, "43", ops, tenant, expiry, mac)),
+        ".".join((version, kid, block, ops, tenant, str(int(expiry) + 600), mac)),
+        mint_token(ring, "team-a"),  # a master token is not a block token
+        "",
+    ]:
+        with pytest.raises(E.PermissionDenied):
+            check_block_token(ring, bad, 42, "r", now=NOW)
+    with pytest.raises(E.PermissionDenied):
+        check_block_token(KeyRing.generate("b1"), token, 42, "r", now=NOW)  # another cluster's key
+    with pytest.raises(E.InvalidArgument):
+        mint_block_token(ring, 42, "x", "team-a", ttl=600)
+    with pytest.raises(E.InvalidArgument):
+        mint_block_token(ring, 42, "r", "team-a", ttl=0)
