@@ -7,6 +7,10 @@ processes (``python -m pcache master|worker``) under one data directory::
     DIR/worker-<i>/        block store of worker i (stands in for its NVMe)
     DIR/logs/*.log         one log per process
     DIR/cluster.json       addresses and pids, written once all workers registered
+    DIR/secrets/           0700: keys.json (the masters' signing keys), token (the default
+                           tenant's), admin.token, worker.token; the default tenant's token is
+                           also recorded for the master addresses in ~/.pcache/tokens.json, where
+                           every client finds it (:mod:`pcache.common.credentials`)
 
 With ``masters=2`` (or 3) it is a leader + follower pair instead: an etcd (the ``etcd`` binary of
 Debian's ``etcd-server``) under ``DIR/etcd/`` and the masters under ``DIR/master-<i>/``, every
@@ -84,6 +88,38 @@ class LocalCluster:
             (self.root / "logs").mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InvalidArgument(f"cannot use {self.root} as the cluster directory: {exc.strerror}") from exc
+        self.secrets = self.root / "secrets"
+        self.keys_file = self.secrets / "keys.json"
+        self.token = self.admin_token = self.worker_token = ""
+        self._remembered: set[str] = set()
+
+    def _credentials(self) -> None:
+        """Keys and tokens of this cluster under ``DIR/secrets`` (kept across restarts)."""
+        from pcache.common.auth import mint_token
+        from pcache.common.credentials import ClusterKeys, write_secret
+
+        if self.token:
+            return
+        self.secrets.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.secrets, 0o700)
+        keys = ClusterKeys.load_or_create(str(self.keys_file))
+        for attr, name, tenant, scope in (
+            ("token", "token", "default", "tenant"),
+            ("admin_token", "admin.token", "admin", "admin"),
+            ("worker_token", "worker.token", "workers", "worker"),
+        ):
+            path = self.secrets / name
+            token = path.read_text().strip() if path.exists() else ""
+            if not token:
+                token = mint_token(keys.tokens, tenant, scope)
+                write_secret(path, token + "\n")
+            setattr(self, attr, token)
+
+    def _remember(self, address: str) -> None:
+        from pcache.common.credentials import remember_token
+
+        remember_token(address, self.token)
+        self._remembered.add(address)
 
     # ------------------------------------------------------------ spawn --
 
@@ -124,13 +160,16 @@ class LocalCluster:
         port = self.master_port
         if self.master is not None and self.master.address:
             port = int(self.master.address.rsplit(":", 1)[1])  # keep the address across restarts
+        self._credentials()
         args = self._base("master") + [
             f"--master.data_dir={self.root / 'master'}",
             f"--master.port={port}",
+            f"--master.keys_file={self.keys_file}",
             *self.master_args,
         ]
         proc = Proc("master", args, self.root / "logs" / "master.log", self.root / "master.ready")
         self._spawn(proc)
+        self._remember(proc.address)
         self.master = proc
         self.master_port = int(proc.address.rsplit(":", 1)[1])
         return proc
@@ -156,15 +195,18 @@ class LocalCluster:
 
             shutil.rmtree(data, ignore_errors=True)
         port = self._master_ports.get(index, self.master_port + index if self.master_port else 0)
+        self._credentials()
         args = self._base("master") + [
             f"--master.data_dir={data}",
             f"--master.port={port}",
             f"--master.etcd={self.etcd.endpoint}",
+            f"--master.keys_file={self.keys_file}",
             *self.master_args,
         ]
         name = f"master-{index}"
         proc = Proc(name, args, self.root / "logs" / f"{name}.log", self.root / f"{name}.ready")
         self._spawn(proc)
+        self._remember(proc.address)
         self._master_ports[index] = int(proc.address.rsplit(":", 1)[1])
         if index < len(self.master_procs):
             self.master_procs[index] = proc
@@ -182,7 +224,8 @@ class LocalCluster:
         from pcache.common.config import ClientConfig
 
         deadline = time.monotonic() + timeout
-        with Client(ClientConfig(master=self.master_address, failover_timeout=0, rpc_timeout=2.0)) as client:
+        cfg = ClientConfig(master=self.master_address, failover_timeout=0, rpc_timeout=2.0, token=self.token)
+        with Client(cfg) as client:
             while True:
                 for address, status in client.master_statuses():
                     if not isinstance(status, PCacheError) and status.master.role in ("leader", "standalone"):
@@ -204,7 +247,7 @@ class LocalCluster:
 
         want = count if count is not None else sum(1 for p in self.master_procs if p.alive()) - 1
         deadline = time.monotonic() + timeout
-        with Client(ClientConfig(master=self.master_address, rpc_timeout=2.0)) as client:
+        with Client(ClientConfig(master=self.master_address, rpc_timeout=2.0, token=self.token)) as client:
             while True:
                 with contextlib.suppress(PCacheError):
                     if sum(1 for f in client.status().master.followers if f.in_sync) >= want:
@@ -223,6 +266,7 @@ class LocalCluster:
         args = self._base("worker") + [
             f"--worker.data_dir={self.root / f'worker-{index}'}",
             f"--worker.master={self.master_address}",
+            f"--worker.token_file={self.secrets / 'worker.token'}",
             *self.worker_args,
             *extra,
         ]
@@ -269,9 +313,10 @@ class LocalCluster:
             Timeout: they did not all register in time.
         """
         from pcache.client import Client
+        from pcache.common.config import ClientConfig
 
         deadline = time.monotonic() + (timeout or self.start_timeout)
-        with Client(master=self.master_address) as client:
+        with Client(ClientConfig(master=self.master_address, token=self.token)) as client:
             while True:
                 try:
                     status = client.status()
@@ -338,6 +383,11 @@ class LocalCluster:
         if self._wrote_manifest:  # never another cluster's
             with contextlib.suppress(FileNotFoundError):
                 (self.root / "cluster.json").unlink()
+        if self._remembered:
+            from pcache.common.credentials import forget_token
+
+            forget_token(",".join(sorted(self._remembered)), self.token)
+            self._remembered.clear()
 
     def __enter__(self) -> LocalCluster:
         return self.start()

@@ -243,6 +243,28 @@ class Demo:
             f"({nbytes / 1e6:.1f} MB in {took:.1f} s, {nbytes / 1e6 / max(took, 1e-9):.0f} MB/s with the hashing)")  # fmt: skip
         self.result["dataset"]["to_pcache"] = report
         self.integrity_drill()
+        self.security_drill()
+
+    def security_drill(self) -> None:
+        """A process that knows the master's address but not this cluster's token (none, or a
+        forged one) is refused on every call; the default tenant's token, found by itself, works."""
+        refused = {}
+        for why, env in {
+            "no token": {"PCACHE_TOKENS_FILE": str(self.work / "no-tokens.json")},
+            "a forged token": {"PCACHE_TOKEN": "v1.k0.default.admin.0.Zm9yZ2Vk"},
+        }.items():
+            proc = subprocess.run(["pcache", "--master", self.master, "ls", f"/datasets/{DATASET}"],
+                                  capture_output=True, text=True, timeout=60, env={**self.env, **env})  # fmt: skip
+            refused[why] = proc.returncode == 2 and "token" in proc.stderr and not proc.stdout
+        own = self.run_cmd("pcache ls (the default tenant's token)", ["pcache", "--master", self.master, "ls", "/"],
+                           timeout=60)  # fmt: skip
+        self.checks["a caller without the cluster's token is refused"] = (
+            all(refused.values()) and "datasets" in own.stdout
+        )
+        log(f"      without a token / with a forged one, `pcache ls` was "
+            f"{' / '.join('refused' if ok else 'NOT refused' for ok in refused.values())}; with the token "
+            f"`pcache up` recorded for this address it lists /")  # fmt: skip
+        self.result["security"] = refused
 
     def integrity_drill(self) -> None:
         """A byte flipped in one replica of a shard on a worker's disk: a same-host reader (the SDK,

@@ -12,6 +12,7 @@ import time
 import click
 
 from pcache.common.config import load_config
+from pcache.common.credentials import tokens_file
 from pcache.common.errors import InvalidArgument, PCacheError
 from pcache.common.process import die_with_parent, process_alive, stop_process
 
@@ -85,6 +86,10 @@ def up(
         for proc in cluster.worker_procs:
             click.echo(f"{proc.name:<8} {proc.address}  (data {cluster.root / proc.name})")
         click.echo(f"manifest {cluster.root / 'cluster.json'}; logs in {cluster.root / 'logs'}")
+        click.echo(
+            f"token    {cluster.secrets / 'token'} (tenant default; clients on this machine find it in"
+            f" {tokens_file()}), admin.token and worker.token beside it"
+        )
         click.echo("cluster is up; Ctrl-C or SIGTERM stops it", err=True)
         reported: set[str] = set()
         restarted: dict[int, float] = {}

@@ -22,6 +22,7 @@ import grpc
 
 from pcache.common import errors as E
 from pcache.common.config import ClientConfig, check_addresses
+from pcache.common.credentials import find_token
 from pcache.common.rpc import call_stamped, channel_options
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
@@ -41,6 +42,7 @@ class MasterClient:
         """Raises InvalidArgument for a master address that is not HOST:PORT[,HOST:PORT...]."""
         self.addresses = check_addresses(cfg.master)
         self.cfg = cfg
+        self.token = cfg.token or find_token(cfg.master)  # pcache.common.credentials: where it is found
         self.client_id = client_id
         self.epoch = 0
         self.current = 0  # index of the master that answered last
@@ -64,9 +66,7 @@ class MasterClient:
 
     def header(self) -> pb.RequestHeader:
         """Request header for the next call."""
-        return pb.RequestHeader(
-            tenant=self.cfg.tenant, token=self.cfg.token, epoch=self.epoch, client_id=self.client_id
-        )
+        return pb.RequestHeader(epoch=self.epoch, client_id=self.client_id)
 
     async def _call(self, name: str, request):
         if len(self.addresses) == 1:  # one master: no failover, so no retry to answer once
@@ -130,8 +130,9 @@ class MasterClient:
         """Master ``index``'s own status, follower or not (no failover to another)."""
         request = pb.ClusterStatusRequest(header=self.header(), any_master=True)
         reply, _ = await call_stamped(
-            self.stubs[index].GetClusterStatus, request, timeout=timeout, target=f"master {self.addresses[index]}"
-        )
+            self.stubs[index].GetClusterStatus, request, timeout=timeout, target=f"master {self.addresses[index]}",
+            token=self.token,
+        )  # fmt: skip
         return reply
 
     def _next_master(self, index: int, exc: E.PCacheError) -> int:
@@ -145,8 +146,9 @@ class MasterClient:
         request.header.epoch = self.epoch
         address = self.addresses[index]
         reply, epoch = await call_stamped(
-            getattr(self.stubs[index], name), request, timeout=self.cfg.rpc_timeout, target=f"master {address}"
-        )
+            getattr(self.stubs[index], name), request, timeout=self.cfg.rpc_timeout, target=f"master {address}",
+            token=self.token,
+        )  # fmt: skip
         if epoch and epoch < self.epoch:
             raise E.StaleEpoch(f"master {address} answered with epoch {epoch}, older than {self.epoch} (deposed)")
         self.epoch = max(self.epoch, epoch)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from pcache.common.errors import InvalidArgument, PermissionDenied
 
-SCOPES = ("tenant", "admin", "worker")
+SCOPES = ("tenant", "admin", "worker", "master")
 OPS = frozenset("rwd")
 KEY_BYTES = 32
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")  # key ids and tenant names
@@ -161,7 +161,9 @@ def verify_token(ring: KeyRing, token: str, now: float | None = None) -> Claims:
         PermissionDenied: no token, a malformed one, an unknown key id, a wrong MAC, or expired.
     """
     if not token:
-        raise PermissionDenied("no token: this cluster needs a tenant token (see `pcache tenant token`)")
+        raise PermissionDenied(
+            "no token: give this cluster's token as $PCACHE_TOKEN or $PCACHE_TOKEN_FILE (`pcache keys token`)"
+        )
     parts = token.split(".")
     if len(parts) != 6 or parts[0] != "v1":
         raise PermissionDenied("malformed token")
@@ -214,3 +216,60 @@ def check_block_token(ring: KeyRing, token: str, block_id: int, op: str, now: fl
     if int(expiry) < (time.time() if now is None else now):
         raise PermissionDenied(f"the block token of block {block_id} expired")
     return tenant
+
+
+AUTH_METADATA = "authorization"  # gRPC call metadata: ``Bearer TOKEN``
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...] | None:
+    """gRPC call metadata carrying ``token`` (None when there is none)."""
+    return ((AUTH_METADATA, f"Bearer {token}"),) if token else None
+
+
+class Guard:
+    """Checks the bearer token of every RPC of a servicer against ``scopes`` (method -> the
+    scopes that may call it). A method not in the table is refused: deny by default.
+
+    Verified tokens are remembered (the string fixes every claim; expiry is checked each time),
+    so a call costs one dictionary lookup after the first.
+    """
+
+    CACHE = 10_000  # verified tokens remembered at most
+
+    def __init__(self, ring: KeyRing, scopes: dict[str, frozenset[str]]) -> None:
+        self.ring = ring
+        self.scopes = scopes
+        self._verified: dict[str, Claims] = {}
+
+    def set_ring(self, ring: KeyRing) -> None:
+        """Verify with ``ring`` from now on (key rotation); forgets every verified token."""
+        self.ring = ring
+        self._verified = {}
+
+    def authorize(self, method: str, metadata) -> Claims:
+        """The claims of the call's token if it may call ``method``.
+
+        Raises:
+            PermissionDenied: no table entry for the method, no token, an invalid or expired one,
+                or a scope the method does not accept.
+        """
+        allowed = self.scopes.get(method)
+        if not allowed:
+            raise PermissionDenied(f"{method} is not open to any credential")
+        token = ""
+        for key, value in metadata or ():
+            if key == AUTH_METADATA:
+                scheme, _, token = value.partition(" ")
+                if scheme.lower() != "bearer":
+                    raise PermissionDenied("the authorization metadata must be 'Bearer TOKEN'")
+        claims = self._verified.get(token)
+        if claims is None:
+            claims = verify_token(self.ring, token)
+            if len(self._verified) >= self.CACHE:
+                self._verified.clear()
+            self._verified[token] = claims
+        elif claims.expiry and claims.expiry < time.time():
+            raise PermissionDenied("token expired")
+        if claims.scope not in allowed:
+            raise PermissionDenied(f"{method} needs a {' or '.join(sorted(allowed))} token, not a {claims.scope} token")
+        return claims

@@ -79,6 +79,9 @@ class MasterConfig:
     log_tail_entries: int = 200_000
     """Log entries a master keeps in memory for followers that fall behind; one further behind
     gets a RocksDB checkpoint instead."""
+    keys_file: str = ""
+    """JSON key file signing tokens (0600); empty: data_dir/keys.json, created at the first start.
+    Every master of an HA pair needs the same file."""
 
 
 @dataclass
@@ -124,6 +127,8 @@ class WorkerConfig:
     """Bytes/s the TCP data plane may move (emulates a node NIC in benchmarks); 0 = unlimited."""
     metrics_port: int = -1
     """Prometheus metrics HTTP port; -1 disables, 0 picks a free one."""
+    token_file: str = ""
+    """File holding this worker's token (scope worker); empty: $PCACHE_TOKEN or $PCACHE_TOKEN_FILE."""
     log_level: str = "INFO"
     """Python logging level."""
 
@@ -168,10 +173,10 @@ class ClientConfig:
     """Block size of files this client creates; 0 takes the master default."""
     replication: int = 0
     """Replicas of files this client creates; 0 takes the master default."""
-    tenant: str = ""
-    """Tenant name sent with every request."""
     token: str = ""
-    """Tenant token sent with every request."""
+    """Token sent with every master RPC (it names the tenant); empty: $PCACHE_TOKEN, the file
+    $PCACHE_TOKEN_FILE, or the entry ``pcache up`` recorded for the master address in
+    ~/.pcache/tokens.json (:mod:`pcache.common.credentials`)."""
 
 
 @dataclass

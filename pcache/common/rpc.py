@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import grpc
 
 from pcache.common import errors as E
+from pcache.common.auth import bearer
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +68,18 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
 def rpc_method(func: F) -> F:
-    """Decorate an async servicer method so PCache errors become gRPC statuses."""
+    """Decorate an async servicer method so PCache errors become gRPC statuses.
+
+    The servicer's ``authorize(method_name, context)`` runs first and raises PermissionDenied
+    for a caller that may not call it; a servicer without one fails every call (deny by default).
+    """
 
     @functools.wraps(func)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         # a servicer with an ``epoch`` stamps it on every answer, failed or not
         stamp = _stamp(self)
         try:
+            self.authorize(func.__name__, context)  # every servicer must say who may call it
             reply = await func(self, request, context)
             if stamp:
                 context.set_trailing_metadata(stamp)
@@ -91,6 +97,7 @@ def rpc_stream_method(func: Callable[..., AsyncIterator[Any]]) -> Callable[..., 
     @functools.wraps(func)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
+            self.authorize(func.__name__, context)
             async for reply in func(self, request, context):
                 yield reply
         except Exception as exc:
@@ -133,28 +140,29 @@ def translate(exc: grpc.aio.AioRpcError, target: str = "") -> E.PCacheError:
     return cls(f"{exc.code().name.lower()}{where}: {details}")
 
 
-async def call(method: Callable[..., Any], request: Any, *, timeout: float, target: str = "") -> Any:
-    """Invoke a unary stub ``method`` with a deadline, raising PCache errors.
+async def call(method: Callable[..., Any], request: Any, *, timeout: float, target: str = "", token: str = "") -> Any:
+    """Invoke a unary stub ``method`` with a deadline and ``token`` as its bearer credential,
+    raising PCache errors.
 
     Raises:
         PCacheError: the subclass the server raised, ``Unavailable`` when the
             server cannot be reached, ``Timeout`` past ``timeout`` seconds.
     """
     try:
-        return await method(request, timeout=timeout)
+        return await method(request, timeout=timeout, metadata=bearer(token))
     except grpc.aio.AioRpcError as exc:
         raise translate(exc, target) from exc
 
 
 async def call_stamped(
-    method: Callable[..., Any], request: Any, *, timeout: float, target: str = ""
+    method: Callable[..., Any], request: Any, *, timeout: float, target: str = "", token: str = ""
 ) -> tuple[Any, int]:
     """As :func:`call`, and also return the epoch the master stamped on its answer (0: none).
 
     A failed call's error carries the stamp as its ``epoch`` attribute, and the leader's address
     a NotLeader answer named as its ``leader`` attribute.
     """
-    pending = method(request, timeout=timeout)
+    pending = method(request, timeout=timeout, metadata=bearer(token))
     try:
         reply = await pending
     except grpc.aio.AioRpcError as exc:

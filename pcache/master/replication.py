@@ -42,6 +42,7 @@ from typing import Literal
 import grpc
 
 from pcache.common import errors as E
+from pcache.common.auth import Guard, bearer
 from pcache.common.metrics import MASTER_APPLIED_INDEX, MASTER_FOLLOWER_LAG, MASTER_REPL_BATCH
 from pcache.common.rpc import call_stamped, channel_options, rpc_method, rpc_stream_method, translate_stamped
 from pcache.master.metastore import MetaStore
@@ -57,6 +58,7 @@ U64 = struct.Struct(">Q")
 BATCH_ENTRIES = 4096  # entries per Append at most
 BATCH_BYTES = 4 << 20  # bytes of entries per Append at most
 WINDOW = 4  # Append messages on a follower's stream awaiting their answer at most
+REPLICATION_SCOPES = dict.fromkeys(("Append", "Probe", "InstallCheckpoint"), frozenset({"master"}))
 CHUNK_BYTES = 1 << 20  # bytes per checkpoint chunk
 INCOMING = ".incoming"  # suffix of the directory a checkpoint is received into
 
@@ -294,14 +296,23 @@ class ReplicationServicer(pb_grpc.ReplicationServicer):
     takes no entries). The newest epoch seen is kept: an older leader is refused (fencing).
     """
 
-    def __init__(self, store: ReplicatedStore, member: str, is_leader: Callable[[], bool]) -> None:
+    def __init__(self, store: ReplicatedStore, member: str, is_leader: Callable[[], bool], guard: Guard) -> None:
         self.store = store
+        self.guard = guard
         self.member = member
         self.is_leader = is_leader
         self.epoch = 0  # newest leader epoch seen
         self.leader = ""  # that leader's address
         self.last_contact = 0.0
         self.on_contact: Callable[[], None] = lambda: None
+
+    def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        """Only another master of this cluster (a master-scope token) may replicate to this one.
+
+        Raises:
+            PermissionDenied: any other caller.
+        """
+        self.guard.authorize(method, context.invocation_metadata())
 
     def _reply(self, ok: bool) -> pb.AppendResponse:
         return pb.AppendResponse(
@@ -430,8 +441,10 @@ class LogShipper:
         rpc_timeout: float = 5.0,
         heartbeat: float = 0.5,
         on_deposed: Callable[[int], Awaitable[None]] | None = None,
+        token: str = "",
     ) -> None:
         self.store = store
+        self.token = token  # a master-scope token: followers take entries only from this cluster's masters
         self.epoch = epoch
         self.address = address
         self.flags = flags
@@ -686,7 +699,7 @@ class LogShipper:
         """
         assert follower.stub is not None and follower.next_index is not None
         target = f"follower {follower.address}"
-        call = follower.stub.Append()  # long-lived: each message's answer has the deadline
+        call = follower.stub.Append(metadata=bearer(self.token))  # long-lived: each message's answer has the deadline
         sent: deque[float] = deque()  # send times of the messages not yet answered
         last = follower.next_index - 1  # the last index sent
         last_sent = time.monotonic()
@@ -772,8 +785,9 @@ class LogShipper:
     async def _rpc(self, follower: Follower, name: str, request) -> pb.AppendResponse:
         assert follower.stub is not None
         reply, _ = await call_stamped(
-            getattr(follower.stub, name), request, timeout=self.rpc_timeout, target=f"follower {follower.address}"
-        )
+            getattr(follower.stub, name), request, timeout=self.rpc_timeout, target=f"follower {follower.address}",
+            token=self.token,
+        )  # fmt: skip
         self._heard(follower, reply)
         return reply
 
@@ -822,8 +836,9 @@ class LogShipper:
 
             timeout = self.rpc_timeout + size / (20 << 20)  # at least 20 MB/s
             reply, _ = await call_stamped(
-                follower.stub.InstallCheckpoint, chunks(), timeout=timeout, target=f"follower {follower.address}"
-            )
+                follower.stub.InstallCheckpoint, chunks(), timeout=timeout, target=f"follower {follower.address}",
+                token=self.token,
+            )  # fmt: skip
         finally:
             shutil.rmtree(dest, ignore_errors=True)
         self._heard(follower, reply)

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Literal
 import grpc
 
 from pcache.common import errors as E
+from pcache.common.auth import Guard, mint_token
 from pcache.common.config import MasterConfig, describe
+from pcache.common.credentials import ClusterKeys
 from pcache.common.metrics import (
     MASTER_ALONE,
     MASTER_CORRUPT,
@@ -47,8 +49,14 @@ from pcache.master.dedup import ReplyCache
 from pcache.master.metastore import MetaStore, open_metastore
 from pcache.master.namespace import Namespace
 from pcache.master.registry import WorkerRegistry
-from pcache.master.replication import LogShipper, ReplicatedStore, ReplicationServicer, recover_incoming
-from pcache.master.service import MasterServicer
+from pcache.master.replication import (
+    REPLICATION_SCOPES,
+    LogShipper,
+    ReplicatedStore,
+    ReplicationServicer,
+    recover_incoming,
+)
+from pcache.master.service import MASTER_SCOPES, MasterServicer
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 
@@ -80,6 +88,12 @@ class MasterServer:
             raise E.InvalidArgument(
                 "master.etcd (a leader + follower pair) needs master.data_dir (a RocksDB metastore)"
             )
+        keys_file = cfg.keys_file or (os.path.join(os.path.abspath(cfg.data_dir), "keys.json") if cfg.data_dir else "")
+        if not keys_file:
+            raise E.InvalidArgument("a master needs master.keys_file or master.data_dir (where it keeps its keys)")
+        self.keys = ClusterKeys.load_or_create(keys_file)
+        self.keys_file = keys_file
+        self.master_token = mint_token(self.keys.tokens, "cluster", "master")  # for this master's followers
         if path is not None:
             recover_incoming(path)
         self.store = ReplicatedStore(
@@ -97,8 +111,11 @@ class MasterServer:
         self.blocks: BlockManager | None = None
         self.replies = ReplyCache(self.store)
         self.shipper: LogShipper | None = None
+        self.guard = Guard(self.keys.tokens, MASTER_SCOPES)
         self.servicer = MasterServicer(self)
-        self.replication = ReplicationServicer(self.store, "", is_leader=self._leads_now)
+        self.replication = ReplicationServicer(
+            self.store, "", is_leader=self._leads_now, guard=Guard(self.keys.tokens, REPLICATION_SCOPES)
+        )
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.address = ""
@@ -187,6 +204,7 @@ class MasterServer:
         self.shipper = LogShipper(
             self.store, epoch=epoch, address=self.address, flags=self.ha,
             ack_timeout=self.cfg.ack_timeout, rpc_timeout=max(2.0, self.cfg.ack_timeout), on_deposed=self._deposed,
+            token=self.master_token,
         )  # fmt: skip
         self._lead(epoch)
         logger.info("master %s leads the cluster with epoch %d at log index %d", self.member, epoch, self.store.index)

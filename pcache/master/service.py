@@ -33,11 +33,47 @@ if TYPE_CHECKING:
 R = TypeVar("R", bound=Message)
 
 
+_CLIENT = frozenset({"tenant", "admin"})
+# who may call each method (:class:`pcache.common.auth.Guard`; a method missing here is refused)
+MASTER_SCOPES: dict[str, frozenset[str]] = {
+    **dict.fromkeys(
+        (
+            "Stat",
+            "Mkdir",
+            "Create",
+            "Symlink",
+            "ListDir",
+            "Rename",
+            "Delete",
+            "SetAttr",
+            "GetLayout",
+            "AllocateBlock",
+            "CommitFile",
+            "Batch",
+            "GetClusterStatus",
+        ),
+        _CLIENT,
+    ),  # fmt: skip
+    "ReportBadBlock": frozenset({"tenant", "admin", "worker"}),  # a client or a worker found a bad replica
+    **dict.fromkeys(("RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks"), frozenset({"worker"})),
+    "Fsck": _CLIENT,
+}
+
+
 class MasterServicer(pb_grpc.MasterServicer):
     """gRPC servicer of ``pcache.Master`` over one :class:`MasterServer`."""
 
     def __init__(self, master: MasterServer) -> None:
         self.m = master
+
+    def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        """Refuse a caller whose token may not call ``method`` (:data:`MASTER_SCOPES`).
+
+        Raises:
+            PermissionDenied: no token, an invalid, expired or other cluster's one, or a scope
+                the method does not accept.
+        """
+        self.m.guard.authorize(method, context.invocation_metadata())
 
     @property
     def epoch(self) -> int:

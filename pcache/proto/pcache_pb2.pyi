@@ -50,18 +50,14 @@ RESPONSE: DataOp
 READ_RAW: DataOp
 
 class RequestHeader(_message.Message):
-    __slots__ = ("tenant", "token", "epoch", "client_id", "request_id")
-    TENANT_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("epoch", "client_id", "request_id")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    tenant: str
-    token: str
     epoch: int
     client_id: str
     request_id: str
-    def __init__(self, tenant: _Optional[str] = ..., token: _Optional[str] = ..., epoch: _Optional[int] = ..., client_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., client_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class WorkerAddr(_message.Message):
     __slots__ = ("worker_id", "host", "port", "uds_path", "node_id")

@@ -22,11 +22,13 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
 from pcache.common.config import WorkerConfig, check_addresses, default_node_id, describe
-from pcache.common.errors import InvalidArgument, NotFound, PCacheError
+from pcache.common.credentials import find_token
+from pcache.common.errors import InvalidArgument, NotFound, PCacheError, PermissionDenied
 from pcache.common.metrics import LOST_BLOCKS, serve_metrics
 from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import call, call_stamped, channel_options
@@ -69,7 +71,11 @@ class WorkerServer:
         if self.advertised_host in ("0.0.0.0", "::", ""):
             raise InvalidArgument(f"worker.host={cfg.host!r} binds every interface: set worker.advertise_host "
                                   "to the address clients and other workers should use")  # fmt: skip
-        os.makedirs(cfg.data_dir, exist_ok=True)
+        os.makedirs(cfg.data_dir, mode=0o700, exist_ok=True)
+        try:  # block files, block ids and the short-circuit socket: this worker's user's alone
+            os.chmod(cfg.data_dir, 0o700)
+        except PermissionError:
+            logger.warning("cannot make %s 0700 (not its owner): other users may list its block files", cfg.data_dir)
         self.cfg = cfg
         self.worker_id = worker_id_for(cfg.data_dir)
         self.node_id = cfg.node_id or default_node_id()
@@ -106,6 +112,7 @@ class WorkerServer:
         self.heartbeat_interval = 1.0
         self.metrics_addr = ""
         self.masters = check_addresses(cfg.master, "worker.master")
+        self.token = worker_token(cfg)
         self.links: list[MasterLink] = []
         self._tasks: set[asyncio.Task] = set()
         self._repl_slots = asyncio.Semaphore(MAX_PARALLEL_REPLICATIONS)
@@ -182,6 +189,7 @@ class WorkerServer:
             pb.RegisterRequest(header=self._header(), info=self.info(), blocks=blocks),
             timeout=RPC_TIMEOUT,
             target=f"master {link.address}",
+            token=self.token,
         )
         link.epoch, link.leader = max(reply.epoch, stamped), reply.leader
         self.epoch = max(self.epoch, link.epoch)
@@ -210,6 +218,7 @@ class WorkerServer:
                     pb.HeartbeatRequest(header=self._header(), info=self.info()),
                     timeout=RPC_TIMEOUT,
                     target=f"master {link.address}",
+                    token=self.token,
                 )
                 link.epoch, link.leader = max(reply.epoch, stamped), reply.leader
                 if reply.reregister:
@@ -217,6 +226,10 @@ class WorkerServer:
                     continue
                 for cmd in self.accept_commands(link, reply):
                     self._spawn(self.run_command(cmd))
+            except PermissionDenied as exc:  # wrong credential: say so at every try, it will not heal alone
+                logger.error("master %s refuses this worker: %s (worker.token_file)", link.address, exc)
+                link.reachable = link.leader = False
+                registered = False
             except PCacheError as exc:
                 if link.reachable:
                     logger.warning("master %s unreachable: %s", link.address, exc)
@@ -253,7 +266,10 @@ class WorkerServer:
         for link in order:
             request.header.CopyFrom(self._header())
             try:
-                await call(getattr(link.stub, method), request, timeout=RPC_TIMEOUT, target=f"master {link.address}")
+                await call(
+                    getattr(link.stub, method), request, timeout=RPC_TIMEOUT, target=f"master {link.address}",
+                    token=self.token,
+                )  # fmt: skip
                 return
             except PCacheError as exc:
                 last = exc
@@ -320,3 +336,23 @@ async def serve(cfg: WorkerConfig, *, ready_file: str | None = None) -> None:
     logger.info("worker stopping")
     with contextlib.suppress(Exception):
         await worker.stop()
+
+
+def worker_token(cfg: WorkerConfig) -> str:
+    """The worker's token: ``worker.token_file``, else ``$PCACHE_TOKEN``, else ``$PCACHE_TOKEN_FILE``.
+
+    Raises:
+        InvalidArgument: the token file cannot be read or is empty, or there is no token at all.
+    """
+    if cfg.token_file:
+        try:
+            token = Path(cfg.token_file).read_text().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read worker.token_file {cfg.token_file}: {exc.strerror}") from exc
+        if not token:
+            raise InvalidArgument(f"worker.token_file {cfg.token_file} is empty")
+        return token
+    token = find_token("")
+    if not token:
+        raise InvalidArgument("a worker needs a worker token: worker.token_file, $PCACHE_TOKEN or $PCACHE_TOKEN_FILE")
+    return token

@@ -403,6 +403,40 @@ def test_master_pair_on_etcd_each_on_its_volume(toml_file: Path, cfg: PCacheConf
     assert ports == {"grpc": cfg.master.port, "metrics": cfg.master.metrics_port}
 
 
+def _secret_at(doc: dict[str, Any], c: dict[str, Any], path: str) -> tuple[str, str]:
+    """(Secret name, key) a container sees at file ``path``, read-only and not readable by all."""
+    volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
+    for m in c["volumeMounts"]:
+        volume = volumes.get(m["name"], {})  # a claim template's volume is not in the pod spec
+        if "secret" in volume and path.startswith(m["mountPath"].rstrip("/") + "/"):
+            assert m.get("readOnly") and volume["secret"]["defaultMode"] & 0o007 == 0
+            rel = path[len(m["mountPath"].rstrip("/")) + 1 :]
+            (item,) = [i for i in volume["secret"]["items"] if i["path"] == rel]
+            return volume["secret"]["secretName"], item["key"]
+    raise AssertionError(f"no Secret mounted at {path}")
+
+
+def test_every_process_gets_its_credential_from_a_secret(toml_file: Path, cfg: PCacheConfig) -> None:
+    """The masters share one key file, workers hold a worker token, mounts, training pods and
+    Babel a tenant token: each from a Secret, none on a command line."""
+    master = one("StatefulSet", "pcache-master")
+    assert _secret_at(master, container(master, "master"), cfg.master.keys_file) == ("pcache-keys", "keys.json")
+    worker = one("DaemonSet", "pcache-worker")
+    assert _secret_at(worker, container(worker, "worker"), cfg.worker.token_file) == ("pcache-worker-token", "token")
+    mount = one("DaemonSet", "pcache-mount")
+    env = {e["name"]: e for e in container(mount, "mount")["env"]}
+    assert _secret_at(mount, container(mount, "mount"), env["PCACHE_TOKEN_FILE"]["value"]) == (
+        "pcache-tenant-token", "token",
+    )  # fmt: skip
+    for doc, name in ((one("Job", "ling-moe-train"), "trainer"), (one("Deployment", "babel-daemon"), "babel")):
+        ref = {e["name"]: e for e in container(doc, name)["env"]}["PCACHE_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == ("pcache-tenant-token", "token")
+    for path, doc in workloads():
+        for c in all_containers(pod_spec(doc)):
+            argv = argv_of(c)
+            assert not any("client.token" in a or re.search(r"v1\.[\w-]+\.[\w-]+\.\w+\.\d+\.", a) for a in argv), path
+
+
 def test_clients_dial_every_master(toml_file: Path, cfg: PCacheConfig) -> None:
     svc = one("Service", "pcache-master-headless")
     grpc_port = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc")

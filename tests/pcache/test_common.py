@@ -188,7 +188,7 @@ def test_override_values_are_coerced() -> None:
             "--worker.mem_tier_bytes=0",
             "--worker.bandwidth_limit=1.5G",
             "--worker.host=10.0.0.1",
-            "--client.tenant=a=b",  # only the first '=' splits
+            "--client.token=a=b",  # only the first '=' splits
             "--master.metrics_port=-1",
         ]
         + [f"--worker.fsync={v}" for v in ("1", "true", "YES", "on")]
@@ -197,7 +197,7 @@ def test_override_values_are_coerced() -> None:
     assert cfg.master.default_replication == 3
     assert cfg.worker.mem_tier_bytes == 0 and cfg.worker.bandwidth_limit == int(1.5 * (1 << 30))
     assert cfg.worker.host == "10.0.0.1" and cfg.worker.fsync is True
-    assert cfg.client.tenant == "a=b"
+    assert cfg.client.token == "a=b"
     assert cfg.master.metrics_port == -1
 
 

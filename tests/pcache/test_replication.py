@@ -169,9 +169,11 @@ def test_the_append_stream_pipelines_bursts_and_stays_up_when_idle() -> None:
 
     import grpc
 
-    from pcache.master.replication import LogShipper, ReplicationServicer
+    from pcache.common.auth import Guard, KeyRing, mint_token
+    from pcache.master.replication import REPLICATION_SCOPES, LogShipper, ReplicationServicer
     from pcache.proto import pcache_pb2_grpc as pb_grpc
 
+    ring = KeyRing.generate()
     follower_store = ReplicatedStore(MemoryMetaStore())
     follower_loop = asyncio.new_event_loop()  # the follower answers from its own thread, as from its own process
     started = threading.Event()
@@ -181,7 +183,8 @@ def test_the_append_stream_pipelines_bursts_and_stays_up_when_idle() -> None:
     async def serve() -> None:
         nonlocal server, port
         server = grpc.aio.server()
-        pb_grpc.add_ReplicationServicer_to_server(ReplicationServicer(follower_store, "f1", lambda: False), server)
+        servicer = ReplicationServicer(follower_store, "f1", lambda: False, guard=Guard(ring, REPLICATION_SCOPES))
+        pb_grpc.add_ReplicationServicer_to_server(servicer, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         started.set()
@@ -193,7 +196,10 @@ def test_the_append_stream_pipelines_bursts_and_stays_up_when_idle() -> None:
 
     async def scenario() -> None:
         leader = leader_store()
-        shipper = LogShipper(leader, epoch=7, address="leader", flags=_Flags(), rpc_timeout=1.0, heartbeat=0.1)
+        shipper = LogShipper(
+            leader, epoch=7, address="leader", flags=_Flags(), rpc_timeout=1.0, heartbeat=0.1,
+            token=mint_token(ring, "cluster", "master"),
+        )  # fmt: skip
         probes = 0
         try:
             shipper.set_members({"f1": f"127.0.0.1:{port}"})

@@ -1,0 +1,154 @@
+"""Where credentials live on disk: the cluster's key file, and the tokens clients find by themselves.
+
+* **Key file** (``master.keys_file``, default ``<data_dir>/keys.json``; 0600, created at the
+  master's first start): the key ring that signs master tokens and the one that signs block
+  tokens (:mod:`pcache.common.auth`). Every master of an HA pair must be given the same file.
+* **Tokens file** (``~/.pcache/tokens.json``, 0600; ``$PCACHE_TOKENS_FILE`` moves it): master
+  address -> token, as ``~/.docker/config.json`` keeps one credential per registry.
+  ``pcache up`` (:class:`pcache.local.LocalCluster`) records its default tenant's token there
+  for each master address, so the CLI, the SDK, the FUSE mount, Babel's ``pcache://`` backend
+  and ``ckpt_adapter`` connect with no set-up.
+
+A client's token is, in order: ``ClientConfig.token``, ``$PCACHE_TOKEN``, the file named by
+``$PCACHE_TOKEN_FILE`` (a Kubernetes Secret mounted as a file), the tokens file entry of one of
+its master addresses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pcache.common.auth import KeyRing
+from pcache.common.errors import InvalidArgument
+
+TOKEN_ENV = "PCACHE_TOKEN"
+TOKEN_FILE_ENV = "PCACHE_TOKEN_FILE"
+TOKENS_FILE_ENV = "PCACHE_TOKENS_FILE"
+
+
+@dataclass
+class ClusterKeys:
+    """The key rings of one cluster: master tokens and block tokens."""
+
+    tokens: KeyRing
+    blocks: KeyRing
+
+    @classmethod
+    def generate(cls) -> ClusterKeys:
+        return cls(KeyRing.generate(), KeyRing.generate())
+
+    def to_json(self) -> str:
+        return json.dumps({"token_keys": self.tokens.format(), "block_keys": self.blocks.format()}, indent=1) + "\n"
+
+    @classmethod
+    def load(cls, path: str) -> ClusterKeys:
+        """Read a key file.
+
+        Raises:
+            InvalidArgument: missing, unreadable, malformed, or readable by any user.
+        """
+        try:
+            if os.stat(path).st_mode & 0o007:  # group-readable passes: a Kubernetes Secret with fsGroup is 0440
+                raise InvalidArgument(f"key file {path} is readable by any user: chmod 600 it")
+            with open(path) as f:
+                doc = json.load(f)
+            return cls(KeyRing.parse(doc["token_keys"]), KeyRing.parse(doc["block_keys"]))
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read the key file {path}: {exc.strerror}") from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidArgument(f"key file {path} is not a PCache key file ({exc!r})") from exc
+
+    @classmethod
+    def load_or_create(cls, path: str) -> ClusterKeys:
+        """Read ``path``, or write fresh keys there (0600, never over an existing file).
+
+        Raises:
+            InvalidArgument: as :meth:`load`, or it cannot be created.
+        """
+        keys = cls.generate()
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return cls.load(path)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot create the key file {path}: {exc.strerror}") from exc
+        with os.fdopen(fd, "w") as f:
+            f.write(keys.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        return keys
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (atomic rename over any old copy)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def tokens_file() -> Path:
+    """``$PCACHE_TOKENS_FILE``, else ``~/.pcache/tokens.json``."""
+    return Path(os.environ.get(TOKENS_FILE_ENV) or Path.home() / ".pcache" / "tokens.json")
+
+
+@contextlib.contextmanager
+def _locked_tokens() -> Iterator[dict[str, str]]:
+    """The tokens file's map, under an exclusive lock; written back (0600) on exit."""
+    path = tokens_file()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            tokens = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            tokens = {}
+        yield tokens
+        write_secret(path, json.dumps(tokens, indent=1, sort_keys=True) + "\n")
+
+
+def remember_token(master: str, token: str) -> None:
+    """Record ``token`` for every address of ``master`` (``a:port[,b:port]``) in the tokens file."""
+    with _locked_tokens() as tokens:
+        for address in _addresses(master):
+            tokens[address] = token
+
+
+def forget_token(master: str, token: str) -> None:
+    """Drop the tokens file's entries of ``master`` that still hold ``token``."""
+    with contextlib.suppress(OSError), _locked_tokens() as tokens:
+        for address in _addresses(master):
+            if tokens.get(address) == token:
+                del tokens[address]
+
+
+def find_token(master: str) -> str:
+    """The token a client of ``master`` sends when its config names none ("" if none is found)."""
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    if os.environ.get(TOKEN_FILE_ENV):
+        try:
+            return Path(os.environ[TOKEN_FILE_ENV]).read_text().strip()
+        except OSError:
+            return ""
+    try:
+        tokens = json.loads(tokens_file().read_text())
+    except (OSError, ValueError):
+        return ""
+    for address in _addresses(master):
+        if isinstance(tokens.get(address), str):
+            return tokens[address]
+    return ""
+
+
+def _addresses(master: str) -> list[str]:
+    return [a.strip() for a in master.split(",") if a.strip()]
