@@ -53,11 +53,17 @@ from babel.backends.tree import (
     sort_entries,
     temp_name,
 )
-from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload
+from babel.errors import AccessDenied, BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload
 
 RACY_NS = 1_000_000_000  # a directory changed this recently is not cached (coarse fs timestamps)
 NO_XATTRS = (errno.ENOTSUP, errno.EOPNOTSUPP)
 _GONE = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
+class _Link(FileNotFoundError):
+    """A key that is a symbolic link: no object."""
+
+
 _TOKEN = re.compile(r"[0-9a-f]{16}")
 
 
@@ -95,7 +101,13 @@ def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 
 class LocalStore:
-    """Object-store view of a local directory."""
+    """Object-store view of a local directory.
+
+    Symbolic links inside the tree are not objects: listing skips them (as rclone does without
+    ``--copy-links``), reading one is NoSuchKey, and a read or write whose directory resolves
+    outside the tree (a symlinked subdirectory) is refused with AccessDenied, so a link planted
+    in a source or a destination never leads a sync out of it. The root itself may be a link.
+    """
 
     def __init__(self, uri: str, root: str) -> None:
         if not root.startswith("/"):
@@ -107,6 +119,18 @@ class LocalStore:
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, check_key(key, self.uri))
+
+    def _inside(self, path: str) -> str:
+        """``path`` if its directory resolves inside the tree (call after creating it).
+
+        Raises:
+            AccessDenied: a symlinked directory leads it out.
+        """
+        root = os.path.realpath(self.root)
+        where = os.path.realpath(os.path.dirname(path))
+        if where != root and not where.startswith(root.rstrip("/") + "/"):
+            raise AccessDenied(f"a directory on the path is a symlink out of {self.root} (to {where})", uri=self.uri)
+        return path
 
     def _temp_path(self, key: str, token: str) -> str:
         head, name = os.path.split(self._path(key))
@@ -137,7 +161,7 @@ class LocalStore:
         for name in names:
             path = os.path.join(self.root, rel, name)
             try:
-                st = os.stat(path)
+                st = os.lstat(path)  # a symlink is no object: not S_ISREG below
             except _GONE:
                 out.append(None)  # deleted since the directory was read
                 continue
@@ -168,7 +192,7 @@ class LocalStore:
         path = self._path(key)
 
         def stat() -> ObjectInfo:
-            st = os.stat(path)
+            st = os.lstat(self._inside(path))
             if not stat_mod.S_ISREG(st.st_mode):
                 raise FileNotFoundError(path)
             return self._info(key, path, st)
@@ -182,7 +206,13 @@ class LocalStore:
         path = self._path(key)
 
         def read() -> bytes:
-            with open(path, "rb") as fh:
+            try:
+                fd = os.open(self._inside(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise _Link(path) from exc
+                raise
+            with open(fd, "rb") as fh:
                 fh.seek(offset)
                 return fh.read() if length is None else fh.read(length)
 
@@ -222,6 +252,7 @@ class LocalStore:
 
         def write() -> ObjectInfo:
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._inside(path)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             try:
                 _write_all(fd, data, 0)
@@ -240,7 +271,7 @@ class LocalStore:
 
         def remove() -> None:
             for path in paths:
-                _unlink(path)  # a key naming a directory is no object either
+                _unlink(self._inside(path))  # a key naming a directory is no object either
 
         await asyncio.to_thread(remove)
 
@@ -254,6 +285,7 @@ class LocalStore:
 
         def create() -> None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._inside(path)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             try:
                 os.ftruncate(fd, size)  # sparse: parts fill it in any order

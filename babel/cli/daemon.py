@@ -44,6 +44,13 @@ from babel.journal import default_state_dir
     "file:// paths only when given, e.g. --allow file:///data.",
 )
 @click.option(
+    "--allow-endpoint",
+    "allow_endpoints",
+    multiple=True,
+    metavar="URL",
+    help="endpoint_url= value jobs' s3:// and oss:// URIs may name (repeat); none by default.",
+)
+@click.option(
     "--allowed-host",
     "allowed_hosts",
     multiple=True,
@@ -57,8 +64,8 @@ from babel.journal import default_state_dir
     help="Bearer token file [default: STATE_DIR/daemon.token, created 0600]; $BABEL_DAEMON_TOKEN overrides it.",
 )
 def daemon_cmd(
-    listen: str, state_dir: str | None, max_jobs: int, allow: tuple[str, ...], allowed_hosts: tuple[str, ...],
-    token_file: str,
+    listen: str, state_dir: str | None, max_jobs: int, allow: tuple[str, ...], allow_endpoints: tuple[str, ...],
+    allowed_hosts: tuple[str, ...], token_file: str,
 ) -> int:  # fmt: skip
     """Serve an HTTP API that queues syncs, runs schedules and keeps the job history.
 
@@ -77,7 +84,7 @@ def daemon_cmd(
         logging.getLogger("babel").setLevel(logging.INFO)  # a server logs its config and jobs without -v
     cfg = DaemonConfig(
         listen=listen, state_dir=state_dir or default_state_dir(), max_jobs=max_jobs, token_file=token_file,
-        allow=tuple(allow) or DEFAULT_ALLOW, allowed_hosts=tuple(allowed_hosts),
+        allow=tuple(allow) or DEFAULT_ALLOW, allow_endpoints=tuple(allow_endpoints), allowed_hosts=tuple(allowed_hosts),
     )  # fmt: skip
     asyncio.run(serve(cfg))
     return 0

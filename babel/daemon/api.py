@@ -68,7 +68,7 @@ def _guard(daemon: Daemon, token: str):
 async def _body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:
     try:
         body = await request.json()
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past 4300 digits
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, 4300+ digits, deep nesting
         raise RequestRejected("the body is not JSON", field="body") from exc
     if not isinstance(body, dict):
         raise RequestRejected("the body must be a JSON object", field="body")
@@ -96,7 +96,7 @@ def make_app(daemon: Daemon, token: str) -> web.Application:
     @routes.get("/jobs")
     async def get_jobs(request: web.Request) -> web.Response:
         limit = request.query.get("limit")
-        if limit is not None and not limit.isdigit():
+        if limit is not None and not (limit.isascii() and limit.isdigit()):
             raise RequestRejected("limit must be a non-negative integer", field="limit")
         return web.json_response(daemon.jobs(None if limit is None else int(limit)))
 

@@ -18,8 +18,16 @@ from babel.options import SyncOptions
 
 CLIENT_TIMEOUT = 10.0  # seconds per client call
 
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """The daemon never redirects: a redirect would carry the bearer token to another host."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        return None
+
+
 # no proxies: the daemon is on loopback or in the cluster, where http_proxy would only get in the way
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
 def _call(

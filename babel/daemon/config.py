@@ -28,6 +28,9 @@ class DaemonConfig:
     ``$BABEL_DAEMON_TOKEN`` overrides it."""
     allow: tuple[str, ...] = DEFAULT_ALLOW
     """URI prefixes jobs and schedules may name (default: the object stores, no ``file://``)."""
+    allow_endpoints: tuple[str, ...] = ()
+    """``endpoint_url`` values jobs' ``s3://``/``oss://`` URIs may name (default: none, so the
+    stores' own endpoints, from region or profile, only)."""
     allowed_hosts: tuple[str, ...] = ()
     """Names besides IP literals and ``localhost`` the ``Host`` header may give (a Service's DNS name)."""
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from babel.daemon.checkpoints import join_uri, newest_checkpoint
 from babel.daemon.config import DaemonConfig, Schedule
-from babel.daemon.errors import Conflict, NotFound
-from babel.daemon.security import check_allowed
+from babel.daemon.errors import Conflict, Forbidden, NotFound, RequestRejected
+from babel.daemon.security import check_allowed, check_endpoint
 from babel.daemon.validate import check_positive, check_uri, options_from_json
-from babel.errors import BabelError
+from babel.errors import BabelError, BadURI
 from babel.journal import Journal, list_jobs
 from babel.options import SyncOptions
 from babel.sync import create_job, run_sync
@@ -27,6 +27,7 @@ from pcache.common.checkpoint import COMMIT_MARKER
 from pcache.common.process import other_process_alive
 
 logger = logging.getLogger(__name__)
+MIN_EVERY = 0.25  # seconds between a schedule's ticks at least (a tighter one floods the state dir with jobs)
 
 ACTIVE = ("queued", "running")
 SCHEDULES_FILE = "schedules.json"
@@ -59,7 +60,7 @@ class Daemon:
         Raises:
             BabelError: another daemon holds the state directory, or ``schedules.json`` is corrupt.
         """
-        os.makedirs(self.state_dir, exist_ok=True)
+        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)  # job history, URIs, the token file
         fd = os.open(os.path.join(self.state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -99,6 +100,12 @@ class Daemon:
                 and doc.get("id") not in self._tasks
                 and not other_process_alive(doc.get("pid"))
             ):
+                try:
+                    self._check_uris(doc.get("src", ""), doc.get("dst", ""))  # this config's prefixes
+                except BabelError as exc:
+                    logger.warning("job %s not resumed: %s", doc["id"], exc)
+                    self._mark(doc["id"], state="failed", pid=None, fatal=f"{type(exc).__name__}: {exc}")
+                    continue
                 self._queue(doc["id"])
                 resumed.append(doc["id"])
         return resumed
@@ -112,7 +119,10 @@ class Daemon:
             RequestRejected: a bad URI (``field`` src or dst). Forbidden: outside ``cfg.allow``.
         """
         self._check_uris(src, dst)
-        job_id = create_job(src, dst, options or SyncOptions(), self.state_dir)
+        try:
+            job_id = create_job(src, dst, options or SyncOptions(), self.state_dir)
+        except BadURI as exc:  # e.g. a destination inside the source
+            raise RequestRejected(f"BadURI: {exc}", field="dst") from exc
         return self._queue(job_id, **extra)
 
     def resume(self, job_id: str) -> dict[str, Any]:
@@ -138,6 +148,7 @@ class Daemon:
         for uri, field in ((src, "src"), (dst, "dst")):
             check_uri(uri, field)
             check_allowed(uri, field, self.cfg.allow)
+            check_endpoint(uri, field, self.cfg.allow_endpoints)
 
     def jobs(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Every job's job.json in the state directory, newest first (at most ``limit``)."""
@@ -183,11 +194,17 @@ class Daemon:
         try:
             async with self._slots:
                 self._running.add(job_id)
+                doc = self.job(job_id)
+                # again now: a file:// root accepted at submit may have been swapped for a symlink since
+                self._check_uris(doc.get("src", ""), doc.get("dst", ""))
                 logger.info("job %s running", job_id)
                 report = await run_sync("", "", state_dir=self.state_dir, job_id=job_id)
                 state = report.state
         except asyncio.CancelledError:
             raise  # the journal keeps it queued/running: the next daemon resumes it
+        except (Forbidden, RequestRejected) as exc:
+            logger.warning("job %s refused at start: %s", job_id, exc)
+            self._mark(job_id, state="failed", pid=None, fatal=f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # outside the job's own error handling (a bug, a vanished journal): record it
             logger.exception("job %s crashed", job_id)
             self._mark(job_id, state="failed", pid=None, fatal=f"{type(exc).__name__}: {exc}")
@@ -222,6 +239,8 @@ class Daemon:
         """
         self._check_uris(src, dst)
         every = check_positive(every, "every", "seconds")
+        if every < MIN_EVERY:
+            raise RequestRejected(f"every must be at least {MIN_EVERY:g} seconds", field="every")
         sched = Schedule(
             id="sched-" + secrets.token_hex(4), src=src, dst=dst, every=float(every),
             newest_checkpoint=bool(newest_checkpoint), options=asdict(options or SyncOptions()), created=time.time(),

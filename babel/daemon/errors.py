@@ -7,14 +7,18 @@ import errno
 from babel.errors import BabelError
 
 
-class RequestRejected(BabelError, ValueError):
-    """A malformed request (HTTP 400): a bad URI, an unknown option, a wrong type; ``field`` names it."""
-
-    errno_code = errno.EINVAL
+class FieldError(BabelError):
+    """An error about one field of a request, named by ``field``."""
 
     def __init__(self, message: str = "", *, field: str = "", uri: str | None = None) -> None:
         super().__init__(message, uri=uri)
         self.field = field
+
+
+class RequestRejected(FieldError, ValueError):
+    """A malformed request (HTTP 400): a bad URI, an unknown option, a wrong type; ``field`` names it."""
+
+    errno_code = errno.EINVAL
 
 
 class NotFound(BabelError, FileNotFoundError):
@@ -35,15 +39,11 @@ class Unauthorized(BabelError, PermissionError):
     errno_code = errno.EACCES
 
 
-class Forbidden(BabelError, PermissionError):
+class Forbidden(FieldError, PermissionError):
     """A URI outside the allowed prefixes, or a Host header that does not name the daemon (HTTP
     403); ``field`` names the field."""
 
     errno_code = errno.EACCES
-
-    def __init__(self, message: str = "", *, field: str = "", uri: str | None = None) -> None:
-        super().__init__(message, uri=uri)
-        self.field = field
 
 
 class UnsupportedMediaType(BabelError, ValueError):

@@ -10,6 +10,9 @@
   config allows (``allowed_hosts``), with the daemon's own port.
 * **JSON only.** A request with a body must say ``Content-Type: application/json`` (an HTML form
   cannot, so a page in a browser on the host cannot submit a job: CSRF).
+* **Endpoints.** An ``s3://``/``oss://`` URI may name ``endpoint_url`` only from the configured
+  list (``allow_endpoints``), and never ``ca_bundle``: a job cannot point the daemon and its
+  credentials at a host of the caller's choosing (SSRF).
 * **URI prefixes.** A job or schedule may only name URIs under the configured prefixes
   (``allow``). The default allows the object stores (``s3://``, ``oss://``, ``pcache://``) and no
   ``file://`` path; a ``file://`` URI is compared after resolving ``..`` and symlinks, so a
@@ -21,14 +24,16 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import re
 import secrets
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl
 
 from babel.daemon.errors import Forbidden, RequestRejected
 
 TOKEN_ENV = "BABEL_DAEMON_TOKEN"
 TOKEN_FILE = "daemon.token"
 DEFAULT_ALLOW = ("s3://", "oss://", "pcache://")
+_HOST = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::(?P<port>[0-9]{1,5}))?$")
 
 
 def token_path(state_dir: str) -> str:
@@ -51,9 +56,10 @@ def server_token(state_dir: str, token_file: str = "") -> str:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            if os.stat(path).st_mode & 0o077:
-                os.chmod(path, 0o600)
-            with open(path) as f:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # ELOOP: a planted symlink is no token file
+            if os.fstat(fd).st_mode & 0o077:
+                os.fchmod(fd, 0o600)
+            with os.fdopen(fd) as f:
                 token = f.read().strip()
         else:
             token = secrets.token_urlsafe(32)
@@ -80,20 +86,19 @@ def client_token(state_dir: str) -> str:
 def token_matches(header: str, token: str) -> bool:
     """Whether an ``Authorization`` header value carries ``token`` (constant-time compare)."""
     scheme, _, given = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+    raw = given.strip().encode("utf-8", "replace")  # whatever a client sent: it can only fail to match
+    return scheme.lower() == "bearer" and hmac.compare_digest(raw, token.encode())
 
 
 def host_allowed(host_header: str, port: int, allowed_hosts: tuple[str, ...]) -> bool:
     """Whether a ``Host`` header names this daemon: an IP literal or ``localhost`` or an allowed
     name, with the daemon's ``port`` (default 80 when the header has none)."""
-    if not host_header:
+    match = _HOST.match(host_header or "")
+    if match is None:  # userinfo, a path, a query, a zone id, a port that is not plain digits
         return False
-    try:
-        parsed = urlparse("//" + host_header)
-        name, given_port = (parsed.hostname or "").lower(), parsed.port or 80
-    except ValueError:  # a port that is not a number
-        return False
-    if given_port != port or not name:
+    name = (match.group("v6") or match.group("name")).lower()
+    port_text = match.group("port") or "80"
+    if port_text.startswith("0") or int(port_text) != port:  # no leading zeros: one spelling per port
         return False
     if name == "localhost" or name in {h.lower() for h in allowed_hosts}:
         return True
@@ -102,6 +107,34 @@ def host_allowed(host_header: str, port: int, allowed_hosts: tuple[str, ...]) ->
     except ValueError:
         return False
     return True
+
+
+JOB_QUERY_REFUSED = ("ca_bundle",)  # a path on the daemon's host: set AWS_CA_BUNDLE for the daemon instead
+
+
+def check_endpoint(uri: str, field: str, endpoints: tuple[str, ...]) -> None:
+    """Refuse an ``s3://``/``oss://`` URI whose ``endpoint_url`` is not one the daemon allows, or
+    that names a local file (``ca_bundle``): a job must not make the daemon send its credentials
+    or requests to a host of the caller's choosing (SSRF).
+
+    Raises:
+        Forbidden: ``field`` names the URI.
+    """
+    if not uri.startswith(("s3://", "oss://")) or "?" not in uri:
+        return
+    options = dict(parse_qsl(uri.split("?", 1)[1], keep_blank_values=True))
+    for name in JOB_QUERY_REFUSED:
+        if name in options:
+            raise Forbidden(
+                f"{field}: {name}= is not allowed in a daemon job (configure the daemon instead)", field=field
+            )
+    endpoint = options.get("endpoint_url")
+    if endpoint is not None and endpoint.rstrip("/") not in {e.rstrip("/") for e in endpoints}:
+        shown = ", ".join(endpoints) or "none"
+        raise Forbidden(
+            f"{field}: endpoint_url={endpoint} is not one this daemon allows ({shown}; see --allow-endpoint)",
+            field=field,
+        )
 
 
 def check_allowed(uri: str, field: str, allow: tuple[str, ...]) -> None:

@@ -218,7 +218,9 @@ def test_newest_checkpoint_from_s3_in_process(tmp_path: Path, s3_uri: str, moto_
     assert asyncio.run(newest_checkpoint(s3_uri)) == "step-9"  # step-10 has no .metadata yet
 
     async def scenario() -> dict:
-        daemon = Daemon(DaemonConfig(state_dir=str(tmp_path / "state"), allow=("s3://", f"file://{tmp_path}")))
+        cfg = DaemonConfig(state_dir=str(tmp_path / "state"), allow=("s3://", f"file://{tmp_path}"),
+                           allow_endpoints=(moto_endpoint,))  # fmt: skip
+        daemon = Daemon(cfg)
         await daemon.start()
         try:
             sid = daemon.add_schedule(s3_uri, f"file://{tmp_path}/out", 60, newest_checkpoint=True)["id"]
@@ -241,7 +243,7 @@ def test_cli_submits_and_lists_jobs(tmp_path: Path, s3_uri: str, moto_endpoint: 
     src = tmp_path / "src"
     files = {f"shard-{i:03d}.bin": os.urandom(10_000 + i) for i in range(40)}
     write_tree(src, files)
-    d = daemons(state)
+    d = daemons(state, "--allow-endpoint", moto_endpoint)
 
     r = babel("sync", f"file://{src}", s3_uri, "--daemon", d.addr, "--verify", "full", env=d.env)
     assert r.returncode == 0, r.stderr
@@ -382,7 +384,7 @@ def test_sigterm_and_sigkill_mid_job_then_resumed_to_ok(
     state, src = tmp_path / "state", tmp_path / "src"
     files = {"big.bin": os.urandom(24 << 20), **{f"small/{i}": os.urandom(5000) for i in range(10)}}
     write_tree(src, files)
-    d = daemons(state)
+    d = daemons(state, "--allow-endpoint", moto_endpoint)
     r = babel("sync", f"file://{src}", s3_uri, "--daemon", d.addr, "--bwlimit", "12M", "--part-size", "5M",
               "--transfers", "2", env=d.env)  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -399,13 +401,13 @@ def test_sigterm_and_sigkill_mid_job_then_resumed_to_ok(
     assert time.monotonic() - t0 < 5
     assert job_doc(state, job_id)["state"] == "running"  # not finished: left for the next daemon
 
-    d2 = daemons(state)
+    d2 = daemons(state, "--allow-endpoint", moto_endpoint)
     wait_for(lambda: copying_in(d2.proc), 20, "the job to be resumed", every=0.05)
     time.sleep(0.5)
     d2.stop(signal.SIGKILL)
     assert job_doc(state, job_id)["state"] == "running"
 
-    d3 = daemons(state)
+    d3 = daemons(state, "--allow-endpoint", moto_endpoint)
     job = wait_for(
         lambda: (j := d3.http("GET", f"/jobs/{job_id}")[1])["state"] == "ok" and j, 20, "the job", every=0.05
     )
@@ -456,12 +458,38 @@ def test_an_attacker_gets_nothing_from_the_daemon(tmp_path: Path, daemons) -> No
         assert status in (400, 403) and doc["field"] == field, (uri, doc)
         status, doc = d.http("POST", "/schedules", {**ok, field: uri, "every": 5})
         assert status in (400, 403) and doc["field"] == field, (uri, doc)
+    for field, uri in [
+        ("src", "s3://b/x?endpoint_url=http://169.254.169.254/latest/meta-data/"),
+        ("dst", "s3://b/y?endpoint_url=http://attacker.example/"),
+        ("src", "s3://b/x?ca_bundle=/etc/shadow"),
+    ]:
+        status, doc = d.http("POST", "/jobs", {**ok, field: uri})
+        assert (status, doc["field"]) == (403, field), (uri, doc)
+    assert d.http("GET", "/jobs?limit=%C2%B2")[0] == 400  # a digit to str.isdigit, not to int()
+    assert d.http("POST", "/jobs", raw=b"[" * 100_000 + b"]" * 100_000)[0] in (400, 413)  # nesting, not a 500
+    assert d.http("POST", "/schedules", {**ok, "every": 0.000001})[0] == 400  # a flood of jobs
+    assert http(d.addr, "GET", "/jobs", headers={"Authorization": "Bearer \u00e9\u00ff"})[0] == 401
+    for host in (f"evil.com:{port}@127.0.0.1:{port}", f"127.0.0.1:{port}/evil.com", f"127.0.0.1:0{port}"):
+        assert http(d.addr, "GET", "/jobs", token=d.token, headers={"Host": host})[0] == 403, host
     assert list_jobs(str(state)) == [] and d.http("GET", "/schedules") == (200, [])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"SECRET")
+    (tmp_path / "data" / "link-to-secret").symlink_to(outside / "secret")  # a file link in the source
+    (tmp_path / "data" / "sub").mkdir()
+    (tmp_path / "data" / "sub" / "pwn").write_bytes(b"pwned")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "sub").symlink_to(outside)  # a directory link in the destination
     status, doc = d.http("POST", "/jobs", ok)  # the allowed directory itself works
     assert status == 202
+    job = wait_for(lambda: (j := d.http("GET", f"/jobs/{doc['id']}")[1])["state"] not in ("queued", "running") and j,
+                   30, "the job", every=0.1)  # fmt: skip
+    assert not (tmp_path / "out" / "link-to-secret").exists()  # the link was not followed out of the source
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]  # nothing written through the link
+    assert job["state"] in ("partial", "failed") and job["summary"]["failed"] >= 1, job
     # the CLI finds the token in the daemon's state directory; with another one it is refused
     r = babel("jobs", "--daemon", d.addr, "--state-dir", str(state), "--json")
-    assert r.returncode == 0 and json.loads(r.stdout)[0]["id"] == doc["id"], r.stderr
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["id"] == job["id"], r.stderr
     r = babel("jobs", "--daemon", d.addr, "--state-dir", str(tmp_path / "other"))
     assert r.returncode != 0 and "bearer token" in r.stderr and "Traceback" not in r.stderr
     assert d.token not in d.log.read_text()  # the token is never logged
