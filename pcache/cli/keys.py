@@ -20,7 +20,7 @@ from pcache.common.errors import InvalidArgument
   pcache keys create keys.json
   pcache keys token --keys-file keys.json --scope worker --tenant workers > worker.token
   pcache keys token --keys-file keys.json --tenant default --ttl 86400
-  pcache keys rotate keys.json     # then restart the masters, one at a time
+  pcache keys rotate keys.json     # masters reload it within a second; copy it to every master
 """,
 )
 def keys_cmd() -> None:
@@ -52,7 +52,8 @@ def token(keys_file: str, scope: str, tenant: str, ttl: float) -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 def rotate(path: str) -> None:
     """Make a new current key; the current one stays as the previous key (still accepted), the one
-    before is dropped (its tokens stop working). Restart the masters to load it."""
+    before is dropped (its tokens stop working). A running master reloads its key file within
+    master.replication_check_interval seconds."""
     keys = ClusterKeys.load(path)
     rotated = ClusterKeys(keys.tokens.rotated(), keys.blocks.rotated())
     write_secret(Path(path), rotated.to_json())

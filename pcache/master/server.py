@@ -93,6 +93,7 @@ class MasterServer:
             raise E.InvalidArgument("a master needs master.keys_file or master.data_dir (where it keeps its keys)")
         self.keys = ClusterKeys.load_or_create(keys_file)
         self.keys_file = keys_file
+        self._keys_stamp = os.stat(keys_file).st_mtime_ns
         self.master_token = mint_token(self.keys.tokens, "cluster", "master")  # for this master's followers
         if path is not None:
             recover_incoming(path)
@@ -318,8 +319,40 @@ class MasterServer:
             except Exception:
                 logger.exception("upkeep pass failed")
 
+    def reload_keys(self) -> bool:
+        """Load the key file again if it changed (``pcache keys rotate``): tokens of its current and
+        previous keys are accepted from now on, those of a dropped key no longer. Returns whether
+        it changed; a file that cannot be read keeps the keys in use (logged)."""
+        try:
+            stamp = os.stat(self.keys_file).st_mtime_ns
+        except OSError as exc:
+            logger.error("key file %s: %s; keeping the keys in use", self.keys_file, exc)
+            return False
+        if stamp == self._keys_stamp:
+            return False
+        self._keys_stamp = stamp
+        try:
+            keys = ClusterKeys.load(self.keys_file)
+        except E.InvalidArgument as exc:
+            logger.error("%s; keeping the keys in use", exc)
+            return False
+        if keys.tokens.keys == self.keys.tokens.keys and keys.blocks.keys == self.keys.blocks.keys:
+            return False
+        self.keys = keys
+        self.guard.set_ring(keys.tokens)
+        self.replication.guard.set_ring(keys.tokens)
+        if self.master_token.split(".")[1] not in keys.tokens.keys:  # its key was dropped: a new one
+            # (kept otherwise: a follower that has not reloaded yet still knows the previous key)
+            self.master_token = mint_token(keys.tokens, "cluster", "master")
+            if self.shipper is not None:
+                self.shipper.token = self.master_token
+        logger.info("key file %s reloaded: signing key %s, accepted %s", self.keys_file, keys.tokens.current,
+                    ", ".join(sorted(keys.tokens.keys)))  # fmt: skip
+        return True
+
     def upkeep_once(self) -> None:
         """One pass of liveness, orphan and replication upkeep (liveness only on a follower)."""
+        self.reload_keys()
         expired_workers = self.registry.expire()
         MASTER_WORKERS.set(len(self.registry.alive()))
         if self.shipper is not None:

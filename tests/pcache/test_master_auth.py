@@ -16,6 +16,7 @@ from pcache.client import Client
 from pcache.common.auth import KeyRing, bearer, mint_token
 from pcache.common.config import ClientConfig
 from pcache.common.credentials import ClusterKeys
+from pcache.common.errors import PCacheError
 from pcache.local import LocalCluster
 from pcache.proto import pcache_pb2 as pb
 
@@ -200,3 +201,71 @@ def test_secrets_and_block_files_are_their_owners_alone(cluster: LocalCluster) -
     assert mode(cluster.root / "worker-0") == 0o700
     blocks = [p for p in (cluster.root / "worker-0" / "blocks").rglob("*") if p.is_file()]
     assert blocks and all(mode(p) == 0o600 for p in blocks)
+
+
+def test_key_rotation_while_reads_and_writes_run(tmp_path) -> None:
+    """`pcache keys rotate` under a running writer: no call fails (the previous key still
+    verifies), a token of the new key works within a second or two, and after a second rotation
+    the tokens of the first key are refused."""
+    import threading
+
+    from pcache.common.credentials import ClusterKeys
+
+    with LocalCluster(str(tmp_path / "c"), workers=1, master_args=["--master.replication_check_interval=0.2"]) as c:
+        old_token = c.token
+        errors: list[BaseException] = []
+        done = threading.Event()
+        count = [0]
+
+        def work() -> None:
+            try:
+                with Client(ClientConfig(master=c.master_address, token=old_token)) as pc:
+                    pc.mkdir("/rot", parents=True)
+                    while not done.is_set():
+                        pc.write_file(f"/rot/{count[0] % 20}", b"x" * 4096)
+                        assert pc.read_file(f"/rot/{count[0] % 20}") == b"x" * 4096
+                        count[0] += 1
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        try:
+            time.sleep(0.5)
+            run = [sys.executable, "-m", "pcache", "keys"]
+            subprocess.run([*run, "rotate", str(c.keys_file)], check=True, capture_output=True, timeout=30)
+            new_token = subprocess.run(
+                [*run, "token", "--keys-file", str(c.keys_file), "--tenant", "default"],
+                check=True, capture_output=True, text=True, timeout=30,
+            ).stdout.strip()  # fmt: skip
+            assert new_token.split(".")[1] == ClusterKeys.load(str(c.keys_file)).tokens.current
+
+            def new_works() -> bool:
+                try:
+                    with Client(ClientConfig(master=c.master_address, token=new_token, rpc_timeout=2)) as pc:
+                        return pc.stat("/rot").kind == "dir"
+                except PCacheError:
+                    return False
+
+            deadline = time.monotonic() + 10
+            while not new_works():
+                assert time.monotonic() < deadline, "the new key was not loaded"
+                time.sleep(0.1)
+            before = count[0]
+            time.sleep(1.0)
+            assert count[0] > before and not errors  # the old token kept working throughout
+        finally:
+            done.set()
+            thread.join(30)
+        assert not errors, errors
+        subprocess.run([*run, "rotate", str(c.keys_file)], check=True, capture_output=True, timeout=30)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with Client(ClientConfig(master=c.master_address, token=old_token, rpc_timeout=2)) as pc:
+                    pc.stat("/rot")
+            except PCacheError as exc:
+                assert "invalid token" in str(exc)
+                break
+            assert time.monotonic() < deadline, "the dropped key's token still works"
+            time.sleep(0.1)
