@@ -47,7 +47,7 @@ def check_name(name: str, what: str = "name") -> str:
     Raises:
         InvalidArgument: it is not.
     """
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidArgument(f"{what} must be 1-63 letters, digits, '-' or '_' (not first), got {name!r}")
     return name
 
@@ -168,7 +168,7 @@ def verify_token(ring: KeyRing, token: str, now: float | None = None) -> Claims:
     if len(parts) != 6 or parts[0] != "v1":
         raise PermissionDenied("malformed token")
     version, kid, tenant, scope, expiry, mac = parts
-    if scope not in SCOPES or not expiry.isdigit() or not _NAME.match(tenant):
+    if scope not in SCOPES or not (expiry.isascii() and expiry.isdigit()) or not _NAME.fullmatch(tenant):
         raise PermissionDenied("malformed token")
     if not ring.check(kid, (version, kid, tenant, scope, expiry), mac):
         raise PermissionDenied("invalid token (unknown key or bad signature)")
@@ -205,7 +205,7 @@ def check_block_token(ring: KeyRing, token: str, block_id: int, op: str, now: fl
     if len(parts) != 7 or parts[0] != "b1":
         raise PermissionDenied("malformed block token")
     version, kid, block, ops, tenant, expiry, mac = parts
-    if not block.isdigit() or not expiry.isdigit():
+    if not (block.isascii() and block.isdigit() and expiry.isascii() and expiry.isdigit()):
         raise PermissionDenied("malformed block token")
     if not ring.check(kid, (version, kid, block, ops, tenant, expiry), mac):
         raise PermissionDenied("invalid block token (unknown key or bad signature)")
@@ -256,12 +256,14 @@ class Guard:
         allowed = self.scopes.get(method)
         if not allowed:
             raise PermissionDenied(f"{method} is not open to any credential")
+        values = [value for key, value in metadata or () if key == AUTH_METADATA]
+        if len(values) > 1:  # a proxy might check another one than this master: no ambiguity
+            raise PermissionDenied("more than one authorization entry")
         token = ""
-        for key, value in metadata or ():
-            if key == AUTH_METADATA:
-                scheme, _, token = value.partition(" ")
-                if scheme.lower() != "bearer":
-                    raise PermissionDenied("the authorization metadata must be 'Bearer TOKEN'")
+        if values:
+            scheme, _, token = values[0].partition(" ")
+            if scheme.lower() != "bearer":
+                raise PermissionDenied("the authorization metadata must be 'Bearer TOKEN'")
         claims = self._verified.get(token)
         if claims is None:
             claims = verify_token(self.ring, token)

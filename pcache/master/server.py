@@ -150,7 +150,8 @@ class MasterServer:
         return f"this master is a follower; the leader is {leader}" if leader else "this master is a follower"
 
     def _leads_now(self) -> bool:
-        return self.role == "leader" and self._why_not_writable() is None
+        """Whether this master refuses log entries: it leads (a standalone master always does)."""
+        return self.role == "standalone" or (self.role == "leader" and self._why_not_writable() is None)
 
     def is_leading(self) -> bool:
         """Whether this master may answer namespace calls now."""

@@ -19,6 +19,7 @@ from pcache.common.credentials import ClusterKeys
 from pcache.common.errors import PCacheError
 from pcache.local import LocalCluster
 from pcache.proto import pcache_pb2 as pb
+from pcache.proto import pcache_pb2_grpc as pb_grpc
 
 
 def _methods(service: str) -> list[tuple[str, str, type, type]]:
@@ -269,3 +270,38 @@ def test_key_rotation_while_reads_and_writes_run(tmp_path) -> None:
                 break
             assert time.monotonic() < deadline, "the dropped key's token still works"
             time.sleep(0.1)
+
+
+def test_a_standalone_master_takes_no_log_entries_even_from_a_key_holder(cluster: LocalCluster) -> None:
+    """Replication is for followers: a standalone master refuses Append and InstallCheckpoint
+    even with a valid master-scope token (a misconfigured peer must not wipe its namespace)."""
+    keys = ClusterKeys.load(str(cluster.keys_file))
+    token = mint_token(keys.tokens, "cluster", "master")
+
+    async def probe() -> dict[str, grpc.StatusCode]:
+        out = {}
+        for name, kind, req, resp in _methods("Replication"):
+            if name != "Probe":
+                out[name] = await _status_of(cluster.master_address, "Replication", name, kind, req, resp, token)
+        return out
+
+    codes = asyncio.run(probe())
+    assert set(codes) == {"Append", "InstallCheckpoint"} and grpc.StatusCode.OK not in codes.values(), codes
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.token)) as pc:
+        assert pc.read_file("/victim/secret") == b"s" * 1000
+
+
+def test_two_authorization_entries_are_refused(cluster: LocalCluster) -> None:
+    async def call(metadata) -> grpc.StatusCode:
+        async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+            stub = pb_grpc.MasterStub(channel)
+            try:
+                await stub.Stat(pb.PathRequest(path="/victim"), timeout=5, metadata=metadata)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return grpc.StatusCode.OK
+
+    good = ("authorization", f"Bearer {cluster.token}")
+    assert asyncio.run(call((good,))) == grpc.StatusCode.OK
+    assert asyncio.run(call((("authorization", "Bearer garbage"), good))) == grpc.StatusCode.PERMISSION_DENIED
+    assert asyncio.run(call((good, good))) == grpc.StatusCode.PERMISSION_DENIED

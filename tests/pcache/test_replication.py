@@ -160,86 +160,130 @@ class _Flags:
         return True
 
 
-def test_the_append_stream_pipelines_bursts_and_stays_up_when_idle() -> None:
-    """A leader's log reaches a follower over one gRPC Append stream (loopback): every commit
-    returns once the follower applied it, both stores agree, and an idle stream (heartbeats
+def test_the_append_stream_pipelines_bursts_and_stays_up_when_idle(tmp_path: Path) -> None:
+    """A leader's log reaches a follower process over one gRPC Append stream (loopback): every
+    commit returns once the follower applied it, both stores agree, and an idle stream (heartbeats
     only) is not mistaken for a silent follower: it is never re-probed."""
     import asyncio
-    import threading
+    import signal
+    import subprocess
+    import sys
 
-    import grpc
+    from pcache.common.auth import mint_token
+    from pcache.common.credentials import ClusterKeys
+    from pcache.master.replication import LogShipper
 
-    from pcache.common.auth import Guard, KeyRing, mint_token
-    from pcache.master.replication import REPLICATION_SCOPES, LogShipper, ReplicationServicer
-    from pcache.proto import pcache_pb2_grpc as pb_grpc
+    keys_file = tmp_path / "keys.json"
+    keys = ClusterKeys.load_or_create(str(keys_file))
+    follower_dir = tmp_path / "follower"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pcache.testing.follower", str(follower_dir), str(keys_file)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        leader = leader_store()
 
-    ring = KeyRing.generate()
-    follower_store = ReplicatedStore(MemoryMetaStore())
-    follower_loop = asyncio.new_event_loop()  # the follower answers from its own thread, as from its own process
-    started = threading.Event()
-    server: grpc.aio.Server | None = None
-    port = 0
+        async def scenario() -> None:
+            shipper = LogShipper(
+                leader, epoch=7, address="leader", flags=_Flags(), rpc_timeout=1.0, heartbeat=0.1,
+                token=mint_token(keys.tokens, "cluster", "master"),
+            )  # fmt: skip
+            probes = 0
+            try:
+                shipper.set_members({"f1": f"127.0.0.1:{port}"})
+                follower = shipper.followers["f1"]
+                real_rpc = shipper._rpc
 
-    async def serve() -> None:
-        nonlocal server, port
-        server = grpc.aio.server()
-        servicer = ReplicationServicer(follower_store, "f1", lambda: False, guard=Guard(ring, REPLICATION_SCOPES))
-        pb_grpc.add_ReplicationServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        started.set()
-        await server.wait_for_termination()
+                async def counting(f, name, request):
+                    nonlocal probes
+                    probes += name == "Probe"
+                    return await real_rpc(f, name, request)
 
-    thread = threading.Thread(target=follower_loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert started.wait(10)
+                shipper._rpc = counting  # type: ignore[method-assign]
+                for _ in range(250):  # until it is in sync (required): commits wait for it from then on
+                    if follower.in_sync:
+                        break
+                    await asyncio.sleep(0.02)
+                assert follower.in_sync
+                for burst in range(5):
+                    waits = []
+                    for i in range(40):  # concurrent writers: their entries leave on several messages
+                        leader.write([(b"k%d.%d" % (burst, i), b"v" * i)])
+                        waits.append(shipper.commit(leader.index, timeout=5.0))
+                        if i % 7 == 0:
+                            await asyncio.sleep(0)
+                    await asyncio.gather(*waits)
+                    assert follower.acked == leader.index  # committed means applied there
+                probes_before = probes
+                await asyncio.sleep(2.5)  # idle: more than twice the answer deadline
+                assert follower.state == "replicating" and probes == probes_before
+                assert shipper.status()[0].last_contact_age < 0.5  # heartbeats answered
+                leader.write([(b"after-idle", b"x")])
+                await shipper.commit(leader.index, timeout=5.0)
+            finally:
+                shipper.close()
+
+        asyncio.run(scenario())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    copy = ReplicatedStore(RocksMetaStore(str(follower_dir)))
+    try:
+        assert copy.index == leader.index and copy.get(b"after-idle") == b"x"
+        assert dict(copy.scan(b"k")) == dict(leader.scan(b"k")) and len(dict(leader.scan(b"k"))) == 200
+    finally:
+        copy.close()
+
+
+def test_an_answer_that_comes_while_its_message_is_written_is_counted() -> None:
+    """The race a busy machine shows: the follower's answer arrives before the leader's write()
+    returns. The stream must not keep waiting for an answer it already had (it would call an
+    idle follower silent after rpc_timeout and probe it again)."""
+    import asyncio
+
+    from pcache.master.replication import Follower, LogShipper
+
+    class EagerCall:
+        """A stream to a follower that answers before write() returns."""
+
+        def __init__(self, store: ReplicatedStore) -> None:
+            self.store = store
+            self.answers: asyncio.Queue = asyncio.Queue()
+
+        async def write(self, request: pb.AppendRequest) -> None:
+            ok = self.store.append(request)
+            reply = pb.AppendResponse(
+                epoch=7, ok=ok, applied_index=self.store.index, applied_epoch=self.store.index_epoch
+            )
+            await self.answers.put(reply)
+            await asyncio.sleep(0.01)  # the reader takes the answer meanwhile
+
+        async def read(self) -> pb.AppendResponse:
+            return await self.answers.get()
+
+        def cancel(self) -> None:
+            pass
 
     async def scenario() -> None:
         leader = leader_store()
-        shipper = LogShipper(
-            leader, epoch=7, address="leader", flags=_Flags(), rpc_timeout=1.0, heartbeat=0.1,
-            token=mint_token(ring, "cluster", "master"),
-        )  # fmt: skip
-        probes = 0
+        replica = ReplicatedStore(MemoryMetaStore())
+        call = EagerCall(replica)
+        shipper = LogShipper(leader, epoch=7, address="leader", flags=_Flags(), rpc_timeout=0.5, heartbeat=0.1)
+        follower = Follower("f1", "nowhere")
+        follower.stub = type("Stub", (), {"Append": lambda self, metadata=None: call})()  # type: ignore[assignment]
+        follower.next_index = 1
+        stream = asyncio.ensure_future(shipper._stream(follower))
         try:
-            shipper.set_members({"f1": f"127.0.0.1:{port}"})
-            follower = shipper.followers["f1"]
-            real_rpc = shipper._rpc
-
-            async def counting(f, name, request):
-                nonlocal probes
-                probes += name == "Probe"
-                return await real_rpc(f, name, request)
-
-            shipper._rpc = counting  # type: ignore[method-assign]
-            for _ in range(100):  # until it is in sync (required): commits wait for it from then on
-                if follower.in_sync:
-                    break
-                await asyncio.sleep(0.02)
-            assert follower.in_sync
-            for burst in range(5):
-                waits = []
-                for i in range(40):  # concurrent writers: their entries leave on several messages
-                    leader.write([(b"k%d.%d" % (burst, i), b"v" * i)])
-                    waits.append(shipper.commit(leader.index, timeout=5.0))
-                    if i % 7 == 0:
-                        await asyncio.sleep(0)
-                await asyncio.gather(*waits)
-                assert follower_store.index == leader.index  # committed means applied there
-            assert dict(follower_store.scan(b"k")) == dict(leader.scan(b"k")) and len(dict(leader.scan(b"k"))) == 200
-            probes_before = probes
-            await asyncio.sleep(2.5)  # idle: more than twice the answer deadline
-            assert follower.state == "replicating" and probes == probes_before
-            assert shipper.status()[0].last_contact_age < 0.5  # heartbeats answered
-            leader.write([(b"after-idle", b"x")])
-            await shipper.commit(leader.index, timeout=5.0)
-            assert follower_store.get(b"after-idle") == b"x"
+            for i in range(30):
+                leader.write([(b"k%d" % i, b"v")])
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(1.5)  # idle for three answer deadlines
+            assert not stream.done(), stream.exception()
+            assert follower.acked == leader.index == replica.index
         finally:
+            stream.cancel()
             shipper.close()
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        assert server is not None
-        asyncio.run_coroutine_threadsafe(server.stop(None), follower_loop).result(10)
-        thread.join(10)
+    asyncio.run(scenario())
