@@ -35,7 +35,12 @@ from pcache.common.logs import setup_logging
     default=None,
     help="Seconds any operation may take (RPC and data I/O).",
 )
-@click.option("--no-allow-other", is_flag=True, help="Only the mounting user may use the mount.")
+@click.option(
+    "--allow-other/--no-allow-other",
+    default=False,
+    show_default=True,
+    help="Let other users use the mount (training pods running as other uids); permission bits still apply.",
+)
 @click.option("--daemon", is_flag=True, help="Mount in the background and return once mounted.")
 @click.option("--log-file", type=click.Path(dir_okay=False), help="Log here (daemon mode).")
 @click.option("--debug", is_flag=True, help="libfuse debug output.")
@@ -48,7 +53,7 @@ def main_command(
     attr_timeout: float,
     entry_timeout: float,
     timeout: float | None,
-    no_allow_other: bool,
+    allow_other: bool,
     daemon: bool,
     log_file: str | None,
     debug: bool,
@@ -70,9 +75,7 @@ def main_command(
         click.echo(f"mounted {cfg.master} at {mountpoint} (pid {pid})")
         return
     setup_logging("DEBUG" if debug else "INFO")
-    opts = MountOptions(
-        attr_timeout=attr_timeout, entry_timeout=entry_timeout, allow_other=not no_allow_other, debug=debug
-    )
+    opts = MountOptions(attr_timeout=attr_timeout, entry_timeout=entry_timeout, allow_other=allow_other, debug=debug)
     mount(mountpoint, cfg, opts)
 
 

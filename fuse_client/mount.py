@@ -32,8 +32,9 @@ class MountOptions:
     """Seconds the kernel caches name lookups."""
     negative_timeout: float = 0.0
     """Seconds the kernel caches "no such file" (0: a file created elsewhere is seen at once)."""
-    allow_other: bool = True
-    """Let other users (training pods) use the mount; needs root or user_allow_other."""
+    allow_other: bool = False
+    """Let other users (training pods) use the mount; needs root or user_allow_other. The kernel
+    checks permission bits either way (default_permissions)."""
     max_request: int = MiB
     """Bytes per read/write request to the kernel (libfuse3)."""
     debug: bool = False
