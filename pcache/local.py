@@ -73,6 +73,8 @@ class LocalCluster:
     per_worker_args: dict[int, list[str]] = field(default_factory=dict)
     start_timeout: float = 30.0
     masters: int = 1
+    tls: bool = False
+    """Make a throw-away CA and certificate (DIR/tls) and run every process with mutual TLS."""
     master: Proc | None = None
     worker_procs: list[Proc] = field(default_factory=list)
     master_procs: list[Proc] = field(default_factory=list)
@@ -92,6 +94,7 @@ class LocalCluster:
         self.keys_file = self.secrets / "keys.json"
         self.token = self.admin_token = self.worker_token = ""
         self._remembered: set[str] = set()
+        self.tls_dir = str(self.root / "tls") if self.tls else ""
 
     def _credentials(self) -> None:
         """Keys and tokens of this cluster under ``DIR/secrets`` (kept across restarts)."""
@@ -100,6 +103,10 @@ class LocalCluster:
 
         if self.token:
             return
+        if self.tls_dir:
+            from pcache.common.tls import make_local_tls
+
+            make_local_tls(self.tls_dir)
         self.secrets.mkdir(mode=0o700, exist_ok=True)
         os.chmod(self.secrets, 0o700)
         keys = ClusterKeys.load_or_create(str(self.keys_file))
@@ -119,6 +126,10 @@ class LocalCluster:
         from pcache.common.credentials import remember_token
 
         remember_token(address, self.token)
+        if self.tls_dir:
+            from pcache.common.credentials import remember_tls
+
+            remember_tls(address, self.tls_dir)
         self._remembered.add(address)
 
     # ------------------------------------------------------------ spawn --
@@ -165,6 +176,7 @@ class LocalCluster:
             f"--master.data_dir={self.root / 'master'}",
             f"--master.port={port}",
             f"--master.keys_file={self.keys_file}",
+            *([f"--master.tls_dir={self.tls_dir}"] if self.tls_dir else []),
             *self.master_args,
         ]
         proc = Proc("master", args, self.root / "logs" / "master.log", self.root / "master.ready")
@@ -201,6 +213,7 @@ class LocalCluster:
             f"--master.port={port}",
             f"--master.etcd={self.etcd.endpoint}",
             f"--master.keys_file={self.keys_file}",
+            *([f"--master.tls_dir={self.tls_dir}"] if self.tls_dir else []),
             *self.master_args,
         ]
         name = f"master-{index}"
@@ -224,7 +237,9 @@ class LocalCluster:
         from pcache.common.config import ClientConfig
 
         deadline = time.monotonic() + timeout
-        cfg = ClientConfig(master=self.master_address, failover_timeout=0, rpc_timeout=2.0, token=self.token)
+        cfg = ClientConfig(
+            master=self.master_address, failover_timeout=0, rpc_timeout=2.0, token=self.token, tls_dir=self.tls_dir
+        )
         with Client(cfg) as client:
             while True:
                 for address, status in client.master_statuses():
@@ -247,7 +262,9 @@ class LocalCluster:
 
         want = count if count is not None else sum(1 for p in self.master_procs if p.alive()) - 1
         deadline = time.monotonic() + timeout
-        with Client(ClientConfig(master=self.master_address, rpc_timeout=2.0, token=self.token)) as client:
+        with Client(
+            ClientConfig(master=self.master_address, rpc_timeout=2.0, token=self.token, tls_dir=self.tls_dir)
+        ) as client:
             while True:
                 with contextlib.suppress(PCacheError):
                     if sum(1 for f in client.status().master.followers if f.in_sync) >= want:
@@ -267,6 +284,7 @@ class LocalCluster:
             f"--worker.data_dir={self.root / f'worker-{index}'}",
             f"--worker.master={self.master_address}",
             f"--worker.token_file={self.secrets / 'worker.token'}",
+            *([f"--worker.tls_dir={self.tls_dir}"] if self.tls_dir else []),
             *self.worker_args,
             *extra,
         ]
@@ -316,7 +334,7 @@ class LocalCluster:
         from pcache.common.config import ClientConfig
 
         deadline = time.monotonic() + (timeout or self.start_timeout)
-        with Client(ClientConfig(master=self.master_address, token=self.token)) as client:
+        with Client(ClientConfig(master=self.master_address, token=self.token, tls_dir=self.tls_dir)) as client:
             while True:
                 try:
                     status = client.status()
@@ -387,6 +405,10 @@ class LocalCluster:
             from pcache.common.credentials import forget_token
 
             forget_token(",".join(sorted(self._remembered)), self.token)
+            if self.tls_dir:
+                from pcache.common.credentials import forget_tls
+
+                forget_tls(",".join(sorted(self._remembered)), self.tls_dir)
             self._remembered.clear()
 
     def __enter__(self) -> LocalCluster:

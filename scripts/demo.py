@@ -265,6 +265,58 @@ class Demo:
             f"{' / '.join('refused' if ok else 'NOT refused' for ok in refused.values())}; with the token "
             f"`pcache up` recorded for this address it lists /")  # fmt: skip
         self.result["security"] = refused
+        self.tenant_drill()
+
+    def tenant_drill(self) -> None:
+        """A second tenant with a 4 MiB quota (made with the admin token ``pcache up`` wrote):
+        it sees its own empty root, not the datasets; its writer stops at the quota with EDQUOT,
+        and what it wrote before stays; a worker refuses a block read without a block token."""
+        import asyncio
+        import errno
+
+        from pcache.client import Client
+        from pcache.common import framing
+        from pcache.common.config import ClientConfig
+        from pcache.proto import pcache_pb2 as pb
+
+        admin = (self.cluster_dir / "secrets" / "admin.token").read_text().strip()
+        with Client(ClientConfig(master=self.master, token=admin)) as pc:
+            pc.create_tenant("team-b", quota_bytes=4 << 20)
+            token = pc.issue_token("team-b", ttl=3600)
+            shard = pc.layout(f"/default/datasets/{DATASET}/index.json").blocks[0]
+        stopped, kept = 0, []
+        with Client(ClientConfig(master=self.master, token=token)) as pc:
+            sees = [e.name for e in pc.listdir("/")]
+            for n in range(8):
+                try:
+                    pc.write_file(f"/part-{n}", b"b" * (1 << 20), block_size=1 << 20)
+                    kept.append(n)
+                except OSError as exc:
+                    stopped = exc.errno
+                    break
+            intact = all(pc.read_file(f"/part-{n}") == b"b" * (1 << 20) for n in kept)
+            used = pc.status().tenants[0].used_bytes
+
+        async def raw_read() -> str:
+            addr = shard.replicas[0]
+            reader, writer = await framing.open_connection(addr.host, addr.port, 5)
+            try:
+                request = pb.DataHeader(op=pb.READ_BLOCK, block_id=shard.block_id, offset=0, length=16)
+                await framing.write_frame(writer, request, timeout=5)
+                reply, _ = await framing.read_header(reader, 5)
+                return reply.error
+            finally:
+                framing.close_writer(writer)
+
+        tokenless = asyncio.run(raw_read())
+        self.checks["tenants are isolated, quotas enforced, blocks need tokens"] = (
+            sees == [] and stopped == errno.EDQUOT and len(kept) == 4 and intact and used == 4 << 20
+            and tokenless == "PermissionDenied"
+        )  # fmt: skip
+        log(f"      tenant team-b (quota 4 MiB) sees {sees or 'an empty root'} at /, wrote {len(kept)} MiB and got "
+            f"{errno.errorcode.get(stopped, stopped)} at the quota, its files intact; a block read without a block "
+            f"token: {tokenless or 'SERVED'}")  # fmt: skip
+        self.result["tenants"] = {"kept_mib": len(kept), "stopped_errno": stopped, "tokenless_read": tokenless}
 
     def integrity_drill(self) -> None:
         """A byte flipped in one replica of a shard on a worker's disk: a same-host reader (the SDK,

@@ -43,7 +43,7 @@ def leftovers(work_dir: str) -> list[str]:
 def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_at: int) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert s["status"] == 0 and s["checks"] and all(s["checks"].values()), s["checks"]
-    assert len(s["checks"]) == 15  # 13, and 2 for the leader master's SIGKILL
+    assert len(s["checks"]) == 16  # 14, and 2 for the leader master's SIGKILL
     # 1: two regions and a cluster of a leader + follower pair and 3 workers with a mount
     assert s["services"]["workers"] == 3 and s["services"]["region_a"] != s["services"]["region_b"]
     assert s["services"]["masters"] == 2
@@ -56,6 +56,8 @@ def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_
     assert s["dataset"]["train_tokens"] > 500_000
     # 3: a byte flipped on a worker's disk was caught, never served, and repaired from the good replica
     assert s["integrity"]["served_right"] and s["integrity"]["repaired"]
+    # 3: a second tenant stops at its quota with EDQUOT; a block read without a token is refused
+    assert s["tenants"] == {"kept_mib": 4, "stopped_errno": 122, "tokenless_read": "PermissionDenied"}
     # 4-5: trained to the end through one SIGKILL and one recovery from a checkpoint before the kill
     tr = s["training"]
     assert tr["steps"] == steps and tr["restarts"] == 1 and tr["events"][-1] == "finished"
@@ -91,7 +93,7 @@ def test_the_main_job_runs_twice_and_leaves_the_machine_clean(tmp_path: Path) ->
     check_outcomes(first, s1, steps=30, kill_at=18)
     png = (out / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
-    assert "checks              15/15 held" in first.stdout
+    assert "checks              16/16 held" in first.stdout
     for needle in ("loss                first", "tokens/s", "recovery", "where the data lives", "region B"):
         assert needle in first.stdout
     (out / "loss.png").unlink()

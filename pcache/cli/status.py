@@ -60,6 +60,10 @@ def status(ctx: click.Context, as_json: bool) -> int:
                 f"{info.addr.worker_id:<14} {info.addr.host + ':' + str(info.addr.port):<22} {info.addr.node_id[:16]:<16} "
                 f"{state:<6} {info.used_bytes:>12} {info.free_bytes:>14} {info.inflight:>8} {info.mem_tier_hit_ratio:>8.2f}"
             )
+        if st.tenants:
+            from pcache.cli.tenant import echo_tenants
+
+            echo_tenants(list(st.tenants))
     return EXIT_PARTIAL if st.missing_blocks or st.corrupt_blocks else EXIT_OK
 
 

@@ -32,6 +32,7 @@ from pcache.common.process import die_with_parent, process_alive, stop_process
 @click.option("--port", type=int, default=None, help="Master port (default 19600; 0 picks a free one).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config for every process.")
 @click.option("--mount", "mount_dir", type=click.Path(file_okay=False), help="Also mount the cluster here (FUSE).")
+@click.option("--tls", is_flag=True, help="Mutual TLS everywhere, with a throw-away CA in DATA_DIR/tls.")
 @click.pass_context
 def up(
     ctx: click.Context,
@@ -41,6 +42,7 @@ def up(
     port: int | None,
     config_path: str | None,
     mount_dir: str | None,
+    tls: bool,
 ) -> None:
     """Start a local cluster; extra --master.K=V / --worker.K=V go to the processes."""
     from pcache.local import LocalCluster
@@ -65,6 +67,7 @@ def up(
         master_args=master_args,
         worker_args=worker_args,
         start_timeout=cfg.cluster.start_timeout,
+        tls=tls,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -90,6 +93,8 @@ def up(
             f"token    {cluster.secrets / 'token'} (tenant default; clients on this machine find it in"
             f" {tokens_file()}), admin.token and worker.token beside it"
         )
+        if cluster.tls_dir:
+            click.echo(f"tls      {cluster.tls_dir} (CA, certificate, key; clients on this machine find it too)")
         click.echo("cluster is up; Ctrl-C or SIGTERM stops it", err=True)
         reported: set[str] = set()
         restarted: dict[int, float] = {}

@@ -350,6 +350,50 @@ class PCacheClient:
         """Workers, capacity, load and replication health (from the leader)."""
         return await self.master.cluster_status()
 
+    async def create_tenant(
+        self, name: str, root: str = "", *, quota_bytes: int = 0, quota_inodes: int = 0
+    ) -> pb.Tenant:
+        """Make tenant ``name`` with its namespace root (default ``/NAME``) and quotas (bytes and
+        inodes, 0: none); an admin token's call. ``issue_token`` gives it a token.
+
+        Raises:
+            PermissionDenied: not an admin token. AlreadyExists: the tenant exists.
+            InvalidArgument: a bad name, or a root that is not new or empty, or is inside
+                (or holds) another tenant's tree.
+        """
+        return await self.master.create_tenant(name, root, quota_bytes=quota_bytes, quota_inodes=quota_inodes)
+
+    async def delete_tenant(self, name: str, *, purge: bool = False) -> None:
+        """Remove tenant ``name``: its tokens stop working at once; with ``purge`` its files go
+        too (else its root must be empty). An admin token's call.
+
+        Raises:
+            PermissionDenied. NotFound: no such tenant. DirectoryNotEmpty: files left, no purge.
+        """
+        await self.master.delete_tenant(name, purge=purge)
+
+    async def set_quota(self, name: str, *, quota_bytes: int, quota_inodes: int) -> pb.Tenant:
+        """Set tenant ``name``'s quotas in bytes and inodes (0: no limit). An admin token's call.
+
+        Raises:
+            PermissionDenied. NotFound: no such tenant.
+        """
+        return await self.master.set_quota(name, quota_bytes=quota_bytes, quota_inodes=quota_inodes)
+
+    async def tenants(self) -> list[pb.Tenant]:
+        """Every tenant with its root, quotas and usage (bytes, inodes, bytes reserved by open
+        writers). An admin token's call; a tenant sees its own in ``status().tenants``."""
+        return await self.master.list_tenants()
+
+    async def issue_token(self, name: str, ttl: float = 0.0) -> str:
+        """A new token of tenant ``name`` valid ``ttl`` seconds (0: until the key that signed it is
+        dropped, or the tenant deleted). An admin token's call.
+
+        Raises:
+            PermissionDenied. NotFound: no such tenant.
+        """
+        return await self.master.issue_token(name, ttl)
+
     async def master_statuses(self) -> list[tuple[str, pb.ClusterStatus | PCacheError]]:
         """Every master's own status (role, epoch, log position): (address, status or the error)."""
         return await self.master.master_statuses()
@@ -438,15 +482,17 @@ class PCacheClient:
 
     async def write_block(
         self, inode: int, data: bytes | bytearray, crc: int
-    ) -> tuple[int, list[str], list[pb.WorkerAddr]]:
+    ) -> tuple[int, list[str], list[pb.WorkerAddr], str]:
         """Allocate a block for ``inode`` and store ``data`` on its pipeline.
 
         Retries on another worker when the first target is dead, stalled or
         full, and waits up to ``client.nospace_wait`` seconds when every worker
-        is full. Returns (block id, ids of replicas that stored it, their addresses).
+        is full. Returns (block id, ids of replicas that stored it, their addresses,
+        the block token that reads it back there).
 
         Raises:
             NoSpace: every worker stayed full. Unavailable: no worker took it.
+            QuotaExceeded: the tenant's byte quota has no room for the block.
         """
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(NoSpace),
@@ -460,7 +506,7 @@ class PCacheClient:
 
     async def _write_block_once(
         self, inode: int, data: bytes | bytearray, crc: int
-    ) -> tuple[int, list[str], list[pb.WorkerAddr]]:
+    ) -> tuple[int, list[str], list[pb.WorkerAddr], str]:
         exclude: list[str] = []
         last: PCacheError | None = None
         for _ in range(6):
@@ -480,7 +526,7 @@ class PCacheClient:
                 if addr.worker_id not in stored:  # dropped from the pipeline (stalled or failed downstream)
                     self.data.health.suspect(addr.worker_id)
             by_id = {a.worker_id: a for a in loc.replicas}
-            return loc.block_id, stored, [by_id[w] for w in stored if w in by_id]
+            return loc.block_id, stored, [by_id[w] for w in stored if w in by_id], loc.token
         assert last is not None
         raise last
 

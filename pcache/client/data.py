@@ -20,7 +20,9 @@ from collections.abc import Callable
 from pcache.common import framing, uds
 from pcache.common.checksum import CHUNK_SIZE, verify_chunks
 from pcache.common.config import ClientConfig
+from pcache.common.credentials import find_tls_dir
 from pcache.common.errors import CorruptBlock, PCacheError, Timeout, Unavailable
+from pcache.common.tls import load_optional
 from pcache.proto import pcache_pb2 as pb
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -171,6 +173,8 @@ class DataClient:
         self._idle: dict[tuple[str, int], list[Conn]] = defaultdict(list)
         self._sc_dead: dict[str, float] = {}  # UNIX socket -> until when it is skipped (TCP instead)
         self._sc_open: OrderedDict[tuple[str, int], _ScBlock] = OrderedDict()
+        tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
+        self.tls = tls.client_context() if tls else None
 
     # -------------------------------------------------------------- pool --
 
@@ -180,7 +184,7 @@ class DataClient:
             reader, writer = idle.pop()
             if not writer.is_closing() and not reader.at_eof():
                 return reader, writer
-        return await framing.open_connection(addr.host, addr.port, self.cfg.connect_timeout)
+        return await framing.open_connection(addr.host, addr.port, self.cfg.connect_timeout, self.tls)
 
     def _release(self, addr: pb.WorkerAddr, conn: Conn) -> None:
         idle = self._idle[(addr.host, addr.port)]
@@ -217,12 +221,14 @@ class DataClient:
 
     # ------------------------------------------------------------- reads --
 
-    async def read(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
-        """Read ``length`` bytes at ``offset`` of a block from one worker (TCP).
+    async def read(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> bytes:
+        """Read ``length`` bytes at ``offset`` of a block from one worker (TCP), with the block's
+        ``token`` (from its location).
 
         Raises:
             Unavailable, Timeout: the worker is gone or stalled.
             NotFound, CorruptBlock: the replica is missing or bad.
+            PermissionDenied: the worker refuses the token (expired: ask the master again).
         """
         started = time.monotonic()
         try:
@@ -232,7 +238,7 @@ class DataClient:
             raise
         ok = False
         try:
-            hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length)
+            hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
             await framing.write_frame(conn[1], hdr, timeout=self.cfg.stall_timeout)
             reply, plen = await framing.read_header(conn[0], self.cfg.stall_timeout)  # first byte
             data = await framing.read_exactly(conn[0], plen, self.cfg.stall_timeout) if plen else b""
@@ -251,15 +257,15 @@ class DataClient:
             else:
                 framing.close_writer(conn[1])
 
-    async def read_raw(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
+    async def read_raw(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> bytes:
         """Salvage: unchecked bytes of a block's file on one worker (TCP); the caller verifies them.
 
         Raises:
-            Unavailable, Timeout, NotFound.
+            Unavailable, Timeout, NotFound, PermissionDenied.
         """
         conn = await self._acquire(addr)
         try:
-            hdr = pb.DataHeader(op=pb.READ_RAW, block_id=block_id, offset=offset, length=length)
+            hdr = pb.DataHeader(op=pb.READ_RAW, block_id=block_id, offset=offset, length=length, token=token)
             await framing.write_frame(conn[1], hdr, timeout=self.cfg.stall_timeout)
             reply, plen = await framing.read_header(conn[0], self.cfg.stall_timeout)
             data = await framing.read_exactly(conn[0], plen, self.cfg.io_timeout) if plen else b""
@@ -268,7 +274,7 @@ class DataClient:
         finally:
             framing.close_writer(conn[1])
 
-    async def sc_open_read(self, addr: pb.WorkerAddr, block_id: int) -> tuple[int, pb.DataHeader]:
+    async def sc_open_read(self, addr: pb.WorkerAddr, block_id: int, token: str) -> tuple[int, pb.DataHeader]:
         """Short circuit: get a read-only fd of the block file and its CRC record.
 
         The caller owns (and must close) the fd.
@@ -276,7 +282,8 @@ class DataClient:
         sock = await self._sc_connect(addr)
         try:
             timeout = self.cfg.stall_timeout
-            await uds.send_frame(sock, pb.DataHeader(op=pb.SC_READ_OPEN, block_id=block_id), None, timeout)
+            request = pb.DataHeader(op=pb.SC_READ_OPEN, block_id=block_id, token=token)
+            await uds.send_frame(sock, request, None, timeout)
             reply, fd = await uds.recv_frame(sock, timeout)
         except (Unavailable, Timeout):
             self.health.suspect(addr.worker_id)
@@ -292,7 +299,7 @@ class DataClient:
             raise Unavailable("short-circuit reply carried no descriptor")
         return fd, reply
 
-    async def sc_read(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
+    async def sc_read(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> bytes:
         """Short circuit: read a block range from its file on this host, CRC-checked.
 
         Descriptors stay open in a client-wide LRU (block ids are never reused
@@ -307,7 +314,7 @@ class DataClient:
         key = (addr.uds_path, block_id)
         entry = self._sc_open.get(key)
         if entry is None:
-            fd, info = await self.sc_open_read(addr, block_id)
+            fd, info = await self.sc_open_read(addr, block_id, token)
             entry = self._sc_open.setdefault(key, _ScBlock(fd, info))
             if entry.fd != fd:
                 os.close(fd)
@@ -316,7 +323,7 @@ class DataClient:
         self._sc_open.move_to_end(key)
         if not entry.acquire():  # closed by a concurrent eviction: open afresh
             self._sc_open.pop(key, None)
-            return await self.sc_read(addr, block_id, offset, length)
+            return await self.sc_read(addr, block_id, offset, length, token)
         # the descriptor is released when the thread is done with it, even if this caller is
         # cancelled first (a hedged read that lost): never close an fd a thread still reads
         work = asyncio.ensure_future(asyncio.to_thread(entry.pread, offset, length))
@@ -407,9 +414,10 @@ class DataClient:
         block_id: int,
         data: bytes | bytearray | memoryview,
         crc: int,
-        token: str = "",
+        token: str,
     ) -> list[str]:
-        """Write a whole block to ``targets[0]``, which forwards it down the pipeline.
+        """Write a whole block to ``targets[0]``, which forwards it down the pipeline, with the
+        block's write ``token`` (from its allocation).
 
         Returns:
             ids of the workers that stored it (at least the first).
@@ -421,7 +429,7 @@ class DataClient:
         head, rest = targets[0], list(targets[1:])
         if self.can_short_circuit(head):
             with contextlib.suppress(Unavailable):
-                return await self._sc_write(head, rest, block_id, data, crc)
+                return await self._sc_write(head, rest, block_id, data, crc, token)
         try:
             conn = await self._acquire(head)
         except (Unavailable, Timeout):
@@ -472,7 +480,7 @@ class DataClient:
     async def ping(self, addr: pb.WorkerAddr, timeout: float) -> bool:
         """Whether the worker answers a PING within ``timeout`` seconds (on a fresh connection)."""
         try:
-            reader, writer = await framing.open_connection(addr.host, addr.port, timeout)
+            reader, writer = await framing.open_connection(addr.host, addr.port, timeout, self.tls)
         except PCacheError:
             return False
         try:
@@ -491,13 +499,14 @@ class DataClient:
         block_id: int,
         data: bytes | bytearray | memoryview,
         crc: int,
+        token: str,
     ) -> list[str]:
         sock = await self._sc_connect(head)
         fd: int | None = None
         try:
             timeout = self.cfg.io_timeout
             stall = self.cfg.stall_timeout
-            opener = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=block_id, length=len(data))
+            opener = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=block_id, length=len(data), token=token)
             await uds.send_frame(sock, opener, None, stall)
             try:
                 reply, fd = await uds.recv_frame(sock, stall)
@@ -511,7 +520,12 @@ class DataClient:
             os.close(fd)
             fd = None
             commit = pb.DataHeader(
-                op=pb.SC_WRITE_COMMIT, block_id=block_id, write_handle=reply.write_handle, crc32c=crc, pipeline=rest
+                op=pb.SC_WRITE_COMMIT,
+                block_id=block_id,
+                write_handle=reply.write_handle,
+                crc32c=crc,
+                pipeline=rest,
+                token=token,
             )
             await uds.send_frame(sock, commit, None, timeout)
             done, _ = await uds.recv_frame(sock, timeout * (1 + len(rest)) + len(data) / (50 << 20))

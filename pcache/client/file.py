@@ -35,6 +35,7 @@ from pcache.common.errors import (
     InvalidArgument,
     NotFound,
     PCacheError,
+    PermissionDenied,
     Timeout,
     Unavailable,
 )
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-READ_FAILOVER_ERRORS = (Unavailable, Timeout, CorruptBlock, NotFound)
+# PermissionDenied: a block token expired (or the replica moved): the next replica, then fresh locations
+READ_FAILOVER_ERRORS = (Unavailable, Timeout, CorruptBlock, NotFound, PermissionDenied)
 MAX_FILE_SIZE = 1 << 42  # 4 TiB: keeps the per-handle slot list (one entry per block) small
 
 
@@ -60,6 +62,7 @@ class Slot:
     crc: int = 0
     replicas: list[str] = field(default_factory=list)
     locations: list[pb.WorkerAddr] = field(default_factory=list)
+    token: str = ""  # block token for the block at its locations (from the master)
     data: bytearray | None = None
     pending: asyncio.Task | None = None
 
@@ -93,8 +96,9 @@ class FileService(Protocol):
 
     async def write_block(
         self, inode: int, data: bytes | bytearray, crc: int
-    ) -> tuple[int, list[str], list[pb.WorkerAddr]]:
-        """Allocate and store a new block: (block id, replicas that stored it, their addresses)."""
+    ) -> tuple[int, list[str], list[pb.WorkerAddr], str]:
+        """Allocate and store a new block: (block id, replicas that stored it, their addresses,
+        the block token that reads it there)."""
         ...
 
     async def commit(self, path: str, inode: int, size: int, blocks: list[pb.CommittedBlock], view: View) -> pb.Inode:
@@ -340,7 +344,7 @@ class PCacheFile:
         slot = self.slots[idx]
         errors: list[str] = []
         for attempt in range(2):
-            data = await self._hedged(self._ordered(slot.locations), slot.block_id, offset, length, errors)
+            data = await self._hedged(self._ordered(slot.locations), slot, offset, length, errors)
             if data is not None:
                 return data
             if attempt == 0:
@@ -351,7 +355,7 @@ class PCacheFile:
         )
 
     async def _hedged(
-        self, order: list[pb.WorkerAddr], block_id: int, offset: int, length: int, errors: list[str]
+        self, order: list[pb.WorkerAddr], slot: Slot, offset: int, length: int, errors: list[str]
     ) -> bytes | None:
         """Read from ``order[0]``; when it fails, or is slower than the hedging delay, from the next.
 
@@ -368,7 +372,7 @@ class PCacheFile:
         queue = list(order)
 
         def ask(addr: pb.WorkerAddr) -> None:
-            task = self._read_task(addr, block_id, offset, length)
+            task = self._read_task(addr, slot.block_id, offset, length, slot.token)
             pending[task], started[task] = addr, time.monotonic()
 
         try:
@@ -398,15 +402,15 @@ class PCacheFile:
                 task.add_done_callback(_consume_exception)
                 data.detach(task)
 
-    def _read_task(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> asyncio.Task:
-        return asyncio.ensure_future(self._read_one(addr, block_id, offset, length))
+    def _read_task(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> asyncio.Task:
+        return asyncio.ensure_future(self._read_one(addr, block_id, offset, length, token))
 
-    async def _read_one(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int) -> bytes:
+    async def _read_one(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> bytes:
         data = self.service.data
         if not data.can_short_circuit(addr):
-            return await data.read(addr, block_id, offset, length)
+            return await data.read(addr, block_id, offset, length, token)
         try:
-            return await data.sc_read(addr, block_id, offset, length)
+            return await data.sc_read(addr, block_id, offset, length, token)
         except READ_FAILOVER_ERRORS as exc:
             data.sc_forget(addr, block_id)
             if isinstance(exc, CorruptBlock):  # over TCP the worker reports it; here only the client saw it
@@ -438,10 +442,10 @@ class PCacheFile:
         except PCacheError as exc:
             logger.warning("%s: cannot refresh block locations: %s", self.path, exc)
             return
-        fresh = {b.block_id: list(b.replicas) for b in layout.blocks}
+        fresh = {b.block_id: b for b in layout.blocks}
         for slot in self.slots:
             if slot.block_id in fresh:
-                slot.locations = fresh[slot.block_id]
+                slot.locations, slot.token = list(fresh[slot.block_id].replicas), fresh[slot.block_id].token
 
     # ------------------------------------------------------------ writes --
 
@@ -540,9 +544,9 @@ class PCacheFile:
 
     async def _store(self, slot: Slot, data: bytearray) -> None:
         crc = await asyncio.to_thread(crc32c, data) if len(data) > (1 << 20) else crc32c(data)
-        block_id, stored, locations = await self.service.write_block(self.inode, data, crc)
+        block_id, stored, locations, token = await self.service.write_block(self.inode, data, crc)
         slot.block_id, slot.length, slot.crc = block_id, len(data), crc
-        slot.replicas, slot.locations = stored, locations
+        slot.replicas, slot.locations, slot.token = stored, locations, token
 
     async def _pad_slots(self) -> None:
         """Make the slot list match the file size: one slot per block, none longer than its place.
@@ -736,7 +740,8 @@ class _CommitGate:
 
 def _slots(layout: pb.FileLayout) -> list[Slot]:
     return [
-        Slot(b.block_id, b.length, b.crc32c, [r.worker_id for r in b.replicas], list(b.replicas)) for b in layout.blocks
+        Slot(b.block_id, b.length, b.crc32c, [r.worker_id for r in b.replicas], list(b.replicas), b.token)
+        for b in layout.blocks
     ]
 
 

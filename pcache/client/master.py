@@ -18,17 +18,30 @@ import asyncio
 import itertools
 import time
 
-import grpc
-
 from pcache.common import errors as E
 from pcache.common.config import ClientConfig, check_addresses
-from pcache.common.credentials import find_token
+from pcache.common.credentials import find_tls_dir, find_token
 from pcache.common.rpc import call_stamped, channel_options
+from pcache.common.tls import channel as tls_channel
+from pcache.common.tls import load_optional
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 
 # calls that change the namespace: they carry a request id and are answered once
-MUTATIONS = frozenset({"Mkdir", "Create", "Symlink", "Rename", "Delete", "SetAttr", "CommitFile"})
+MUTATIONS = frozenset(
+    {
+        "Mkdir",
+        "Create",
+        "Symlink",
+        "Rename",
+        "Delete",
+        "SetAttr",
+        "CommitFile",
+        "CreateTenant",
+        "DeleteTenant",
+        "SetQuota",
+    }
+)
 # errors after which another master may answer (a Timeout only for calls safe to repeat)
 FAILOVER_ERRORS = (E.Unavailable, E.StaleEpoch)
 MAX_BATCH = 256  # calls per Batch RPC
@@ -46,7 +59,8 @@ class MasterClient:
         self.client_id = client_id
         self.epoch = 0
         self.current = 0  # index of the master that answered last
-        self.channels = [grpc.aio.insecure_channel(a, options=channel_options()) for a in self.addresses]
+        tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
+        self.channels = [tls_channel(a, tls, channel_options()) for a in self.addresses]
         self.stubs = [pb_grpc.MasterStub(c) for c in self.channels]
         self._request_ids = itertools.count(1)
         self._inflight = 0  # Stat/Create/Batch calls on the wire
@@ -355,6 +369,30 @@ class MasterClient:
         self.epoch = max(self.epoch, status.epoch)
         return status
 
+    # tenants (an admin token's calls)
+
+    async def create_tenant(
+        self, name: str, root: str = "", *, quota_bytes: int = 0, quota_inodes: int = 0
+    ) -> pb.Tenant:
+        spec = pb.Tenant(name=name, root=root, quota_bytes=quota_bytes, quota_inodes=quota_inodes)
+        return (await self._call("CreateTenant", pb.TenantRequest(header=self.header(), tenant=spec))).tenant
+
+    async def delete_tenant(self, name: str, *, purge: bool = False) -> None:
+        await self._call(
+            "DeleteTenant", pb.TenantRequest(header=self.header(), tenant=pb.Tenant(name=name), purge=purge)
+        )
+
+    async def set_quota(self, name: str, *, quota_bytes: int, quota_inodes: int) -> pb.Tenant:
+        spec = pb.Tenant(name=name, quota_bytes=quota_bytes, quota_inodes=quota_inodes)
+        return (await self._call("SetQuota", pb.TenantRequest(header=self.header(), tenant=spec))).tenant
+
+    async def list_tenants(self) -> list[pb.Tenant]:
+        return list((await self._call("ListTenants", pb.ClusterStatusRequest(header=self.header()))).tenants)
+
+    async def issue_token(self, name: str, ttl: float = 0.0) -> str:
+        request = pb.TenantRequest(header=self.header(), tenant=pb.Tenant(name=name), token_ttl=ttl)
+        return (await self._call("IssueToken", request)).token
+
     async def master_statuses(self) -> list[tuple[str, pb.ClusterStatus | E.PCacheError]]:
         """Ask every master (not only the leader) for its status: (address, status or error)."""
         out: list[tuple[str, pb.ClusterStatus | E.PCacheError]] = []
@@ -375,4 +413,6 @@ class _Moved(Exception):
 
 
 # reads: safe to send again to another master after a timeout
-_IDEMPOTENT = frozenset({"Stat", "ListDir", "GetLayout", "GetClusterStatus", "Fsck", "Batch"})
+_IDEMPOTENT = frozenset(
+    {"Stat", "ListDir", "GetLayout", "GetClusterStatus", "Fsck", "Batch", "ListTenants", "IssueToken"}
+)

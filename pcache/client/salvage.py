@@ -61,11 +61,14 @@ async def salvage(client: PCacheClient, path: str, dest: str) -> SalvageResult:
             start = index * block_size
             extent = min(block_size, size - start)
             holders = list(loc.replicas) + quarantined.get(index, [])
+            token = loc.token  # the master signs it for the good and the quarantined holders
             chunks: list[bytes | None] = []
             for offset in range(0, loc.length if loc.block_id else 0, CHUNK_SIZE):
-                chunks.append(await _chunk(client, holders, loc.block_id, offset, min(CHUNK_SIZE, loc.length - offset)))
+                chunks.append(
+                    await _chunk(client, holders, loc.block_id, offset, min(CHUNK_SIZE, loc.length - offset), token)
+                )
             if None in chunks:  # maybe the CRC record is what is damaged: the bytes may match the block's CRC
-                whole = await _whole(client, holders, loc)
+                whole = await _whole(client, holders, loc, token)
                 if whole is not None:
                     chunks = [whole[i : i + CHUNK_SIZE] for i in range(0, loc.length, CHUNK_SIZE)]
             for i, chunk in enumerate(chunks):
@@ -82,20 +85,20 @@ async def salvage(client: PCacheClient, path: str, dest: str) -> SalvageResult:
     return result
 
 
-async def _chunk(client: PCacheClient, holders: list, block_id: int, offset: int, n: int) -> bytes | None:
+async def _chunk(client: PCacheClient, holders: list, block_id: int, offset: int, n: int, token: str) -> bytes | None:
     for addr in holders:
         try:
-            return await client.data.read(addr, block_id, offset, n)  # the worker checks the chunk's CRC
+            return await client.data.read(addr, block_id, offset, n, token)  # the worker checks the chunk's CRC
         except SALVAGE_ERRORS:
             continue
     return None
 
 
-async def _whole(client: PCacheClient, holders: list, loc) -> bytes | None:
+async def _whole(client: PCacheClient, holders: list, loc, token: str) -> bytes | None:
     """A copy whose unchecked bytes match the block's CRC32C as committed (the master's record)."""
     for addr in holders:
         try:
-            raw = await client.data.read_raw(addr, loc.block_id, 0, loc.length)
+            raw = await client.data.read_raw(addr, loc.block_id, 0, loc.length, token)
         except SALVAGE_ERRORS:
             continue
         if len(raw) == loc.length and crc32c(raw) == loc.crc32c:

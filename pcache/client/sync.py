@@ -179,6 +179,21 @@ class Client:
     def master_statuses(self) -> list[tuple[str, pb.ClusterStatus | PCacheError]]:
         return self._run(self.aio.master_statuses())
 
+    def create_tenant(self, name: str, root: str = "", *, quota_bytes: int = 0, quota_inodes: int = 0) -> pb.Tenant:
+        return self._run(self.aio.create_tenant(name, root, quota_bytes=quota_bytes, quota_inodes=quota_inodes))
+
+    def delete_tenant(self, name: str, *, purge: bool = False) -> None:
+        self._run(self.aio.delete_tenant(name, purge=purge))
+
+    def set_quota(self, name: str, *, quota_bytes: int, quota_inodes: int) -> pb.Tenant:
+        return self._run(self.aio.set_quota(name, quota_bytes=quota_bytes, quota_inodes=quota_inodes))
+
+    def tenants(self) -> list[pb.Tenant]:
+        return self._run(self.aio.tenants())
+
+    def issue_token(self, name: str, ttl: float = 0.0) -> str:
+        return self._run(self.aio.issue_token(name, ttl))
+
     def layout(self, path: str) -> pb.FileLayout:
         return self._run(self.aio.layout(path))
 
@@ -267,7 +282,7 @@ class File(io.RawIOBase):
         for addr in slot.locations:
             if data.can_short_circuit(addr):
                 try:
-                    return data.sc_read_open(addr.uds_path, slot.block_id, off, length)
+                    return data.sc_read_open(addr.uds_path, slot.block_id, off, length)  # opened with its token
                 except PCacheError:
                     return None  # the async path fails over and reports it
         return None

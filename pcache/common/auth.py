@@ -9,9 +9,11 @@ hands them out with every located block, DataNodes check them on every op).
 Formats (ASCII, ``.``-separated; no field may contain a dot)::
 
     v1.KID.TENANT.SCOPE.EXPIRY.MAC              token for master RPCs
-    b1.KID.BLOCK.OPS.TENANT.EXPIRY.MAC          block token
+    b1.KID.BLOCK.OPS.TENANT.WORKERS.EXPIRY.MAC  block token
 
-``SCOPE`` is ``tenant`` (namespace operations inside that tenant's root), ``admin`` (everything,
+``WORKERS`` is the ``+``-joined ids of the workers the token may be used at (a read token: the
+block's replicas when it was handed out; a write token: the pipeline), so a token replayed at
+another worker is refused too. ``SCOPE`` is ``tenant`` (namespace operations inside that tenant's root), ``admin`` (everything,
 any tenant) or ``worker`` (worker registration and heartbeats); ``OPS`` a subset of ``rwd``
 (read, write, delete); ``EXPIRY`` whole seconds since the epoch (0: never); ``MAC`` the
 unpadded URL-safe base64 of HMAC-SHA256(key, ``"pcache\\0" + the fields joined by "\\0"``).
@@ -177,45 +179,146 @@ def verify_token(ring: KeyRing, token: str, now: float | None = None) -> Claims:
     return Claims(tenant=tenant, scope=scope, expiry=int(expiry), kid=kid)
 
 
-def mint_block_token(ring: KeyRing, block_id: int, ops: str, tenant: str, ttl: float, now: float | None = None) -> str:
-    """A block token letting its holder do ``ops`` (subset of ``rwd``) on ``block_id`` for ``ttl`` s.
+def mint_block_token(
+    ring: KeyRing,
+    block_id: int,
+    ops: str,
+    tenant: str,
+    ttl: float,
+    workers: list[str] | tuple[str, ...],
+    now: float | None = None,
+) -> str:
+    """A block token letting its holder do ``ops`` (subset of ``rwd``) on ``block_id`` at the
+    workers ``workers`` (ids) for ``ttl`` seconds.
 
     Raises:
-        InvalidArgument: bad ops, tenant or ttl.
+        InvalidArgument: bad ops, tenant or ttl; no workers, or an id with ``.`` or ``+``.
     """
     if not ops or set(ops) - OPS:
         raise InvalidArgument(f"block token ops must be a subset of 'rwd', got {ops!r}")
     if ttl <= 0:
         raise InvalidArgument("a block token needs an expiry (ttl > 0)")
     check_name(tenant, "tenant")
+    if not workers or any(not w or "." in w or "+" in w for w in workers):
+        raise InvalidArgument(f"a block token names one or more worker ids without '.' or '+', got {workers!r}")
     expiry = int((time.time() if now is None else now) + ttl)
-    fields = ("b1", ring.current, str(int(block_id)), "".join(sorted(set(ops))), tenant, str(expiry))
+    fields = ("b1", ring.current, str(int(block_id)), "".join(sorted(set(ops))), tenant, "+".join(workers), str(expiry))
     return ".".join((*fields, ring.mac(ring.current, fields)))
 
 
-def check_block_token(ring: KeyRing, token: str, block_id: int, op: str, now: float | None = None) -> str:
-    """Check that ``token`` allows ``op`` (one of ``rwd``) on ``block_id`` now; returns its tenant.
+@dataclass(frozen=True)
+class BlockGrant:
+    """What a verified block token allows."""
+
+    block_id: int
+    ops: str
+    tenant: str
+    workers: frozenset[str]
+    expiry: int
+
+
+def verify_block_token(ring: KeyRing, token: str) -> BlockGrant:
+    """The grant of a block token this ring signed (expiry not checked: :func:`check_grant`).
 
     Raises:
-        PermissionDenied: no token, malformed, forged, for another block or operation, or expired.
+        PermissionDenied: no token, malformed, or forged (unknown key or bad MAC).
     """
     if not token:
-        raise PermissionDenied(f"no block token for block {block_id}")
+        raise PermissionDenied("no block token (the master hands one out with every block location)")
     parts = token.split(".")
-    if len(parts) != 7 or parts[0] != "b1":
+    if len(parts) != 8 or parts[0] != "b1":
         raise PermissionDenied("malformed block token")
-    version, kid, block, ops, tenant, expiry, mac = parts
+    version, kid, block, ops, tenant, workers, expiry, mac = parts
     if not (block.isascii() and block.isdigit() and expiry.isascii() and expiry.isdigit()):
         raise PermissionDenied("malformed block token")
-    if not ring.check(kid, (version, kid, block, ops, tenant, expiry), mac):
+    if not ring.check(kid, (version, kid, block, ops, tenant, workers, expiry), mac):
         raise PermissionDenied("invalid block token (unknown key or bad signature)")
-    if int(block) != block_id:
-        raise PermissionDenied(f"the block token is for block {block}, not {block_id}")
-    if op not in ops:
-        raise PermissionDenied(f"the block token of block {block_id} does not allow {op!r} (only {ops!r})")
-    if int(expiry) < (time.time() if now is None else now):
+    return BlockGrant(int(block), ops, tenant, frozenset(workers.split("+")), int(expiry))
+
+
+def check_grant(grant: BlockGrant, block_id: int, op: str, worker_id: str, now: float | None = None) -> None:
+    """Check that ``grant`` allows ``op`` (one of ``rwd``) on ``block_id`` at ``worker_id`` now.
+
+    Raises:
+        PermissionDenied: another block, operation or worker, or expired.
+    """
+    if grant.block_id != block_id:
+        raise PermissionDenied(f"the block token is for block {grant.block_id}, not {block_id}")
+    if op not in grant.ops:
+        raise PermissionDenied(f"the block token of block {block_id} does not allow {op!r} (only {grant.ops!r})")
+    if worker_id not in grant.workers:
+        raise PermissionDenied(f"the block token of block {block_id} is not for worker {worker_id}")
+    if grant.expiry < (time.time() if now is None else now):
         raise PermissionDenied(f"the block token of block {block_id} expired")
-    return tenant
+
+
+def check_block_token(
+    ring: KeyRing, token: str, block_id: int, op: str, worker_id: str, now: float | None = None
+) -> str:
+    """Check that ``token`` allows ``op`` on ``block_id`` at ``worker_id`` now; returns its tenant.
+
+    Raises:
+        PermissionDenied: no token, malformed, forged, for another block, operation or worker,
+            or expired.
+    """
+    grant = verify_block_token(ring, token)
+    check_grant(grant, block_id, op, worker_id, now)
+    return grant.tenant
+
+
+class BlockTokenChecker:
+    """A worker's check of the block token on every data-plane and short-circuit request.
+
+    Deny by default: until the master has handed over its block keys (registration), every
+    request is refused. Verified tokens are remembered (the string fixes every field), so a
+    frame costs a dictionary lookup after its token's first.
+    """
+
+    CACHE = 100_000
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.ring: KeyRing | None = None
+        self._grants: dict[str, BlockGrant] = {}
+
+    def set_keys(self, spec: str) -> None:
+        """Take the master's block key ring (``KeyRing.format``); a change forgets verified tokens.
+
+        Raises:
+            InvalidArgument: a malformed ring.
+        """
+        if self.ring is not None and spec == self.ring.format():
+            return
+        self.ring = KeyRing.parse(spec)
+        self._grants = {}
+
+    def check(self, token: str, block_id: int, op: str) -> BlockGrant:
+        """The grant of ``token`` if it allows ``op`` on ``block_id`` at this worker now.
+
+        Raises:
+            PermissionDenied: no keys yet, or a token that does not allow it.
+        """
+        grant = self._grants.get(token)
+        if grant is None:
+            if self.ring is None:
+                raise PermissionDenied("this worker has no block keys yet (not registered with a master)")
+            grant = verify_block_token(self.ring, token)
+            if len(self._grants) >= self.CACHE:
+                self._grants.clear()
+            self._grants[token] = grant
+        check_grant(grant, block_id, op, self.worker_id)
+        return grant
+
+    def mint(self, block_id: int, ops: str, workers: list[str], ttl: float = 600.0) -> str:
+        """A token for this worker's own transfers (re-replication), under the master's block key
+        (as HDFS DataNodes, which hold the block keys, sign their transfers).
+
+        Raises:
+            PermissionDenied: no keys yet.
+        """
+        if self.ring is None:
+            raise PermissionDenied("this worker has no block keys yet (not registered with a master)")
+        return mint_block_token(self.ring, block_id, ops, "cluster", ttl, workers)
 
 
 AUTH_METADATA = "authorization"  # gRPC call metadata: ``Bearer TOKEN``

@@ -82,6 +82,17 @@ class MasterConfig:
     keys_file: str = ""
     """JSON key file signing tokens (0600); empty: data_dir/keys.json, created at the first start.
     Every master of an HA pair needs the same file."""
+    default_tenant: str = "default"
+    """Tenant made at the first start (root ``/NAME``, no quota) for the embedded default's token;
+    empty makes none (create tenants with ``pcache tenant create``)."""
+    block_token_ttl: float = 3600.0
+    """Seconds a block token handed out with a block location is valid (HDFS: 10 hours)."""
+    tls_dir: str = ""
+    """Directory with ca.pem, cert.pem and key.pem: gRPC over TLS (``pcache.common.tls``); empty:
+    plaintext. Every master, worker and client of the cluster needs TLS then."""
+    tls_client_auth: bool = True
+    """With TLS, require a certificate of the cluster CA from every caller (mutual TLS: workers,
+    the other master, clients); false lets clients in with their token alone."""
 
 
 @dataclass
@@ -129,6 +140,11 @@ class WorkerConfig:
     """Prometheus metrics HTTP port; -1 disables, 0 picks a free one."""
     token_file: str = ""
     """File holding this worker's token (scope worker); empty: $PCACHE_TOKEN or $PCACHE_TOKEN_FILE."""
+    tls_dir: str = ""
+    """Directory with ca.pem, cert.pem and key.pem: the data plane and the master links over TLS;
+    empty: plaintext."""
+    tls_client_auth: bool = True
+    """With TLS, require a certificate of the cluster CA from every data-plane caller."""
     log_level: str = "INFO"
     """Python logging level."""
 
@@ -177,6 +193,10 @@ class ClientConfig:
     """Token sent with every master RPC (it names the tenant); empty: $PCACHE_TOKEN, the file
     $PCACHE_TOKEN_FILE, or the entry ``pcache up`` recorded for the master address in
     ~/.pcache/tokens.json (:mod:`pcache.common.credentials`)."""
+    tls_dir: str = ""
+    """Directory with the cluster CA's ca.pem (and this client's cert.pem and key.pem, needed when
+    the cluster requires client certificates): talk TLS to masters and workers; empty:
+    $PCACHE_TLS_DIR, or the directory ``pcache up --tls`` recorded for the master address."""
 
 
 @dataclass

@@ -154,5 +154,39 @@ def find_token(master: str) -> str:
     return ""
 
 
+TLS_DIR_ENV = "PCACHE_TLS_DIR"
+_TLS_PREFIX = "tls:"  # tokens file entries naming a cluster's TLS directory, per master address
+
+
+def remember_tls(master: str, directory: str) -> None:
+    """Record the TLS directory of ``master``'s cluster (``pcache up --tls``) in the tokens file."""
+    with _locked_tokens() as tokens:
+        for address in _addresses(master):
+            tokens[_TLS_PREFIX + address] = directory
+
+
+def forget_tls(master: str, directory: str) -> None:
+    """Drop the tokens file's TLS entries of ``master`` that still name ``directory``."""
+    with contextlib.suppress(OSError), _locked_tokens() as tokens:
+        for address in _addresses(master):
+            if tokens.get(_TLS_PREFIX + address) == directory:
+                del tokens[_TLS_PREFIX + address]
+
+
+def find_tls_dir(master: str) -> str:
+    """The TLS directory a client of ``master`` uses when its config names none: $PCACHE_TLS_DIR,
+    else the tokens file's entry for the address ("" : plaintext)."""
+    if os.environ.get(TLS_DIR_ENV):
+        return os.environ[TLS_DIR_ENV]
+    try:
+        tokens = json.loads(tokens_file().read_text())
+    except (OSError, ValueError):
+        return ""
+    for address in _addresses(master):
+        if isinstance(tokens.get(_TLS_PREFIX + address), str):
+            return tokens[_TLS_PREFIX + address]
+    return ""
+
+
 def _addresses(master: str) -> list[str]:
     return [a.strip() for a in master.split(",") if a.strip()]

@@ -115,6 +115,19 @@ class NoSpace(PCacheError):
     errno_code = _errno.ENOSPC
 
 
+class QuotaExceeded(PCacheError):
+    """The tenant's byte or inode quota would be passed (``pcache tenant quota``); nothing written
+    before is lost."""
+
+    errno_code = _errno.EDQUOT
+
+
+class CrossTenant(PCacheError):
+    """A rename between two tenants' trees (an admin's; as rename(2) across file systems)."""
+
+    errno_code = _errno.EXDEV
+
+
 class FileTooLarge(PCacheError):
     """A size or offset beyond the largest file PCache stores."""
 
@@ -190,6 +203,8 @@ ERRORS_BY_NAME: dict[str, type[PCacheError]] = {
         SymlinkLoop,
         Conflict,
         NoSpace,
+        QuotaExceeded,
+        CrossTenant,
         FileTooLarge,
         PermissionDenied,
         NotSupported,

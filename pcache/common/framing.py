@@ -9,6 +9,7 @@ while it is still arriving. Every read and drain has a deadline.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
 
 from pcache.common.checksum import CHUNK_SIZE
@@ -145,7 +146,9 @@ def raise_if_error(header: pb.DataHeader) -> pb.DataHeader:
     return header
 
 
-async def open_connection(host: str, port: int, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def open_connection(
+    host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Open a TCP data-plane connection within ``timeout`` seconds.
 
     Raises:
@@ -153,7 +156,9 @@ async def open_connection(host: str, port: int, timeout: float) -> tuple[asyncio
     """
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(host, port, limit=4 * CHUNK_SIZE)
+            reader, writer = await asyncio.open_connection(
+                host, port, limit=4 * CHUNK_SIZE, ssl=tls, server_hostname=host if tls else None
+            )
     except TimeoutError as exc:
         raise Timeout(f"connect to {host}:{port} timed out after {timeout:.1f}s") from exc
     except OSError as exc:

@@ -61,6 +61,12 @@ MASTER_BAD_REPLICAS = Counter(
 MASTER_LOST_REPLICAS = Counter(
     "pcache_master_lost_replicas_total", "Replicas whose block file a worker found gone.", registry=_MASTER
 )
+TENANT_USAGE = Gauge(
+    "pcache_tenant_usage",
+    "Per tenant: used_bytes, reserved_bytes (open writers), quota_bytes, used_inodes, quota_inodes (quota 0: none).",
+    ["tenant", "kind"],
+    registry=_MASTER,
+)
 MASTER_IS_LEADER = Gauge(
     "pcache_master_is_leader", "1 while this master leads (or runs standalone), 0 as a follower.", registry=_MASTER
 )

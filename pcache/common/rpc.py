@@ -37,6 +37,8 @@ STATUS_BY_ERROR: dict[type[E.PCacheError], grpc.StatusCode] = {
     E.NameTooLong: grpc.StatusCode.INVALID_ARGUMENT,
     E.InvalidEncoding: grpc.StatusCode.INVALID_ARGUMENT,
     E.NoSpace: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.CrossTenant: grpc.StatusCode.FAILED_PRECONDITION,
     E.SymlinkLoop: grpc.StatusCode.INVALID_ARGUMENT,
     E.Conflict: grpc.StatusCode.ABORTED,
     E.FileTooLarge: grpc.StatusCode.OUT_OF_RANGE,

@@ -7,8 +7,9 @@ block from being taken for an orphan and deleted (HDFS keeps "under construction
 block map likewise). A reservation ends with the commit, with the rollback of a failed placement,
 or after ``grace`` seconds without a commit (the writer died; its replicas become orphans).
 
-Reservations are stored in the metastore (``a<block:8> -> <inode:8><reserved at:8>``, wall-clock
-seconds), so they survive a master restart and are replicated to the follower like every other
+Reservations are stored in the metastore (``a<block:8> -> <inode:8><reserved at:8><bytes:8><tenant>``,
+wall-clock seconds; ``bytes`` is what the block may hold, counted against the tenant's byte quota
+until the commit, :mod:`.tenants`), so they survive a master restart and are replicated to the follower like every other
 mutation: a writer whose file is open across a failover commits it on the new leader.
 """
 
@@ -25,7 +26,8 @@ from pcache.master.metastore import MetaStore
 EXPIRED_REMEMBERED = 100_000  # expired ids kept to explain a late commit
 PREFIX = b"a"
 _U64 = struct.Struct(">Q")
-_RECORD = struct.Struct(">Qd")
+_RECORD = struct.Struct(">Qd")  # inode, reserved at
+_QUOTA = struct.Struct(">Q")  # bytes reserved; the tenant's name follows
 
 
 def _key(block_id: int) -> bytes:
@@ -53,9 +55,15 @@ class Allocations:
         self.grace = grace
         self._clock = clock
         self._reserved: dict[int, tuple[int, float]] = {}  # block id -> (inode, reserved at)
+        self._quota: dict[int, tuple[str, int]] = {}  # block id -> (tenant, bytes reserved)
+        self._by_tenant: dict[str, int] = {}  # tenant -> bytes reserved
         for key, value in store.scan(PREFIX):
             if len(key) == len(PREFIX) + 8:
-                self._reserved[_U64.unpack(key[1:])[0]] = _RECORD.unpack(value)
+                block_id = _U64.unpack(key[1:])[0]
+                self._reserved[block_id] = _RECORD.unpack_from(value)
+                if len(value) >= _RECORD.size + _QUOTA.size:
+                    nbytes = _QUOTA.unpack_from(value, _RECORD.size)[0]
+                    self._hold(block_id, value[_RECORD.size + _QUOTA.size :].decode(), nbytes)
         self._expired: OrderedDict[int, int] = OrderedDict()  # block id -> inode, oldest first
 
     def __contains__(self, block_id: object) -> bool:
@@ -70,17 +78,39 @@ class Allocations:
         entry = self._reserved.get(block_id)
         return entry[0] if entry else None
 
-    def reserve(self, block_id: int, inode: int) -> None:
-        """Reserve a freshly issued ``block_id`` for a writer of ``inode`` (one metastore write)."""
+    def reserved_bytes(self, tenant: str) -> int:
+        """Bytes reserved by ``tenant``'s uncommitted blocks."""
+        return self._by_tenant.get(tenant, 0)
+
+    def _hold(self, block_id: int, tenant: str, nbytes: int) -> None:
+        if tenant and nbytes:
+            self._quota[block_id] = (tenant, nbytes)
+            self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + nbytes
+
+    def _end(self, block_id: int) -> None:
+        self._reserved.pop(block_id, None)
+        tenant, nbytes = self._quota.pop(block_id, ("", 0))
+        if tenant:
+            left = self._by_tenant.get(tenant, 0) - nbytes
+            if left > 0:
+                self._by_tenant[tenant] = left
+            else:
+                self._by_tenant.pop(tenant, None)
+
+    def reserve(self, block_id: int, inode: int, tenant: str = "", nbytes: int = 0) -> None:
+        """Reserve a freshly issued ``block_id`` for a writer of ``inode``, holding ``nbytes`` of
+        ``tenant``'s byte quota until the commit (one metastore write)."""
         entry = (inode, self._clock())
-        self.store.write([(_key(block_id), _RECORD.pack(*entry))])
+        record = _RECORD.pack(*entry) + _QUOTA.pack(nbytes) + tenant.encode()
+        self.store.write([(_key(block_id), record)])
         self._reserved[block_id] = entry
+        self._hold(block_id, tenant, nbytes)
 
     def forget(self, block_id: int) -> None:
         """Drop a reservation whose block will never be written (a placement that failed)."""
         if block_id in self._reserved:
             self.store.write(deletes=[_key(block_id)])
-            self._reserved.pop(block_id, None)
+            self._end(block_id)
 
     def check(self, block_id: int, inode: int) -> None:
         """A commit of ``inode`` may adopt ``block_id`` (not yet the file's) only if reserved for it.
@@ -121,7 +151,7 @@ class Allocations:
     def committed(self, block_ids: Iterable[int]) -> None:
         """Forget the reservations a commit adopted (their keys went in the commit's batch)."""
         for block_id in block_ids:
-            self._reserved.pop(block_id, None)
+            self._end(block_id)
 
     def expire(self) -> list[int]:
         """End reservations older than ``grace`` seconds; returns their block ids."""
@@ -130,8 +160,8 @@ class Allocations:
         if gone:
             self.store.write(deletes=[_key(b) for b in gone])
         for block_id in gone:
-            inode, _ = self._reserved.pop(block_id)
-            self._expired[block_id] = inode
+            self._expired[block_id] = self._reserved[block_id][0]
+            self._end(block_id)
         while len(self._expired) > EXPIRED_REMEMBERED:
             self._expired.popitem(last=False)
         return gone

@@ -7,6 +7,7 @@ Key layout (all integers big-endian so that key order is numeric order)::
     b<block:8>             -> BlockMeta  (protobuf)
     c<counter>             -> <value:8>  (id high-water marks)
     a<block:8>             -> reservation of an uncommitted block (:mod:`.allocations`)
+    t<name>                -> Tenant     (root, quotas, usage: :mod:`.tenants`)
 
 Each public method is one mutation applied as one atomic batch, so a crash
 leaves either the old or the new tree. Methods are synchronous and are called
@@ -22,10 +23,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pcache.common import errors as E
+from pcache.common.auth import check_name
 from pcache.common.layout import HOLE, MAX_BLOCK_SIZE, MAX_REPLICATION, MIN_BLOCK_SIZE
-from pcache.common.paths import parent_and_name, split_path
+from pcache.common.paths import normalize, parent_and_name, split_path
 from pcache.master.allocations import Allocations
 from pcache.master.metastore import MetaStore
+from pcache.master.tenants import Tenants, add, freed_bytes
 from pcache.proto import pcache_pb2 as pb
 
 ROOT = 1
@@ -80,7 +83,13 @@ class Namespace:
     """Domain object behind the master's namespace RPCs; no network in here."""
 
     def __init__(
-        self, store: MetaStore, *, default_block_size: int, default_replication: int, allocation_grace: float = 600.0
+        self,
+        store: MetaStore,
+        *,
+        default_block_size: int,
+        default_replication: int,
+        allocation_grace: float = 600.0,
+        default_tenant: str = "",
     ) -> None:
         self.store = store
         self.default_block_size = default_block_size
@@ -93,6 +102,9 @@ class Namespace:
             now = time.time()
             root = pb.Inode(id=ROOT, type=pb.DIRECTORY, mode=0o755, mtime=now, ctime=now, atime=now)
             self.store.write([(_ikey(ROOT), root.SerializeToString())])
+        self.tenants = Tenants(store)
+        if default_tenant and default_tenant not in self.tenants:
+            self.create_tenant(default_tenant)
 
     # ------------------------------------------------------------ lookups --
 
@@ -165,11 +177,29 @@ class Namespace:
 
     # ---------------------------------------------------------- mutations --
 
-    def _new_inode(self, kind: pb.FileType, mode: int, **fields) -> pb.Inode:
+    def _new_inode(self, parent: pb.Inode, kind: pb.FileType, mode: int, **fields) -> pb.Inode:
+        """A fresh inode in ``parent``: of its tenant, within the tenant's inode quota.
+
+        Raises:
+            QuotaExceeded: the tenant has used its inode quota.
+        """
+        self.tenants.check_inodes(parent.tenant)
         now = time.time()
         return pb.Inode(
-            id=self._inodes.take(), type=kind, mode=mode & 0o7777, mtime=now, ctime=now, atime=now, version=1, **fields
+            id=self._inodes.take(),
+            type=kind,
+            mode=mode & 0o7777,
+            mtime=now,
+            ctime=now,
+            atime=now,
+            version=1,
+            tenant=parent.tenant,
+            **fields,
         )
+
+    def _added(self, node: pb.Inode) -> list[tuple[bytes, bytes]]:
+        """Batch entries counting the new ``node`` against its tenant's usage."""
+        return self.tenants.charge({node.tenant: [1, 0]})
 
     def _touch(self, node: pb.Inode, now: float) -> bytes:
         node.mtime = node.ctime = now
@@ -210,13 +240,14 @@ class Namespace:
         return node
 
     def _mkdir_in(self, parent: pb.Inode, name: str, mode: int, uid: int = 0, gid: int = 0) -> pb.Inode:
-        node = self._new_inode(pb.DIRECTORY, mode, uid=uid, gid=gid)
+        node = self._new_inode(parent, pb.DIRECTORY, mode, uid=uid, gid=gid)
         now = node.mtime
         self.store.write(
             [
                 (_ikey(node.id), node.SerializeToString()),
                 (_dkey(parent.id, name), U64.pack(node.id)),
                 (_ikey(parent.id), self._touch(parent, now)),
+                *self._added(node),
             ]
         )
         return node
@@ -266,6 +297,7 @@ class Namespace:
         if replication < 0 or replication > MAX_REPLICATION:
             raise E.InvalidArgument(f"replication must be 0 (default) .. {MAX_REPLICATION}", path=path)
         node = self._new_inode(
+            parent,
             kind,
             mode,
             rdev=rdev,
@@ -279,6 +311,7 @@ class Namespace:
                 (_ikey(node.id), node.SerializeToString()),
                 (_dkey(parent.id, name), U64.pack(node.id)),
                 (_ikey(parent.id), self._touch(parent, node.mtime)),
+                *self._added(node),
             ]
         )
         node.name = name
@@ -297,6 +330,7 @@ class Namespace:
         if self._lookup(parent.id, name) is not None:
             raise E.AlreadyExists("file exists", path=path)
         node = self._new_inode(
+            parent,
             pb.SYMLINK,
             0o777,
             symlink_target=target,
@@ -309,6 +343,7 @@ class Namespace:
                 (_ikey(node.id), node.SerializeToString()),
                 (_dkey(parent.id, name), U64.pack(node.id)),
                 (_ikey(parent.id), self._touch(parent, node.mtime)),
+                *self._added(node),
             ]
         )
         node.name = name
@@ -364,6 +399,14 @@ class Namespace:
         if src_parts == dst_parts:
             node.name = dst_name
             return node, Freed([])
+        roots = self.tenants.root_inodes()
+        if node.id in roots:
+            raise E.InvalidArgument(f"the root of tenant {roots[node.id]!r} cannot be moved", path=src)
+        if node.tenant != dst_parent.tenant:
+            raise E.CrossTenant(
+                f"cannot move between tenants ({node.tenant or 'no tenant'!r} -> {dst_parent.tenant or 'no tenant'!r})",
+                path=dst,
+            )
         now = time.time()
         puts: list[tuple[bytes, bytes]] = []
         deletes: list[bytes] = [_dkey(src_parent.id, src_name)]
@@ -382,6 +425,7 @@ class Namespace:
                 raise E.NotADirectory("destination is not a directory", path=dst)
             deletes.append(_ikey(victim.id))
             freed = self._collect_blocks([victim], deletes)
+            puts += self.tenants.charge({victim.tenant: [-1, -freed_bytes(freed.blocks)]})
         node.ctime = now
         puts.append((_ikey(node.id), node.SerializeToString()))
         puts.append((_dkey(dst_parent.id, dst_name), U64.pack(node.id)))
@@ -425,11 +469,21 @@ class Namespace:
             raise E.NotADirectory("not a directory", path=path)
         if file and node.type == pb.DIRECTORY:
             raise E.IsADirectory("is a directory", path=path)
+        if node.type == pb.DIRECTORY and not recursive and not self._is_empty_dir(node.id):
+            raise E.DirectoryNotEmpty("directory not empty", path=path)
+        return self._remove(parent, name, node, path)
+
+    def _remove(self, parent: pb.Inode, name: str, node: pb.Inode, path: str, *, drop_tenant: str = "") -> Freed:
+        """Delete ``node`` (the entry ``name`` of ``parent``) and everything under it, in one batch.
+
+        Raises:
+            InvalidArgument: a tenant's root is among them (unless ``drop_tenant``: that tenant is
+                deleted in the same batch, and ``node`` is its root).
+        """
         deletes: list[bytes] = [_dkey(parent.id, name), _ikey(node.id)]
         victims = [node]
+        roots = self.tenants.root_inodes()
         if node.type == pb.DIRECTORY:
-            if not recursive and not self._is_empty_dir(node.id):
-                raise E.DirectoryNotEmpty("directory not empty", path=path)
             stack = [node.id]
             while stack:
                 dir_id = stack.pop()
@@ -440,8 +494,23 @@ class Namespace:
                     victims.append(child)
                     if child.type == pb.DIRECTORY:
                         stack.append(child.id)
+        for victim in victims:
+            if victim.id in roots and not (drop_tenant and victim is node):
+                raise E.InvalidArgument(
+                    f"holds the root of tenant {roots[victim.id]!r} (pcache tenant delete removes a tenant)", path=path
+                )
         freed = self._collect_blocks(victims, deletes)
-        self.store.write([(_ikey(parent.id), self._touch(parent, time.time()))], deletes)
+        deltas: dict[str, list[int]] = {}
+        tenant_of = {v.id: v.tenant for v in victims}
+        for victim in victims:
+            if victim.id not in roots:  # a root is not counted
+                add(deltas, victim.tenant, inodes=-1)
+        for meta in freed.blocks:
+            add(deltas, tenant_of.get(meta.inode, ""), nbytes=-meta.length)
+        if drop_tenant:
+            deltas.pop(drop_tenant, None)
+            deletes.append(self.tenants.remove(drop_tenant))
+        self.store.write([(_ikey(parent.id), self._touch(parent, time.time())), *self.tenants.charge(deltas)], deletes)
         return freed
 
     def setattr(
@@ -533,17 +602,103 @@ class Namespace:
         return node, metas
 
     def allocate_block(self, inode: int) -> tuple[int, pb.Inode]:
-        """Issue a new block id for a writer of ``inode`` and reserve it in :attr:`allocations`.
+        """Issue a new block id for a writer of ``inode`` and reserve it in :attr:`allocations`,
+        with a whole block of its tenant's byte quota.
 
         Raises:
             NotFound: no such inode. IsADirectory: not a regular file.
+            QuotaExceeded: the block does not fit in the tenant's byte quota.
         """
         node = self._get_inode(inode)
         if node.type != pb.REGULAR:
             raise E.IsADirectory(f"inode {inode} is not a regular file")
+        self.tenants.check_bytes(node.tenant, node.block_size, self.allocations.reserved_bytes(node.tenant))
         block_id = self._blocks.take()
-        self.allocations.reserve(block_id, inode)
+        self.allocations.reserve(block_id, inode, node.tenant, node.block_size)
         return block_id, node
+
+    def get_inode(self, inode: int) -> pb.Inode:
+        """The inode numbered ``inode``.
+
+        Raises:
+            NotFound: no such inode.
+        """
+        return self._get_inode(inode)
+
+    # ------------------------------------------------------------ tenants --
+
+    def create_tenant(self, name: str, root: str = "", *, quota_bytes: int = 0, quota_inodes: int = 0) -> pb.Tenant:
+        """Make tenant ``name`` with its root directory ``root`` (default ``/NAME``), created here
+        (with its missing parents) or adopted when it is an empty directory outside every tenant.
+
+        Raises:
+            AlreadyExists: the tenant exists. InvalidArgument: a bad name, the namespace root,
+                a root that is not empty, or one inside or holding another tenant's tree.
+            InvalidPath: a malformed root.
+        """
+        check_name(name, "tenant")
+        if name in self.tenants:
+            raise E.AlreadyExists(f"tenant {name!r} exists")
+        root = normalize(root or "/" + name)
+        if root == "/":
+            raise E.InvalidArgument("a tenant root cannot be / (it would hold every other tenant)")
+        parts = split_path(root)
+        node = self._get_inode(ROOT)
+        for part in parts[:-1]:  # refuse before making any directory
+            child = self._lookup(node.id, part)
+            if child is None:
+                break
+            node = self._get_inode(child)
+            if node.tenant:
+                raise E.InvalidArgument(f"{root} is inside the tree of tenant {node.tenant!r}", path=root)
+        parent = self.mkdir("/" + "/".join(parts[:-1]), parents=True) if len(parts) > 1 else self._get_inode(ROOT)
+        if parent.tenant:
+            raise E.InvalidArgument(f"{root} is inside the tree of tenant {parent.tenant!r}", path=root)
+        ino = self._lookup(parent.id, parts[-1])
+        puts: list[tuple[bytes, bytes]] = []
+        if ino is None:
+            node = self._new_inode(parent, pb.DIRECTORY, 0o755)
+            puts += [
+                (_dkey(parent.id, parts[-1]), U64.pack(node.id)),
+                (_ikey(parent.id), self._touch(parent, node.mtime)),
+            ]
+        else:
+            node = self._get_inode(ino)
+            if node.type != pb.DIRECTORY or not self._is_empty_dir(node.id):
+                raise E.InvalidArgument("a tenant root must be a new or an empty directory", path=root)
+            if node.id in self.tenants.root_inodes():
+                raise E.InvalidArgument(f"is the root of tenant {self.tenants.root_inodes()[node.id]!r}", path=root)
+        rec = self.tenants.new_record(name, root, node.id, quota_bytes, quota_inodes)
+        node.tenant = name
+        puts.append((_ikey(node.id), _record(node)))
+        puts.append(self.tenants.put(rec))
+        self.store.write(puts)
+        return rec
+
+    def delete_tenant(self, name: str, *, purge: bool = False) -> Freed:
+        """Remove tenant ``name`` (its tokens stop working) and its root directory; with
+        ``purge`` everything under the root too.
+
+        Raises:
+            NotFound: no such tenant. DirectoryNotEmpty: the root is not empty and not ``purge``.
+        """
+        rec = self.tenants.get(name)
+        node = self._get_inode(rec.root_inode)
+        if not purge and not self._is_empty_dir(node.id):
+            raise E.DirectoryNotEmpty(f"tenant {name!r} still has files (purge removes them)", path=rec.root)
+        parent, entry = self._resolve_parent(rec.root)
+        return self._remove(parent, entry, node, rec.root, drop_tenant=name)
+
+    def set_quota(self, name: str, *, quota_bytes: int, quota_inodes: int) -> pb.Tenant:
+        """Set tenant ``name``'s quotas (0: no limit); usage above a new quota only stops growth.
+
+        Raises:
+            NotFound: no such tenant.
+        """
+        rec = self.tenants.get(name)
+        rec.quota_bytes, rec.quota_inodes = quota_bytes, quota_inodes
+        self.store.write([self.tenants.put(rec)])
+        return rec
 
     def commit_file(
         self,
@@ -641,6 +796,7 @@ class Namespace:
     def _replace_blocks(self, node: pb.Inode, blocks: list[pb.CommittedBlock], size: int, mtime: float) -> Freed:
         current = set(node.blocks)
         puts: list[tuple[bytes, bytes]] = []
+        added = 0
         for blk in blocks:
             if blk.block_id == HOLE:
                 continue
@@ -657,6 +813,7 @@ class Namespace:
                 replicas=list(blk.replicas),
                 replication=node.replication,
             )
+            added += blk.length
             puts.append((_bkey(blk.block_id), meta.SerializeToString()))
         keep = {b.block_id for b in blocks}
         deletes: list[bytes] = []
@@ -675,6 +832,7 @@ class Namespace:
         node.mtime = node.ctime = mtime
         node.version += 1
         puts.append((_ikey(node.id), node.SerializeToString()))
+        puts += self.tenants.charge({node.tenant: [0, added - freed_bytes(freed)]})
         adopted = [b.block_id for b in blocks]
         self.store.write(puts, deletes + self.allocations.keys(adopted))  # the reservations end with the commit
         self.allocations.committed(adopted)

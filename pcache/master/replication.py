@@ -45,6 +45,8 @@ from pcache.common import errors as E
 from pcache.common.auth import Guard, bearer
 from pcache.common.metrics import MASTER_APPLIED_INDEX, MASTER_FOLLOWER_LAG, MASTER_REPL_BATCH
 from pcache.common.rpc import call_stamped, channel_options, rpc_method, rpc_stream_method, translate_stamped
+from pcache.common.tls import TLSConfig
+from pcache.common.tls import channel as tls_channel
 from pcache.master.metastore import MetaStore
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
@@ -442,9 +444,11 @@ class LogShipper:
         heartbeat: float = 0.5,
         on_deposed: Callable[[int], Awaitable[None]] | None = None,
         token: str = "",
+        tls: TLSConfig | None = None,
     ) -> None:
         self.store = store
         self.token = token  # a master-scope token: followers take entries only from this cluster's masters
+        self.tls = tls
         self.epoch = epoch
         self.address = address
         self.flags = flags
@@ -498,7 +502,7 @@ class LogShipper:
                     follower.forgetting = None
                     follower.in_sync = False  # the flag may be gone: set again once it has caught up
                 follower.address, follower.next_index, follower.state = address, None, "probing"
-            follower.channel = grpc.aio.insecure_channel(address, options=channel_options())
+            follower.channel = tls_channel(address, self.tls, channel_options())
             follower.stub = pb_grpc.ReplicationStub(follower.channel)
             follower.task = asyncio.ensure_future(self._ship(follower))
             logger.info("replicating to follower %s at %s", member, address)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 import grpc
 
 from pcache.common import errors as E
-from pcache.common.auth import Guard, mint_token
+from pcache.common.auth import Guard, KeyRing, mint_token
 from pcache.common.config import MasterConfig, describe
 from pcache.common.credentials import ClusterKeys
 from pcache.common.metrics import (
@@ -39,10 +39,12 @@ from pcache.common.metrics import (
     MASTER_MISSING,
     MASTER_UNDER_REPLICATED,
     MASTER_WORKERS,
+    TENANT_USAGE,
     serve_metrics,
 )
 from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import channel_options
+from pcache.common.tls import load_optional
 from pcache.master import fsck
 from pcache.master.blocks import BlockManager
 from pcache.master.dedup import ReplyCache
@@ -92,9 +94,13 @@ class MasterServer:
         if not keys_file:
             raise E.InvalidArgument("a master needs master.keys_file or master.data_dir (where it keeps its keys)")
         self.keys = ClusterKeys.load_or_create(keys_file)
+        self.tls = load_optional(cfg.tls_dir, need_cert=True)
         self.keys_file = keys_file
         self._keys_stamp = os.stat(keys_file).st_mtime_ns
         self.master_token = mint_token(self.keys.tokens, "cluster", "master")  # for this master's followers
+        # block tokens are signed with a new key only once workers have had time to learn it
+        self.block_signer: KeyRing = self.keys.blocks
+        self._block_switch_at = 0.0
         if path is not None:
             recover_incoming(path)
         self.store = ReplicatedStore(
@@ -123,6 +129,7 @@ class MasterServer:
         self._started = time.monotonic()
         self._led_since = time.monotonic()
         self._ha_task: asyncio.Task | None = None
+        self._tenant_series: set[tuple[str, str]] = set()
         if self.role == "standalone":
             epoch = next_epoch(self.store)
             self.store.epoch = epoch
@@ -191,6 +198,7 @@ class MasterServer:
             default_block_size=self.cfg.default_block_size,
             default_replication=self.cfg.default_replication,
             allocation_grace=self.cfg.orphan_grace,
+            default_tenant=self.cfg.default_tenant,
         )
         self.blocks = BlockManager(self.ns, self.registry, replication_timeout=self.cfg.replication_timeout)
         self.blocks.confirm_known()  # workers that already heartbeat here confirm their replicas now
@@ -206,7 +214,7 @@ class MasterServer:
         self.shipper = LogShipper(
             self.store, epoch=epoch, address=self.address, flags=self.ha,
             ack_timeout=self.cfg.ack_timeout, rpc_timeout=max(2.0, self.cfg.ack_timeout), on_deposed=self._deposed,
-            token=self.master_token,
+            token=self.master_token, tls=self.tls,
         )  # fmt: skip
         self._lead(epoch)
         logger.info("master %s leads the cluster with epoch %d at log index %d", self.member, epoch, self.store.index)
@@ -286,7 +294,13 @@ class MasterServer:
         pb_grpc.add_MasterServicer_to_server(self.servicer, self.server)
         pb_grpc.add_ReplicationServicer_to_server(self.replication, self.server)
         try:
-            self.port = self.server.add_insecure_port(f"{self.cfg.host}:{self.cfg.port}")
+            where = f"{self.cfg.host}:{self.cfg.port}"
+            if self.tls is None:
+                self.port = self.server.add_insecure_port(where)
+            else:
+                self.port = self.server.add_secure_port(
+                    where, self.tls.grpc_server(client_auth=self.cfg.tls_client_auth)
+                )
         except RuntimeError:
             self.port = 0
         if self.port == 0:
@@ -339,6 +353,8 @@ class MasterServer:
             return False
         if keys.tokens.keys == self.keys.tokens.keys and keys.blocks.keys == self.keys.blocks.keys:
             return False
+        if keys.blocks.keys != self.keys.blocks.keys:
+            self._new_block_keys(keys.blocks)
         self.keys = keys
         self.guard.set_ring(keys.tokens)
         self.replication.guard.set_ring(keys.tokens)
@@ -351,9 +367,27 @@ class MasterServer:
                     ", ".join(sorted(keys.tokens.keys)))  # fmt: skip
         return True
 
+    def _new_block_keys(self, ring: KeyRing) -> None:
+        """Workers get the new block key ring with their next heartbeat; until every one has had
+        three heartbeats' time, block tokens stay signed with the previous key (when the ring
+        still holds it), so no worker refuses a fresh token (HDFS rolls block keys likewise)."""
+        previous = self.block_signer.current
+        if previous in ring.keys and previous != ring.current:
+            self.block_signer = KeyRing(ring.keys, previous)
+            self._block_switch_at = time.monotonic() + 3 * self.cfg.heartbeat_interval + 1.0
+        else:
+            self.block_signer = ring
+
+    def _switch_block_signer(self) -> None:
+        if self._block_switch_at and time.monotonic() >= self._block_switch_at:
+            self.block_signer = self.keys.blocks
+            self._block_switch_at = 0.0
+            logger.info("block tokens are signed with key %s from now on", self.block_signer.current)
+
     def upkeep_once(self) -> None:
         """One pass of liveness, orphan and replication upkeep (liveness only on a follower)."""
         self.reload_keys()
+        self._switch_block_signer()
         expired_workers = self.registry.expire()
         MASTER_WORKERS.set(len(self.registry.alive()))
         if self.shipper is not None:
@@ -377,6 +411,26 @@ class MasterServer:
         MASTER_MISSING.set(blocks.missing())
         MASTER_CORRUPT.set(blocks.corrupt_blocks())
         MASTER_DAMAGED_FILES.set(fsck.damaged_files(ns, blocks))
+        self._tenant_metrics(ns)
+
+    def _tenant_metrics(self, ns: Namespace) -> None:
+        """Export every tenant's usage and quotas; a deleted tenant's series go."""
+        shown = set()
+        for rec in ns.tenants.all():
+            values = {
+                "used_bytes": rec.used_bytes,
+                "reserved_bytes": ns.allocations.reserved_bytes(rec.name),
+                "quota_bytes": rec.quota_bytes,
+                "used_inodes": rec.used_inodes,
+                "quota_inodes": rec.quota_inodes,
+            }
+            for kind, value in values.items():
+                TENANT_USAGE.labels(rec.name, kind).set(value)
+                shown.add((rec.name, kind))
+        for labels in list(self._tenant_series - shown):
+            with contextlib.suppress(KeyError):
+                TENANT_USAGE.remove(*labels)
+        self._tenant_series = shown
 
     async def stop(self, grace: float = 2.0) -> None:
         """Hand leadership over (resign at once), stop serving, close the metastore."""

@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
 from pcache.common import errors as E
+from pcache.common.auth import Claims, mint_block_token, mint_token
 from pcache.common.metrics import RPC_SECONDS
 from pcache.common.rpc import rpc_method
 from pcache.master import fsck
 from pcache.master.blocks import BlockManager
 from pcache.master.namespace import Namespace
+from pcache.master.tenants import ADMIN, Scope
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 
@@ -57,7 +60,12 @@ MASTER_SCOPES: dict[str, frozenset[str]] = {
     "ReportBadBlock": frozenset({"tenant", "admin", "worker"}),  # a client or a worker found a bad replica
     **dict.fromkeys(("RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks"), frozenset({"worker"})),
     "Fsck": _CLIENT,
+    **dict.fromkeys(("CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken"), frozenset({"admin"})),
 }
+
+# the verified claims of the call being served (set by ``authorize``; each RPC runs in its own task)
+_CALLER: ContextVar[Claims | None] = ContextVar("pcache_master_caller", default=None)
+Apply = Callable[[Namespace, BlockManager, Scope], R]
 
 
 class MasterServicer(pb_grpc.MasterServicer):
@@ -73,7 +81,30 @@ class MasterServicer(pb_grpc.MasterServicer):
             PermissionDenied: no token, an invalid, expired or other cluster's one, or a scope
                 the method does not accept.
         """
-        self.m.guard.authorize(method, context.invocation_metadata())
+        _CALLER.set(self.m.guard.authorize(method, context.invocation_metadata()))
+
+    @staticmethod
+    def _scope(ns: Namespace) -> Scope:
+        """The namespace the caller may use: its tenant's root, or all of it for an admin.
+
+        Raises:
+            PermissionDenied: a tenant that does not exist (deleted: its tokens are revoked), or
+                a token without a namespace (a worker's).
+        """
+        claims = _CALLER.get()
+        if claims is not None and claims.scope == "admin":
+            return ADMIN
+        if claims is not None and claims.scope == "tenant":
+            return ns.tenants.scope(claims.tenant)
+        raise E.PermissionDenied(f"a {claims.scope if claims else 'missing'} token has no namespace")
+
+    def block_token(self, block_id: int, ops: str, tenant: str, workers: list[str]) -> str:
+        """A block token for ``ops`` on ``block_id`` at ``workers`` ("" when there is no worker)."""
+        if not workers:
+            return ""
+        return mint_block_token(
+            self.m.block_signer, block_id, ops, tenant or "cluster", self.m.cfg.block_token_ttl, workers
+        )
 
     @property
     def epoch(self) -> int:
@@ -86,11 +117,12 @@ class MasterServicer(pb_grpc.MasterServicer):
         if header.epoch > self.m.epoch and self.m.is_leading():
             raise E.StaleEpoch(f"master epoch {self.m.epoch} is older than the caller's {header.epoch}")
 
-    async def _read(self, header: pb.RequestHeader, method: str, apply: Callable[[Namespace, BlockManager], R]) -> R:
+    async def _read(self, header: pb.RequestHeader, method: str, apply: Apply[R]) -> R:
         ns, blocks = self.m.leading()
         self._check(header, method)
+        scope = self._scope(ns)
         with RPC_SECONDS.labels(method).time():
-            reply = apply(ns, blocks)
+            reply = _in_scope(apply, ns, blocks, scope)
             await self.m.commit()  # what it read is on the follower too
         return reply
 
@@ -99,13 +131,14 @@ class MasterServicer(pb_grpc.MasterServicer):
         header: pb.RequestHeader,
         method: str,
         reply_type: type[R],
-        apply: Callable[[Namespace, BlockManager], R],
+        apply: Apply[R],
     ) -> R:
         """Apply a mutation once per request id, then wait until it is replicated."""
         ns, blocks = self.m.leading()
         self._check(header, method)
+        scope = self._scope(ns)
         with RPC_SECONDS.labels(method).time():
-            reply = self._apply_once(ns, blocks, header, method, reply_type, apply)
+            reply = self._apply_once(ns, blocks, scope, header, method, reply_type, apply)
             await self.m.commit()
         return reply
 
@@ -113,17 +146,18 @@ class MasterServicer(pb_grpc.MasterServicer):
         self,
         ns: Namespace,
         blocks: BlockManager,
+        scope: Scope,
         header: pb.RequestHeader,
         method: str,
         reply_type: type[R],
-        apply: Callable[[Namespace, BlockManager], R],
+        apply: Apply[R],
     ) -> R:
         if header.request_id:
             done = self.m.replies.get(header.request_id, method, reply_type)
             if done is not None:  # applied before (a retry, maybe on the master that took over)
                 return done  # type: ignore[return-value]
         since = self.m.store.index
-        reply = apply(ns, blocks)
+        reply = _in_scope(apply, ns, blocks, scope)
         if header.request_id:
             self.m.replies.record(header.request_id, method, reply, since)  # same log entry
         return reply
@@ -132,13 +166,17 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def Stat(self, request: pb.PathRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        return await self._read(request.header, "Stat", lambda ns, _: ns.resolve(request.path))
+        return await self._read(request.header, "Stat", lambda ns, _, scope: _stat(ns, scope, request.path))
 
     @rpc_method
     async def Mkdir(self, request: pb.MkdirRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        def apply(ns: Namespace, _: BlockManager) -> pb.Inode:
+        def apply(ns: Namespace, _: BlockManager, scope: Scope) -> pb.Inode:
             return ns.mkdir(
-                request.path, request.mode, parents=request.parents, uid=request.owner.uid, gid=request.owner.gid
+                scope.inside(request.path),
+                request.mode,
+                parents=request.parents,
+                uid=request.owner.uid,
+                gid=request.owner.gid,
             )
 
         return await self._mutate(request.header, "Mkdir", pb.Inode, apply)
@@ -156,6 +194,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         """
         ns, blocks = self.m.leading()
         self._check(request.header, "Batch")
+        scope = self._scope(ns)
         out = pb.BatchResponse()
         with RPC_SECONDS.labels("Batch").time():
             for op in request.ops:
@@ -163,9 +202,11 @@ class MasterServicer(pb_grpc.MasterServicer):
                 kind = op.WhichOneof("op")
                 try:
                     if kind == "stat":
-                        result.inode.CopyFrom(ns.resolve(op.stat.path))
+                        result.inode.CopyFrom(_in_scope(_stat_of(op.stat.path), ns, blocks, scope))
                     elif kind == "create":
-                        node = self._apply_once(ns, blocks, op.create.header, "Create", pb.Inode, _create(op.create))
+                        node = self._apply_once(
+                            ns, blocks, scope, op.create.header, "Create", pb.Inode, _create(op.create)
+                        )
                         result.inode.CopyFrom(node)
                     else:
                         raise E.InvalidArgument(f"unknown batch op {kind!r}")
@@ -178,24 +219,24 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def Symlink(self, request: pb.SymlinkRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        def apply(ns: Namespace, _: BlockManager) -> pb.Inode:
-            return ns.symlink(request.path, request.target, uid=request.owner.uid, gid=request.owner.gid)
+        def apply(ns: Namespace, _: BlockManager, scope: Scope) -> pb.Inode:
+            return ns.symlink(scope.inside(request.path), request.target, uid=request.owner.uid, gid=request.owner.gid)
 
         return await self._mutate(request.header, "Symlink", pb.Inode, apply)
 
     @rpc_method
     async def ListDir(self, request: pb.ListDirRequest, context: grpc.aio.ServicerContext) -> pb.ListDirResponse:
-        def apply(ns: Namespace, _: BlockManager) -> pb.ListDirResponse:
+        def apply(ns: Namespace, _: BlockManager, scope: Scope) -> pb.ListDirResponse:
             limit = min(request.limit or self.m.cfg.listdir_limit, self.m.cfg.listdir_limit)
-            entries, truncated = ns.listdir(request.path, start_after=request.start_after, limit=limit)
+            entries, truncated = ns.listdir(scope.inside(request.path), start_after=request.start_after, limit=limit)
             return pb.ListDirResponse(entries=entries, truncated=truncated)
 
         return await self._read(request.header, "ListDir", apply)
 
     @rpc_method
     async def Rename(self, request: pb.RenameRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        def apply(ns: Namespace, blocks: BlockManager) -> pb.Inode:
-            node, freed = ns.rename(request.src, request.dst, no_replace=request.no_replace)
+        def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.Inode:
+            node, freed = ns.rename(scope.inside(request.src), scope.inside(request.dst), no_replace=request.no_replace)
             blocks.freed(freed)
             return node
 
@@ -203,8 +244,10 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
-        def apply(ns: Namespace, blocks: BlockManager) -> pb.Empty:
-            freed = ns.delete(request.path, recursive=request.recursive, directory=request.directory, file=request.file)
+        def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.Empty:
+            freed = ns.delete(
+                scope.inside(request.path), recursive=request.recursive, directory=request.directory, file=request.file
+            )
             blocks.freed(freed)
             return pb.Empty()
 
@@ -212,9 +255,9 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def SetAttr(self, request: pb.SetAttrRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        def apply(ns: Namespace, _: BlockManager) -> pb.Inode:
+        def apply(ns: Namespace, _: BlockManager, scope: Scope) -> pb.Inode:
             return ns.setattr(
-                request.path,
+                scope.inside(request.path),
                 mode=request.mode if request.HasField("mode") else None,
                 mtime=request.mtime if request.HasField("mtime") else None,
                 atime=request.atime if request.HasField("atime") else None,
@@ -230,11 +273,15 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def GetLayout(self, request: pb.LayoutRequest, context: grpc.aio.ServicerContext) -> pb.FileLayout:
-        def apply(ns: Namespace, blocks: BlockManager) -> pb.FileLayout:
-            node, metas = ns.layout(request.path, request.inode)
+        def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.FileLayout:
+            node, metas = ns.layout(scope.inside(request.path) if request.path else "", request.inode)
+            _owned(scope, node)
             out = pb.FileLayout(inode=node)
             for index, meta in enumerate(metas):
                 replicas = [w.info.addr for w in blocks.live_replicas(meta.block_id)]
+                holders = [a.worker_id for a in replicas] + [
+                    w.worker_id for w in blocks.quarantined_live(meta.block_id)
+                ]
                 out.blocks.append(
                     pb.BlockLocation(
                         block_id=meta.block_id,
@@ -242,6 +289,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                         length=meta.length,
                         crc32c=meta.crc32c,
                         replicas=replicas,
+                        token=self.block_token(meta.block_id, "r", node.tenant, holders),
                     )
                 )
             return out
@@ -254,16 +302,22 @@ class MasterServicer(pb_grpc.MasterServicer):
     ) -> pb.BlockLocation:
         # not answered from a stored reply: a retry gets a second block id, and the first one's
         # reservation expires unused (master.orphan_grace)
-        def apply(_: Namespace, blocks: BlockManager) -> pb.BlockLocation:
-            return blocks.allocate(
+        def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.BlockLocation:
+            node = ns.get_inode(request.inode)
+            _owned(scope, node)
+            loc = blocks.allocate(
                 request.inode, request.size_hint, client_node=request.client_node, exclude=request.exclude_workers
             )
+            # the writer may also read its block back and delete it when its pipeline fails
+            loc.token = self.block_token(loc.block_id, "rwd", node.tenant, [a.worker_id for a in loc.replicas])
+            return loc
 
         return await self._read(request.header, "AllocateBlock", apply)
 
     @rpc_method
     async def CommitFile(self, request: pb.CommitFileRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        def apply(ns: Namespace, blocks: BlockManager) -> pb.Inode:
+        def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.Inode:
+            _owned(scope, ns.get_inode(request.inode))
             committed = list(request.blocks)
             node, freed = ns.commit_file(
                 request.inode,
@@ -296,7 +350,10 @@ class MasterServicer(pb_grpc.MasterServicer):
             blocks.worker_registered(state.worker_id, list(request.blocks))
             await self.m.commit()
         return pb.RegisterResponse(
-            epoch=self.m.epoch, heartbeat_interval_ms=int(self.m.cfg.heartbeat_interval * 1000), leader=leading
+            epoch=self.m.epoch,
+            heartbeat_interval_ms=int(self.m.cfg.heartbeat_interval * 1000),
+            leader=leading,
+            block_keys=self.m.block_signer.format(),
         )
 
     @rpc_method
@@ -304,45 +361,65 @@ class MasterServicer(pb_grpc.MasterServicer):
         self._check(request.header, "Heartbeat")
         state = self.m.registry.heartbeat(request.info)
         leading = self.m.is_leading()
+        keys = self.m.block_signer.format()
         if state is None:
-            return pb.HeartbeatResponse(epoch=self.m.epoch, reregister=True, leader=leading)
+            return pb.HeartbeatResponse(epoch=self.m.epoch, reregister=True, leader=leading, block_keys=keys)
         if not leading:
             state.commands = []
-            return pb.HeartbeatResponse(epoch=self.m.epoch, leader=False)
+            return pb.HeartbeatResponse(epoch=self.m.epoch, leader=False, block_keys=keys)
         commands, state.commands = state.commands, []
         if commands:
             await self.m.commit()  # a DELETE goes out only once the change that freed the block is replicated
-        return pb.HeartbeatResponse(epoch=self.m.epoch, commands=commands, leader=True)
+        return pb.HeartbeatResponse(epoch=self.m.epoch, commands=commands, leader=True, block_keys=keys)
 
     @rpc_method
     async def BlockReceived(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
-        def apply(_: Namespace, blocks: BlockManager) -> pb.Empty:
-            blocks.block_received(request.worker_id, request.block_id)
-            return pb.Empty()
-
-        return await self._read(request.header, "BlockReceived", apply)
+        return await self._worker_call(request.header, "BlockReceived", lambda blocks: blocks.block_received(
+            request.worker_id, request.block_id))  # fmt: skip
 
     @rpc_method
     async def ReportBadBlock(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
-        def apply(_: Namespace, blocks: BlockManager) -> pb.Empty:
-            blocks.bad_block(request.worker_id, request.block_id)
-            return pb.Empty()
-
-        return await self._read(request.header, "ReportBadBlock", apply)
+        claims = _CALLER.get()
+        if claims is None or claims.scope != "worker":  # a client: only a block of its own tenant's
+            ns, _ = self.m.leading()
+            meta = ns.get_block(request.block_id)
+            if meta is None:
+                raise E.NotFound(f"no block {request.block_id}")
+            _owned(self._scope(ns), ns.get_inode(meta.inode))
+        return await self._worker_call(request.header, "ReportBadBlock", lambda blocks: blocks.bad_block(
+            request.worker_id, request.block_id))  # fmt: skip
 
     @rpc_method
     async def ReportBlocks(self, request: pb.IncrementalBlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
-        def apply(_: Namespace, blocks: BlockManager) -> pb.Empty:
+        def apply(blocks: BlockManager) -> None:
             blocks.lost(request.worker_id, list(request.lost))
             for block_id in request.corrupt:
                 blocks.bad_block(request.worker_id, block_id)
-            return pb.Empty()
 
-        return await self._read(request.header, "ReportBlocks", apply)
+        return await self._worker_call(request.header, "ReportBlocks", apply)
+
+    async def _worker_call(
+        self, header: pb.RequestHeader, method: str, apply: Callable[[BlockManager], None]
+    ) -> pb.Empty:
+        """A worker's (or client's) report about replicas: applied, replicated, answered empty."""
+        _, blocks = self.m.leading()
+        self._check(header, method)
+        with RPC_SECONDS.labels(method).time():
+            apply(blocks)
+            await self.m.commit()
+        return pb.Empty()
 
     @rpc_method
     async def Fsck(self, request: pb.FsckRequest, context: grpc.aio.ServicerContext) -> pb.FsckReport:
-        return await self._read(request.header, "Fsck", lambda ns, blocks: fsck.check(ns, blocks, request.path or "/"))
+        def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.FsckReport:
+            report = fsck.check(ns, blocks, scope.inside(request.path or "/"))
+            for damaged in report.damaged:
+                damaged.path = scope.outside(damaged.path) or damaged.path
+                holders = [a.worker_id for a in (*damaged.good, *damaged.quarantined)]
+                damaged.token = self.block_token(damaged.block_id, "r", scope.tenant, holders)
+            return report
+
+        return await self._read(request.header, "Fsck", apply)
 
     @rpc_method
     async def GetClusterStatus(
@@ -365,6 +442,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         )
         if self.m.is_leading():
             ns, blocks = self.m.leading()
+            scope = self._scope(ns)
+            status.tenants.extend(_usage(ns, scope))
             status.inodes, status.blocks = ns.count()
             status.under_replicated_blocks = blocks.under_replicated()
             status.missing_blocks = blocks.missing()
@@ -372,13 +451,102 @@ class MasterServicer(pb_grpc.MasterServicer):
             status.damaged_files = fsck.damaged_files(ns, blocks)
         return status
 
+    # ------------------------------------------------------------ tenants --
+    # admin tokens only (MASTER_SCOPES)
 
-def _create(request: pb.CreateRequest) -> Callable[[Namespace, BlockManager], pb.Inode]:
+    @rpc_method
+    async def CreateTenant(self, request: pb.TenantRequest, context: grpc.aio.ServicerContext) -> pb.TenantResponse:
+        """Make a tenant and its root; no token in the answer (the reply is stored for retries): IssueToken."""
+        spec = request.tenant
+
+        def apply(ns: Namespace, _: BlockManager, __: Scope) -> pb.TenantResponse:
+            rec = ns.create_tenant(spec.name, spec.root, quota_bytes=spec.quota_bytes, quota_inodes=spec.quota_inodes)
+            return pb.TenantResponse(tenant=rec)
+
+        return await self._mutate(request.header, "CreateTenant", pb.TenantResponse, apply)
+
+    @rpc_method
+    async def DeleteTenant(self, request: pb.TenantRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
+        def apply(ns: Namespace, blocks: BlockManager, _: Scope) -> pb.Empty:
+            blocks.freed(ns.delete_tenant(request.tenant.name, purge=request.purge))
+            return pb.Empty()
+
+        return await self._mutate(request.header, "DeleteTenant", pb.Empty, apply)
+
+    @rpc_method
+    async def SetQuota(self, request: pb.TenantRequest, context: grpc.aio.ServicerContext) -> pb.TenantResponse:
+        spec = request.tenant
+
+        def apply(ns: Namespace, _: BlockManager, __: Scope) -> pb.TenantResponse:
+            rec = ns.set_quota(spec.name, quota_bytes=spec.quota_bytes, quota_inodes=spec.quota_inodes)
+            return pb.TenantResponse(tenant=rec)
+
+        return await self._mutate(request.header, "SetQuota", pb.TenantResponse, apply)
+
+    @rpc_method
+    async def ListTenants(
+        self, request: pb.ClusterStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTenantsResponse:
+        return await self._read(request.header, "ListTenants",
+                                lambda ns, _, scope: pb.ListTenantsResponse(tenants=_usage(ns, scope)))  # fmt: skip
+
+    @rpc_method
+    async def IssueToken(self, request: pb.TenantRequest, context: grpc.aio.ServicerContext) -> pb.TenantResponse:
+        """A fresh token of an existing tenant, valid ``token_ttl`` seconds (0: no expiry)."""
+
+        def apply(ns: Namespace, _: BlockManager, __: Scope) -> pb.TenantResponse:
+            rec = ns.tenants.get(request.tenant.name)
+            token = mint_token(self.m.keys.tokens, rec.name, "tenant", request.token_ttl)
+            return pb.TenantResponse(tenant=rec, token=token)
+
+        return await self._read(request.header, "IssueToken", apply)
+
+
+def _in_scope(apply: Apply[R], ns: Namespace, blocks: BlockManager, scope: Scope) -> R:
+    """``apply`` for a caller in ``scope``: an error names the path as the caller named it."""
+    try:
+        return apply(ns, blocks, scope)
+    except E.PCacheError as exc:
+        if isinstance(exc.filename, str):
+            exc.filename = scope.outside(exc.filename)
+        raise
+
+
+def _stat(ns: Namespace, scope: Scope, path: str) -> pb.Inode:
+    node = ns.resolve(scope.inside(path))
+    if node.id == scope.root_inode:
+        node.name = "/"
+    return node
+
+
+def _stat_of(path: str) -> Apply[pb.Inode]:
+    return lambda ns, _, scope: _stat(ns, scope, path)
+
+
+def _owned(scope: Scope, node: pb.Inode) -> None:
+    """Refuse an inode of another tenant (named by number: GetLayout, AllocateBlock, CommitFile).
+
+    Raises:
+        PermissionDenied: the inode is outside the caller's tenant.
+    """
+    if not scope.owns(node):
+        raise E.PermissionDenied(f"inode {node.id} is not in tenant {scope.tenant!r}")
+
+
+def _usage(ns: Namespace, scope: Scope) -> list[pb.Tenant]:
+    """Tenant records with their reserved bytes: every tenant for an admin, else the caller's."""
+    records = ns.tenants.all() if scope.admin else [ns.tenants.get(scope.tenant)]
+    for rec in records:
+        rec.reserved_bytes = ns.allocations.reserved_bytes(rec.name)
+    return records
+
+
+def _create(request: pb.CreateRequest) -> Apply[pb.Inode]:
     """The mutation of one Create request (alone or in a Batch)."""
 
-    def apply(ns: Namespace, blocks: BlockManager) -> pb.Inode:
+    def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.Inode:
         node, freed = ns.create(
-            request.path,
+            scope.inside(request.path),
             request.mode,
             exclusive=request.exclusive,
             truncate=request.truncate,

@@ -74,7 +74,7 @@ class WorkerAddr(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., uds_path: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev", "created")
+    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev", "created", "tenant")
     class XattrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class Inode(_message.Message):
     GID_FIELD_NUMBER: _ClassVar[int]
     RDEV_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: FileType
     mode: int
@@ -120,7 +121,8 @@ class Inode(_message.Message):
     gid: int
     rdev: int
     created: bool
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ..., created: _Optional[bool] = ...) -> None: ...
+    tenant: str
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ..., created: _Optional[bool] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class BlockMeta(_message.Message):
     __slots__ = ("block_id", "inode", "length", "crc32c", "replicas", "replication", "quarantined")
@@ -396,14 +398,16 @@ class RegisterRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., blocks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("epoch", "heartbeat_interval_ms", "leader")
+    __slots__ = ("epoch", "heartbeat_interval_ms", "leader", "block_keys")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_KEYS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     heartbeat_interval_ms: int
     leader: bool
-    def __init__(self, epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., leader: _Optional[bool] = ...) -> None: ...
+    block_keys: str
+    def __init__(self, epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., leader: _Optional[bool] = ..., block_keys: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("header", "info")
@@ -432,16 +436,18 @@ class WorkerCommand(_message.Message):
     def __init__(self, kind: _Optional[_Union[WorkerCommand.Kind, str]] = ..., block_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("epoch", "reregister", "commands", "leader")
+    __slots__ = ("epoch", "reregister", "commands", "leader", "block_keys")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_KEYS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     reregister: bool
     commands: _containers.RepeatedCompositeFieldContainer[WorkerCommand]
     leader: bool
-    def __init__(self, epoch: _Optional[int] = ..., reregister: _Optional[bool] = ..., commands: _Optional[_Iterable[_Union[WorkerCommand, _Mapping]]] = ..., leader: _Optional[bool] = ...) -> None: ...
+    block_keys: str
+    def __init__(self, epoch: _Optional[int] = ..., reregister: _Optional[bool] = ..., commands: _Optional[_Iterable[_Union[WorkerCommand, _Mapping]]] = ..., leader: _Optional[bool] = ..., block_keys: _Optional[str] = ...) -> None: ...
 
 class BlockReport(_message.Message):
     __slots__ = ("header", "worker_id", "block_id", "length", "crc32c")
@@ -476,7 +482,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., any_master: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size", "corrupt_blocks", "damaged_files", "master")
+    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size", "corrupt_blocks", "damaged_files", "master", "tenants")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     UNDER_REPLICATED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -488,6 +494,7 @@ class ClusterStatus(_message.Message):
     CORRUPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_FILES_FIELD_NUMBER: _ClassVar[int]
     MASTER_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     under_replicated_blocks: int
@@ -499,7 +506,56 @@ class ClusterStatus(_message.Message):
     corrupt_blocks: int
     damaged_files: int
     master: MasterRole
-    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., damaged_files: _Optional[int] = ..., master: _Optional[_Union[MasterRole, _Mapping]] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[Tenant]
+    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., damaged_files: _Optional[int] = ..., master: _Optional[_Union[MasterRole, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ...) -> None: ...
+
+class Tenant(_message.Message):
+    __slots__ = ("name", "root", "quota_bytes", "quota_inodes", "used_bytes", "used_inodes", "reserved_bytes", "root_inode", "created")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_INODES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_INODES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROOT_INODE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    root: str
+    quota_bytes: int
+    quota_inodes: int
+    used_bytes: int
+    used_inodes: int
+    reserved_bytes: int
+    root_inode: int
+    created: float
+    def __init__(self, name: _Optional[str] = ..., root: _Optional[str] = ..., quota_bytes: _Optional[int] = ..., quota_inodes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., used_inodes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., root_inode: _Optional[int] = ..., created: _Optional[float] = ...) -> None: ...
+
+class TenantRequest(_message.Message):
+    __slots__ = ("header", "tenant", "token_ttl", "purge")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TTL_FIELD_NUMBER: _ClassVar[int]
+    PURGE_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    tenant: Tenant
+    token_ttl: float
+    purge: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., tenant: _Optional[_Union[Tenant, _Mapping]] = ..., token_ttl: _Optional[float] = ..., purge: _Optional[bool] = ...) -> None: ...
+
+class TenantResponse(_message.Message):
+    __slots__ = ("tenant", "token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: Tenant
+    token: str
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ..., token: _Optional[str] = ...) -> None: ...
+
+class ListTenantsResponse(_message.Message):
+    __slots__ = ("tenants",)
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    tenants: _containers.RepeatedCompositeFieldContainer[Tenant]
+    def __init__(self, tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ...) -> None: ...
 
 class FollowerStatus(_message.Message):
     __slots__ = ("member", "address", "in_sync", "applied_index", "lag", "state", "last_contact_age")
@@ -628,7 +684,7 @@ class FsckRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
 
 class DamagedBlock(_message.Message):
-    __slots__ = ("path", "index", "block_id", "offset", "length", "state", "good", "quarantined", "crc32c")
+    __slots__ = ("path", "index", "block_id", "offset", "length", "state", "good", "quarantined", "crc32c", "token")
     PATH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -638,6 +694,7 @@ class DamagedBlock(_message.Message):
     GOOD_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     path: str
     index: int
     block_id: int
@@ -647,7 +704,8 @@ class DamagedBlock(_message.Message):
     good: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
     quarantined: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
     crc32c: int
-    def __init__(self, path: _Optional[str] = ..., index: _Optional[int] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., state: _Optional[str] = ..., good: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., quarantined: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., crc32c: _Optional[int] = ...) -> None: ...
+    token: str
+    def __init__(self, path: _Optional[str] = ..., index: _Optional[int] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., state: _Optional[str] = ..., good: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., quarantined: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., crc32c: _Optional[int] = ..., token: _Optional[str] = ...) -> None: ...
 
 class FsckReport(_message.Message):
     __slots__ = ("files", "blocks", "damaged")

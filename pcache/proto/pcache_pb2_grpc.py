@@ -291,6 +291,31 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.BatchRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.BatchResponse.FromString,
                 _registered_method=True)
+        self.CreateTenant = channel.unary_unary(
+                '/pcache.Master/CreateTenant',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
+                _registered_method=True)
+        self.DeleteTenant = channel.unary_unary(
+                '/pcache.Master/DeleteTenant',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
+                _registered_method=True)
+        self.SetQuota = channel.unary_unary(
+                '/pcache.Master/SetQuota',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
+                _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/pcache.Master/ListTenants',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.ListTenantsResponse.FromString,
+                _registered_method=True)
+        self.IssueToken = channel.unary_unary(
+                '/pcache.Master/IssueToken',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -410,6 +435,37 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateTenant(self, request, context):
+        """tenants (admin tokens only)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetQuota(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTenants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IssueToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -507,6 +563,31 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Batch,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.BatchRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.BatchResponse.SerializeToString,
+            ),
+            'CreateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTenant,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.SerializeToString,
+            ),
+            'DeleteTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenant,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.Empty.SerializeToString,
+            ),
+            'SetQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQuota,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.ListTenantsResponse.SerializeToString,
+            ),
+            'IssueToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueToken,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1022,6 +1103,141 @@ class Master:
             '/pcache.Master/Batch',
             pcache_dot_proto_dot_pcache__pb2.BatchRequest.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.BatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/CreateTenant',
+            pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/DeleteTenant',
+            pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/SetQuota',
+            pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/ListTenants',
+            pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.ListTenantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/IssueToken',
+            pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

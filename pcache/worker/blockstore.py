@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pcache.common.checksum import CHUNK_SIZE, crc32c, verify_chunks
-from pcache.common.errors import CorruptBlock, InvalidArgument, NoSpace, NotFound
+from pcache.common.errors import AlreadyExists, CorruptBlock, InvalidArgument, NoSpace, NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +160,9 @@ class BlockWriter:
             self.closed = True
             info = BlockInfo(self.block_id, self.length, self.crc, tuple(self.chunk_crcs))
             self.store._publish(self.path, info)
+        except AlreadyExists:
+            self.abort()
+            raise
         except OSError as exc:
             self.abort()
             raise NoSpace(f"block {self.block_id}: cannot store: {exc}") from exc
@@ -256,8 +259,10 @@ class DiskBlockStore:
         """Reserve room and open a temp file for ``block_id``.
 
         Raises:
+            AlreadyExists: the block is stored here already (a block id is written once).
             NoSpace: the quota or the disk cannot take ``length`` more bytes.
         """
+        self._refuse_existing(block_id)
         self._reserve(length)
         try:
             return BlockWriter(self, block_id, length)
@@ -265,16 +270,28 @@ class DiskBlockStore:
             self._release(length)
             raise NoSpace(f"cannot create block file: {exc}") from exc
 
+    def _refuse_existing(self, block_id: int) -> None:
+        if block_id in self._infos or os.path.lexists(self.block_path(block_id)):
+            raise AlreadyExists(f"block {block_id} is stored here already; a block id is written once")
+
     def _publish(self, tmp_path: str, info: BlockInfo) -> None:
+        """Make the temp file the block, never over an existing one (``link`` fails if it exists,
+        atomically: two writers of one id cannot both win).
+
+        Raises:
+            AlreadyExists: the block is stored here already.
+        """
         path = self.block_path(info.block_id)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        replaced = self._infos.get(info.block_id)
-        if replaced is None and os.path.exists(path):
-            with contextlib.suppress(NotFound, CorruptBlock):
-                replaced = self.info(info.block_id)
-        os.replace(tmp_path, path)
+        try:
+            os.link(tmp_path, path)
+        except FileExistsError as exc:
+            raise AlreadyExists(f"block {info.block_id} is stored here already; a block id is written once") from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_path)
         with self._lock:
-            self.used_bytes += info.length - (replaced.length if replaced else 0)
+            self.used_bytes += info.length
             self._infos[info.block_id] = info
 
     def info(self, block_id: int) -> BlockInfo:

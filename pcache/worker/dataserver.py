@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pcache.common import framing
+from pcache.common.auth import BlockTokenChecker
 from pcache.common.checksum import CHUNK_SIZE
 from pcache.common.errors import (
     CorruptBlock,
@@ -41,6 +43,17 @@ IDLE_TIMEOUT = 300.0  # seconds a pooled client connection may sit unused
 
 
 STALLED_PEER_SECONDS = 10.0  # how long pipelines skip a downstream replica that stalled
+REPLICATION_TOKEN_TTL = 600.0  # seconds a worker's own transfer token is valid
+# the block token operation each request needs (PING needs none)
+OP_NEEDS = {
+    pb.WRITE_BLOCK: "w",
+    pb.READ_BLOCK: "r",
+    pb.READ_RAW: "r",
+    pb.DELETE_BLOCK: "d",
+    pb.SC_READ_OPEN: "r",
+    pb.SC_WRITE_OPEN: "w",
+    pb.SC_WRITE_COMMIT: "w",
+}
 
 
 @dataclass
@@ -66,8 +79,10 @@ class DataServer:
         bandwidth_limit: float = 0.0,
         peer_timeout: float = 2.0,
         on_lost: Callable[[int], Awaitable[None]] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.tokens = BlockTokenChecker(worker_id)  # deny by default until the master's keys arrive
         self.store = store
         self.tier = tier
         self.io_timeout = io_timeout
@@ -78,6 +93,7 @@ class DataServer:
         self.inflight = 0
         self._throttle_until = 0.0
         self.bandwidth_limit = bandwidth_limit  # bytes/s, 0 = unlimited
+        self.tls = tls  # client side of this worker's own connections (pipelines, re-replication)
 
     async def throttle(self, nbytes: int) -> None:
         """Token-bucket-free pacing: emulate a NIC of ``bandwidth_limit`` bytes/s."""
@@ -127,7 +143,14 @@ class DataServer:
     async def dispatch(
         self, header: pb.DataHeader, payload_len: int, reader: asyncio.StreamReader
     ) -> tuple[pb.DataHeader, bytes]:
-        """Run one request; returns the reply header and payload."""
+        """Run one request; returns the reply header and payload.
+
+        Raises:
+            PermissionDenied: the block token does not allow the operation on this block here.
+        """
+        need = OP_NEEDS.get(header.op)
+        if need:
+            self.tokens.check(header.token, header.block_id, need)
         if header.op == pb.WRITE_BLOCK:
             replicas = await self.receive_block(header, payload_len, reader)
             return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id, replicas=replicas), b""
@@ -206,7 +229,7 @@ class DataServer:
             )
             return None
         try:
-            reader, writer = await framing.open_connection(nxt.host, nxt.port, self.peer_timeout)
+            reader, writer = await framing.open_connection(nxt.host, nxt.port, self.peer_timeout, self.tls)
             fwd = pb.DataHeader(
                 op=pb.WRITE_BLOCK,
                 block_id=header.block_id,
@@ -313,7 +336,8 @@ class DataServer:
             data, _ = await self.read_range(block_id, offset, length)
             return data
 
-        return await self.send_block(block_id, info.crc32c, info.length, piece, targets)
+        token = self.tokens.mint(block_id, "w", [t.worker_id for t in targets], REPLICATION_TOKEN_TTL)
+        return await self.send_block(block_id, info.crc32c, info.length, piece, targets, token=token)
 
     async def send_block(
         self,
@@ -323,9 +347,11 @@ class DataServer:
         piece: Callable[[int, int], Awaitable[bytes]],
         targets: list[pb.WorkerAddr],
         *,
+        token: str,
         pipeline: bool = False,
     ) -> list[str]:
-        """Stream ``length`` bytes from ``piece(offset, n)`` as a WRITE_BLOCK down ``targets``.
+        """Stream ``length`` bytes from ``piece(offset, n)`` as a WRITE_BLOCK down ``targets``,
+        with ``token`` (a block token allowing the write at every target).
 
         ``pipeline``: part of a client's write, so the first target gets ``peer_timeout`` seconds
         to make progress (and is skipped when it stalled lately), not ``io_timeout``.
@@ -338,9 +364,9 @@ class DataServer:
         if pipeline and self._stalled.get(head.worker_id, 0.0) > time.monotonic():
             raise Unavailable(f"replica {head.worker_id} stalled lately")
         try:
-            reader, writer = await framing.open_connection(head.host, head.port, stall)
+            reader, writer = await framing.open_connection(head.host, head.port, stall, self.tls)
             try:
-                hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=crc, pipeline=rest)
+                hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=crc, pipeline=rest, token=token)
                 await framing.write_frame(writer, hdr, payload_len=length, timeout=stall)
                 for offset in range(0, length, CHUNK_SIZE):
                     data = await piece(offset, min(CHUNK_SIZE, length - offset))

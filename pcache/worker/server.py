@@ -32,6 +32,8 @@ from pcache.common.errors import InvalidArgument, NotFound, PCacheError, Permiss
 from pcache.common.metrics import LOST_BLOCKS, serve_metrics
 from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import call, call_stamped, channel_options
+from pcache.common.tls import channel as tls_channel
+from pcache.common.tls import load_optional
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 from pcache.worker.blockstore import DiskBlockStore
@@ -83,6 +85,7 @@ class WorkerServer:
             cfg.data_dir, capacity_bytes=cfg.capacity_bytes, reserve_bytes=cfg.reserve_bytes, fsync=cfg.fsync
         )
         self.tier = MemoryTier(cfg.mem_tier_bytes, cfg.eviction)
+        self.tls = load_optional(cfg.tls_dir, need_cert=True)
         self.data = DataServer(
             self.worker_id,
             self.store,
@@ -92,6 +95,7 @@ class WorkerServer:
             on_corrupt=self.report_bad_block,
             on_lost=self.report_lost,
             bandwidth_limit=cfg.bandwidth_limit,
+            tls=self.tls.client_context() if self.tls else None,
         )
         self.checker = BlockChecker(
             self.store,
@@ -121,13 +125,16 @@ class WorkerServer:
 
     async def start(self) -> int:
         """Start the data plane, short circuit and master link; returns the TCP port."""
-        self.server = await asyncio.start_server(self.data.handle, self.cfg.host, self.cfg.port, limit=4 << 20)
+        tls = self.tls.server_context(client_auth=self.cfg.tls_client_auth) if self.tls else None
+        self.server = await asyncio.start_server(
+            self.data.handle, self.cfg.host, self.cfg.port, limit=4 << 20, ssl=tls, ssl_handshake_timeout=10
+        )
         self.port = self.server.sockets[0].getsockname()[1]
         if self.uds_path:
             self.sc = ShortCircuitServer(self.data, self.uds_path)
             await self.sc.start()
         for address in self.masters:
-            channel = grpc.aio.insecure_channel(address, options=channel_options())
+            channel = tls_channel(address, self.tls, channel_options())
             self.links.append(MasterLink(address, channel, pb_grpc.MasterStub(channel)))
         self._spawn(self.heartbeat_loop())
         self._spawn(self.checker.run_presence_checks())
@@ -193,11 +200,22 @@ class WorkerServer:
         )
         link.epoch, link.leader = max(reply.epoch, stamped), reply.leader
         self.epoch = max(self.epoch, link.epoch)
+        self._take_block_keys(link, reply.block_keys)
         self.heartbeat_interval = (reply.heartbeat_interval_ms or 1000) / 1000
         logger.info(
             "registered with %s master %s (epoch %d, %d blocks reported)",
             "leader" if reply.leader else "follower", link.address, reply.epoch, len(blocks),
         )  # fmt: skip
+
+    def _take_block_keys(self, link: MasterLink, spec: str) -> None:
+        """Check block tokens with the leader's key ring (any master's until one leads: the masters
+        of a cluster share one key file)."""
+        if not spec or not (link.leader or self.data.tokens.ring is None):
+            return
+        try:
+            self.data.tokens.set_keys(spec)
+        except InvalidArgument as exc:
+            logger.error("master %s sent block keys this worker cannot read: %s", link.address, exc)
 
     async def heartbeat_loop(self) -> None:
         """Heartbeat every master (a leader and its followers) until cancelled."""
@@ -221,6 +239,7 @@ class WorkerServer:
                     token=self.token,
                 )
                 link.epoch, link.leader = max(reply.epoch, stamped), reply.leader
+                self._take_block_keys(link, reply.block_keys)
                 if reply.reregister:
                     registered = False
                     continue

@@ -29,7 +29,7 @@ from pcache.common.errors import CorruptBlock, InvalidArgument, NotFound, PCache
 from pcache.common.metrics import DATA_BYTES, DATA_OPS
 from pcache.proto import pcache_pb2 as pb
 from pcache.worker.blockstore import BlockWriter
-from pcache.worker.dataserver import IDLE_TIMEOUT, DataServer
+from pcache.worker.dataserver import IDLE_TIMEOUT, OP_NEEDS, DataServer
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,10 @@ class ShortCircuitServer:
         self, header: pb.DataHeader, writes: dict[str, BlockWriter]
     ) -> tuple[pb.DataHeader, int | None]:
         store = self.data.store
+        need = OP_NEEDS.get(header.op)
+        if not need:
+            raise ProtocolError(f"unsupported short-circuit op {header.op}")
+        self.data.tokens.check(header.token, header.block_id, need)  # every request, as over TCP
         if header.op == pb.SC_READ_OPEN:
             info = await asyncio.to_thread(store.info, header.block_id)
             try:
@@ -149,7 +153,7 @@ class ShortCircuitServer:
             if header.pipeline:
                 # push to the replicas while the local copy is fsynced (from a dup: commit closes the fd)
                 replication = asyncio.ensure_future(
-                    self._replicate_from(os.dup(writer.fd), writer, list(header.pipeline))
+                    self._replicate_from(os.dup(writer.fd), writer, list(header.pipeline), header.token)
                 )
             try:
                 await self.data.throttle(writer.length)  # a node's write budget covers local writers too
@@ -165,12 +169,16 @@ class ShortCircuitServer:
             return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id, replicas=replicas), None
         raise ProtocolError(f"unsupported short-circuit op {header.op}")
 
-    async def _replicate_from(self, fd: int, writer: BlockWriter, targets: list[pb.WorkerAddr]) -> list[str]:
+    async def _replicate_from(
+        self, fd: int, writer: BlockWriter, targets: list[pb.WorkerAddr], token: str
+    ) -> list[str]:
         async def piece(offset: int, length: int) -> bytes:
             return await asyncio.to_thread(os.pread, fd, length, offset)
 
         try:
-            return await self.data.send_block(writer.block_id, writer.crc, writer.length, piece, targets, pipeline=True)
+            return await self.data.send_block(
+                writer.block_id, writer.crc, writer.length, piece, targets, token=token, pipeline=True
+            )
         except PCacheError as exc:
             logger.warning("block %d: pipeline after short-circuit write failed: %s", writer.block_id, exc)
             return []

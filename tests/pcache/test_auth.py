@@ -79,34 +79,57 @@ def test_malformed_key_rings_are_refused(spec: str) -> None:
         KeyRing.parse(spec)
 
 
-def test_a_block_token_opens_one_block_for_its_operations_until_it_expires() -> None:
+def test_a_block_token_opens_one_block_for_its_operations_at_its_workers_until_it_expires() -> None:
     ring = KeyRing.generate("b1")
-    token = mint_block_token(ring, 42, "r", "team-a", ttl=600, now=NOW)
-    assert check_block_token(ring, token, 42, "r", now=NOW) == "team-a"
-    for block, op, now, why in [
-        (43, "r", NOW, "for block 42"),  # replayed for another block
-        (42, "w", NOW, "does not allow"),  # a read token used to overwrite
-        (42, "d", NOW, "does not allow"),
-        (42, "r", NOW + 601, "expired"),
+    token = mint_block_token(ring, 42, "r", "team-a", ttl=600, workers=["w-1", "w-2"], now=NOW)
+    assert check_block_token(ring, token, 42, "r", "w-1", now=NOW) == "team-a"
+    assert check_block_token(ring, token, 42, "r", "w-2", now=NOW) == "team-a"
+    for block, op, worker, now, why in [
+        (43, "r", "w-1", NOW, "for block 42"),  # replayed for another block
+        (42, "w", "w-1", NOW, "does not allow"),  # a read token used to overwrite
+        (42, "d", "w-1", NOW, "does not allow"),
+        (42, "r", "w-3", NOW, "not for worker"),  # replayed against another worker
+        (42, "r", "w-1", NOW + 601, "expired"),
     ]:
         with pytest.raises(E.PermissionDenied, match=why):
-            check_block_token(ring, token, block, op, now=now)
+            check_block_token(ring, token, block, op, worker, now=now)
     for bad in _flips(token):
         with pytest.raises(E.PermissionDenied):
-            check_block_token(ring, bad, 42, "r", now=NOW)
-    version, kid, block, ops, tenant, expiry, mac = token.split(".")
+            check_block_token(ring, bad, 42, "r", "w-1", now=NOW)
+    version, kid, block, ops, tenant, workers, expiry, mac = token.split(".")
     for bad in [
-        ".".join((version, kid, block, "rwd", tenant, expiry, mac)),
-        ".".join((version, kid, "43", ops, tenant, expiry, mac)),
-        ".".join((version, kid, block, ops, tenant, str(int(expiry) + 600), mac)),
+        ".".join((version, kid, block, "rwd", tenant, workers, expiry, mac)),
+        ".".join((version, kid, "43", ops, tenant, workers, expiry, mac)),
+        ".".join((version, kid, block, ops, tenant, workers + "+w-3", expiry, mac)),
+        ".".join((version, kid, block, ops, tenant, workers, str(int(expiry) + 600), mac)),
         mint_token(ring, "team-a"),  # a master token is not a block token
         "",
     ]:
         with pytest.raises(E.PermissionDenied):
-            check_block_token(ring, bad, 42, "r", now=NOW)
+            check_block_token(ring, bad, 42, "r", "w-1", now=NOW)
     with pytest.raises(E.PermissionDenied):
-        check_block_token(KeyRing.generate("b1"), token, 42, "r", now=NOW)  # another cluster's key
+        check_block_token(KeyRing.generate("b1"), token, 42, "r", "w-1", now=NOW)  # another cluster's key
     with pytest.raises(E.InvalidArgument):
-        mint_block_token(ring, 42, "x", "team-a", ttl=600)
+        mint_block_token(ring, 42, "x", "team-a", ttl=600, workers=["w-1"])
     with pytest.raises(E.InvalidArgument):
-        mint_block_token(ring, 42, "r", "team-a", ttl=0)
+        mint_block_token(ring, 42, "r", "team-a", ttl=0, workers=["w-1"])
+    for workers_bad in ([], ["w.1"], ["w+1"], [""]):
+        with pytest.raises(E.InvalidArgument):
+            mint_block_token(ring, 42, "r", "team-a", ttl=60, workers=workers_bad)
+
+
+def test_the_worker_checker_denies_until_it_has_keys_and_caches_only_verified_tokens() -> None:
+    from pcache.common.auth import BlockTokenChecker
+
+    ring = KeyRing.generate("b1")
+    checker = BlockTokenChecker("w-1")
+    token = mint_block_token(ring, 7, "rw", "t", ttl=60, workers=["w-1"])
+    with pytest.raises(E.PermissionDenied, match="no block keys"):
+        checker.check(token, 7, "r")
+    checker.set_keys(ring.format())
+    assert checker.check(token, 7, "w").block_id == 7
+    with pytest.raises(E.PermissionDenied):
+        checker.check(token, 8, "w")  # a cached grant is still checked for the block
+    checker.set_keys(KeyRing.generate("b2").format())  # the master's keys changed: the grant is forgotten
+    with pytest.raises(E.PermissionDenied):
+        checker.check(token, 7, "r")

@@ -137,7 +137,7 @@ def test_flipped_byte_is_detected_and_repaired(make_cluster) -> None:
     with Client(ClientConfig(master=cluster.master_address, short_circuit=False)) as pc:
         layout = pc.layout("/victim")
         for addr in layout.blocks[0].replicas:  # every replica now serves the right bytes
-            got = pc._run(pc.aio.data.read(addr, block.block_id, 0, len(data)))
+            got = pc._run(pc.aio.data.read(addr, block.block_id, 0, len(data), layout.blocks[0].token))
             assert got == data
 
 
@@ -183,7 +183,7 @@ def test_blocks_of_a_writer_that_never_committed_are_collected(make_cluster) -> 
         pc.write_file("/kept", b"committed")
         f = pc.open("/abandoned", "wb")
         # the writer stores a block, then "dies" before close: nothing commits it
-        block_id, stored, _ = pc._run(pc.aio.write_block(f._f.inode, data, crc32c(data)))
+        block_id, stored, _, _ = pc._run(pc.aio.write_block(f._f.inode, data, crc32c(data)))
         assert stored
         orphan = Path(block_file(str(cluster.root / "worker-0"), block_id))
         assert orphan.exists()

@@ -276,6 +276,8 @@ EXPECTED = {
     "NameTooLong": (errno.ENAMETOOLONG, (ValueError,), False),
     "InvalidEncoding": (errno.EILSEQ, (ValueError,), False),
     "NoSpace": (errno.ENOSPC, (OSError,), False),
+    "QuotaExceeded": (errno.EDQUOT, (OSError,), False),
+    "CrossTenant": (errno.EXDEV, (OSError,), False),
     "PermissionDenied": (errno.EACCES, (PermissionError,), False),
     "NotSupported": (errno.EOPNOTSUPP, (OSError,), False),
     "FileTooLarge": (errno.EFBIG, (OSError,), False),

@@ -117,8 +117,10 @@ def test_every_rpc_refuses_a_caller_without_a_valid_token(cluster: LocalCluster)
 
 def test_each_scope_reaches_only_its_own_rpcs(cluster: LocalCluster) -> None:
     """A tenant token cannot register a worker or replicate; a worker token cannot touch the
-    namespace; only another master of the cluster may ship log entries."""
+    namespace; only an admin manages tenants; only another master of the cluster may ship log
+    entries."""
     worker_only = {"RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks"}
+    admin_only = {"CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken"}
     tenant = cluster.token
     worker = cluster.worker_token
 
@@ -152,12 +154,21 @@ def test_each_scope_reaches_only_its_own_rpcs(cluster: LocalCluster) -> None:
     for name, (as_tenant, as_worker) in asyncio.run(probe()).items():
         if name in worker_only:
             assert as_tenant == denied and as_worker != denied, name
-        elif name.startswith("Replication") or name == "admin-on-replication":
+        elif name.startswith("Replication") or name == "admin-on-replication" or name in admin_only:
             assert as_tenant == denied and as_worker == denied, name
         elif name == "ReportBadBlock":
             assert as_tenant != denied and as_worker != denied, name
         else:
             assert as_tenant != denied and as_worker == denied, name
+
+    async def as_admin() -> dict[str, grpc.StatusCode]:
+        return {
+            name: await _status_of(cluster.master_address, "Master", name, kind, req, resp, cluster.admin_token)
+            for name, kind, req, resp in _methods("Master")
+            if name in admin_only
+        }
+
+    assert denied not in asyncio.run(as_admin()).values()
 
 
 def test_a_worker_without_the_worker_token_never_joins(cluster: LocalCluster, tmp_path) -> None:

@@ -97,7 +97,7 @@ def test_a_good_replica_back_releases_the_quarantined_copy(make_cluster) -> None
         layout = pc.layout("/one-bad.bin")
         block = layout.blocks[0]
         with pytest.raises(E.CorruptBlock):  # the worker holding the bad copy finds it and reports it
-            pc._run(pc.aio.data.read(block.replicas[0], block.block_id, 0, block.length))
+            pc._run(pc.aio.data.read(block.replicas[0], block.block_id, 0, block.length, block.token))
         assert pc.read_file("/one-bad.bin") == data  # the good replica serves it
         wait_for(lambda: healthy(pc), 30, "the block to be re-replicated")
         # the corrupt copy goes only now that two good replicas exist

@@ -1,0 +1,217 @@
+"""Tenants: a namespace root, quotas and usage per tenant (DESIGN.md, "security / tenancy").
+
+A tenant is a directory of the namespace, its *root*: the tenant's token resolves every path
+inside it, so the tenant sees the root as ``/`` and no path it can name (``..`` is refused by
+:func:`~pcache.common.paths.split_path`, the master never follows symlinks) leaves it. Each inode
+records its tenant (inherited from the directory it is created in), which is what the inode-based
+calls (``GetLayout``, ``AllocateBlock``, ``CommitFile``) check, and whose usage it counts against.
+
+Usage is kept in the tenant's record (``t<name> -> Tenant``) and changed in the same atomic batch
+as the mutation that changes it, so it is exact across crashes and failovers (the record is
+replicated with the batch). Quotas, as HDFS's namespace and space quotas and JuiceFS's
+directory quotas:
+
+* inodes: checked when an inode is created (its root is not counted);
+* bytes: the logical bytes of committed blocks (not multiplied by replication). A writer
+  *reserves* a whole block (its file's block size) when it is allocated; the block is refused
+  with ``QuotaExceeded`` (EDQUOT) when used + reserved bytes + one block would pass the quota, and
+  the reservation turns into the block's real length at the commit (or ends when the allocation
+  expires). Concurrent writers at the limit therefore never pass the quota, not even by a block.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pcache.common import errors as E
+from pcache.common.auth import check_name
+from pcache.common.paths import normalize
+from pcache.master.metastore import MetaStore
+from pcache.proto import pcache_pb2 as pb
+
+PREFIX = b"t"
+
+
+def _key(name: str) -> bytes:
+    return PREFIX + name.encode()
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The part of the namespace a caller may use: a tenant's root, or all of it (an admin)."""
+
+    tenant: str  # "" for an admin: the whole namespace, every tenant
+    root: str  # the admin's path of the tenant root; "" for an admin
+    root_inode: int = 0
+
+    @property
+    def admin(self) -> bool:
+        return not self.tenant
+
+    def inside(self, path: str) -> str:
+        """The namespace path of the caller's ``path``.
+
+        Raises:
+            InvalidPath: ``path`` is not a valid absolute path (``..`` among others).
+        """
+        if self.admin:
+            return path
+        norm = normalize(path)
+        return self.root if norm == "/" else self.root + norm
+
+    def outside(self, path: str | None) -> str | None:
+        """The caller's view of a namespace ``path`` (the inverse of :meth:`inside`)."""
+        if self.admin or path is None:
+            return path
+        if path == self.root:
+            return "/"
+        if path.startswith(self.root + "/"):
+            return path[len(self.root) :]
+        return path
+
+    def owns(self, node: pb.Inode) -> bool:
+        """Whether the caller may use ``node`` by its inode number."""
+        return self.admin or node.tenant == self.tenant
+
+
+ADMIN = Scope(tenant="", root="")
+
+
+class Tenants:
+    """Tenant records in the metastore, and the in-memory map of their roots.
+
+    Records are read from the store when they change (usage), so they never drift from what
+    is stored; the roots are cached (only this leader creates or deletes tenants).
+    """
+
+    def __init__(self, store: MetaStore) -> None:
+        self.store = store
+        self._roots: dict[str, tuple[str, int]] = {}  # name -> (root path, root inode)
+        for _, raw in store.scan(PREFIX):
+            rec = pb.Tenant()
+            rec.ParseFromString(raw)
+            self._roots[rec.name] = (rec.root, rec.root_inode)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._roots
+
+    def get(self, name: str) -> pb.Tenant:
+        """The stored record of ``name``.
+
+        Raises:
+            NotFound: no such tenant.
+        """
+        raw = self.store.get(_key(name))
+        if raw is None:
+            raise E.NotFound(f"no tenant {name!r}")
+        rec = pb.Tenant()
+        rec.ParseFromString(raw)
+        return rec
+
+    def all(self) -> list[pb.Tenant]:
+        """Every tenant's record, by name."""
+        return [self.get(name) for name in sorted(self._roots)]
+
+    def scope(self, name: str) -> Scope:
+        """The scope of a tenant token's holder.
+
+        Raises:
+            PermissionDenied: the tenant does not exist (never created, or deleted: its tokens
+                are revoked with it).
+        """
+        entry = self._roots.get(name)
+        if entry is None:
+            raise E.PermissionDenied(f"tenant {name!r} does not exist on this cluster (deleted, or never created)")
+        return Scope(tenant=name, root=entry[0], root_inode=entry[1])
+
+    def root_inodes(self) -> dict[int, str]:
+        """Root inode -> tenant name."""
+        return {ino: name for name, (_, ino) in self._roots.items()}
+
+    def new_record(self, name: str, root: str, root_inode: int, quota_bytes: int, quota_inodes: int) -> pb.Tenant:
+        """A fresh tenant record (not stored: :meth:`put` it in the batch that makes its root)."""
+        check_name(name, "tenant")
+        if name in self._roots:
+            raise E.AlreadyExists(f"tenant {name!r} exists")
+        return pb.Tenant(
+            name=name,
+            root=root,
+            root_inode=root_inode,
+            quota_bytes=quota_bytes,
+            quota_inodes=quota_inodes,
+            created=time.time(),
+        )
+
+    def put(self, rec: pb.Tenant) -> tuple[bytes, bytes]:
+        """The batch entry storing ``rec``; the root map follows at once (call with the batch)."""
+        self._roots[rec.name] = (rec.root, rec.root_inode)
+        return _key(rec.name), _stored(rec)
+
+    def remove(self, name: str) -> bytes:
+        """The batch delete of ``name``'s record; the root map forgets it."""
+        self._roots.pop(name, None)
+        return _key(name)
+
+    def charge(self, deltas: dict[str, list[int]]) -> list[tuple[bytes, bytes]]:
+        """Batch entries applying ``{tenant: [inodes, bytes]}`` to the usage records ("" and
+        unknown tenants are not counted). Usage never goes below 0."""
+        puts = []
+        for name, (inodes, nbytes) in deltas.items():
+            if not name or name not in self._roots or not (inodes or nbytes):
+                continue
+            rec = self.get(name)
+            rec.used_inodes = max(0, rec.used_inodes + inodes)
+            rec.used_bytes = max(0, rec.used_bytes + nbytes)
+            puts.append((_key(name), _stored(rec)))
+        return puts
+
+    def check_inodes(self, name: str, count: int = 1) -> None:
+        """Refuse ``count`` more inodes for ``name`` past its inode quota.
+
+        Raises:
+            QuotaExceeded: the quota would be passed.
+        """
+        if not name or name not in self._roots:
+            return
+        rec = self.get(name)
+        if rec.quota_inodes and rec.used_inodes + count > rec.quota_inodes:
+            raise E.QuotaExceeded(
+                f"tenant {name!r} has used {rec.used_inodes} of its {rec.quota_inodes} inodes (pcache tenant quota)"
+            )
+
+    def check_bytes(self, name: str, nbytes: int, reserved: int) -> None:
+        """Refuse a block of ``nbytes`` for ``name`` when used + ``reserved`` + ``nbytes`` passes
+        its byte quota.
+
+        Raises:
+            QuotaExceeded: the quota would be passed.
+        """
+        if not name or name not in self._roots:
+            return
+        rec = self.get(name)
+        if rec.quota_bytes and rec.used_bytes + reserved + nbytes > rec.quota_bytes:
+            raise E.QuotaExceeded(
+                f"tenant {name!r} has used {rec.used_bytes} of its {rec.quota_bytes} bytes"
+                f" ({reserved} more reserved by open writers); a {nbytes} byte block does not fit (pcache tenant quota)"
+            )
+
+
+def add(deltas: dict[str, list[int]], tenant: str, inodes: int = 0, nbytes: int = 0) -> None:
+    """Add a usage change to a ``{tenant: [inodes, bytes]}`` map (:meth:`Tenants.charge`)."""
+    entry = deltas.setdefault(tenant, [0, 0])
+    entry[0] += inodes
+    entry[1] += nbytes
+
+
+def freed_bytes(metas: Iterable[pb.BlockMeta]) -> int:
+    """The logical bytes of block records."""
+    return sum(m.length for m in metas)
+
+
+def _stored(rec: pb.Tenant) -> bytes:
+    out = pb.Tenant()
+    out.CopyFrom(rec)
+    out.ClearField("reserved_bytes")  # answer-only
+    return out.SerializeToString()

@@ -1,0 +1,270 @@
+"""Tenants from an attacker's side and at their quotas (real master and worker processes).
+
+Tenant A's token never reaches tenant B's tree: not by path (each sees its root as /, and ``..``
+is refused), not by inode number, not by a rename, not by a symlink; a deleted tenant's token is
+refused. Quotas: 16 writers racing past a byte quota never pass it, the one that crosses gets
+EDQUOT, and every file acknowledged before is intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import threading
+
+import grpc
+import pytest
+
+from pcache.client import Client
+from pcache.common import errors as E
+from pcache.common.auth import bearer
+from pcache.common.config import ClientConfig
+from pcache.local import LocalCluster
+from pcache.proto import pcache_pb2 as pb
+from pcache.proto import pcache_pb2_grpc as pb_grpc
+
+BLOCK = 64 << 10
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with LocalCluster(str(tmp_path_factory.mktemp("tenants")), workers=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def admin(cluster: LocalCluster):
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as pc:
+        yield pc
+
+
+def _client(cluster: LocalCluster, token: str) -> Client:
+    return Client(ClientConfig(master=cluster.master_address, token=token))
+
+
+@pytest.fixture(scope="module")
+def two(cluster: LocalCluster, admin: Client):
+    """Tenants a and b, each with a secret file, and their tokens."""
+    tokens = {}
+    for name in ("ta", "tb"):
+        admin.create_tenant(name)
+        tokens[name] = admin.issue_token(name)
+        with _client(cluster, tokens[name]) as pc:
+            pc.mkdir("/private")
+            pc.write_file("/private/secret", name.encode() * 1000)
+            pc.setattr("/private/secret", mode=0o600)
+    return tokens
+
+
+def test_each_tenant_sees_its_root_as_slash(cluster: LocalCluster, admin: Client, two: dict[str, str]) -> None:
+    with _client(cluster, two["ta"]) as a:
+        assert [e.name for e in a.listdir("/")] == ["private"]
+        assert a.read_file("/private/secret") == b"ta" * 1000
+        assert a.stat("/").kind == "dir"
+    # the admin sees every tenant's tree at its root; the default tenant's too
+    names = {e.name for e in admin.listdir("/")}
+    assert {"ta", "tb", "default"} <= names
+    assert admin.read_file("/tb/private/secret") == b"tb" * 1000
+    # the default tenant (the embedded default's token) sees neither
+    with _client(cluster, cluster.token) as d:
+        assert "ta" not in {e.name for e in d.listdir("/")}
+        with pytest.raises(E.NotFound):
+            d.stat("/ta/private/secret")
+
+
+def test_paths_never_leave_the_root(cluster: LocalCluster, two: dict[str, str]) -> None:
+    with _client(cluster, two["ta"]) as a:
+        for path in ("/../tb/private/secret", "/private/../../tb/private/secret", "tb/private/secret"):
+            with pytest.raises(E.InvalidPath):
+                a.read_file(path)
+        with pytest.raises(E.NotFound):
+            a.read_file("/tb/private/secret")  # B's admin path means A's own /tb
+        with pytest.raises(E.InvalidPath):
+            a.rename("/private/secret", "/../tb/stolen")
+        with pytest.raises(E.InvalidArgument):
+            a.rename("/", "/elsewhere")  # its root cannot move
+        with pytest.raises(E.InvalidArgument):
+            a.remove("/", recursive=True)
+        # a symlink may name anything; the master never follows it and the client resolves it in A's tree
+        a.symlink("/tb/private/secret", "/abs-link")
+        a.symlink("../../tb/private/secret", "/rel-link")
+        for link in ("/abs-link", "/rel-link"):
+            with pytest.raises((E.NotFound, E.InvalidPath)):
+                a.read_file(link)
+        assert a.read_file("/private/secret") == b"ta" * 1000
+
+
+def test_inode_numbers_of_another_tenant_are_refused(cluster: LocalCluster, admin: Client, two: dict[str, str]) -> None:
+    """GetLayout, AllocateBlock, CommitFile and ReportBadBlock name inodes or blocks by number:
+    tenant A's token on B's is PermissionDenied and nothing changes."""
+    victim = admin.layout("/tb/private/secret")
+    ino, block = victim.inode.id, victim.blocks[0].block_id
+
+    async def probe() -> dict[str, grpc.StatusCode]:
+        out = {}
+        async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+            stub = pb_grpc.MasterStub(channel)
+            meta = bearer(two["ta"])
+            calls = {
+                "GetLayout": stub.GetLayout(pb.LayoutRequest(inode=ino), metadata=meta, timeout=5),
+                "AllocateBlock": stub.AllocateBlock(pb.AllocateBlockRequest(inode=ino), metadata=meta, timeout=5),
+                "CommitFile": stub.CommitFile(
+                    pb.CommitFileRequest(inode=ino, size=0, replace=True), metadata=meta, timeout=5
+                ),
+                "ReportBadBlock": stub.ReportBadBlock(
+                    pb.BlockReport(worker_id=victim.blocks[0].replicas[0].worker_id, block_id=block),
+                    metadata=meta,
+                    timeout=5,
+                ),
+            }
+            for name, call in calls.items():
+                try:
+                    await call
+                    out[name] = grpc.StatusCode.OK
+                except grpc.aio.AioRpcError as exc:
+                    out[name] = exc.code()
+        return out
+
+    codes = asyncio.run(probe())
+    assert set(codes.values()) == {grpc.StatusCode.PERMISSION_DENIED}, codes
+    after = admin.layout("/tb/private/secret")
+    assert after.inode.size == 2000 and after.inode.version == victim.inode.version
+    assert len(after.blocks[0].replicas) == len(victim.blocks[0].replicas)  # not quarantined
+    assert admin.read_file("/tb/private/secret") == b"tb" * 1000
+
+
+def test_admin_cannot_mix_tenants_by_mistake(admin: Client, two: dict[str, str]) -> None:
+    with pytest.raises(E.CrossTenant) as caught:
+        admin.rename("/ta/private/secret", "/tb/private/moved")
+    assert caught.value.errno == errno.EXDEV
+    with pytest.raises(E.InvalidArgument):
+        admin.create_tenant("nested", "/ta/private/inner")  # inside another tenant's tree
+    with pytest.raises(E.InvalidArgument):
+        admin.remove("/ta", recursive=True)  # a root goes only with its tenant
+    with pytest.raises(E.AlreadyExists):
+        admin.create_tenant("ta")
+    with pytest.raises(E.InvalidArgument):
+        admin.create_tenant("bad.name")
+    assert admin.read_file("/ta/private/secret") == b"ta" * 1000
+
+
+def test_a_tenant_token_cannot_manage_tenants(cluster: LocalCluster, two: dict[str, str]) -> None:
+    with _client(cluster, two["ta"]) as a:
+        for call in (
+            lambda: a.create_tenant("evil"),
+            lambda: a.tenants(),
+            lambda: a.issue_token("tb"),
+            lambda: a.set_quota("ta", quota_bytes=0, quota_inodes=0),
+            lambda: a.delete_tenant("tb", purge=True),
+        ):
+            with pytest.raises(E.PermissionDenied):
+                call()
+        own = a.status().tenants
+        assert [t.name for t in own] == ["ta"]  # its own usage only
+
+
+def test_usage_is_counted_and_a_deleted_tenant_is_locked_out(cluster: LocalCluster, admin: Client) -> None:
+    admin.create_tenant("tc", quota_inodes=3)
+    token = admin.issue_token("tc")
+    with _client(cluster, token) as c:
+        c.mkdir("/d")
+        c.write_file("/d/f", b"x" * 100_000)
+        usage = {t.name: t for t in admin.tenants()}["tc"]
+        assert (usage.used_inodes, usage.used_bytes, usage.reserved_bytes) == (2, 100_000, 0)
+        c.write_file("/g", b"y")
+        with pytest.raises(E.QuotaExceeded) as caught:
+            c.write_file("/h", b"z")  # a fourth inode
+        assert caught.value.errno == errno.EDQUOT
+        c.remove("/d", recursive=True)
+        usage = {t.name: t for t in admin.tenants()}["tc"]
+        assert (usage.used_inodes, usage.used_bytes) == (1, 1)
+        c.write_file("/h", b"z")  # room again
+        with pytest.raises(E.DirectoryNotEmpty):
+            admin.delete_tenant("tc")
+        admin.delete_tenant("tc", purge=True)
+        with pytest.raises(E.PermissionDenied):
+            c.listdir("/")
+    assert "tc" not in {e.name for e in admin.listdir("/")}
+
+
+def test_writers_racing_past_the_byte_quota_never_pass_it(cluster: LocalCluster, admin: Client) -> None:
+    """16 writers of 3-block files against a 40-block quota: the quota is never passed (a whole
+    block is reserved per allocation), the writers that cross get EDQUOT, every file whose close
+    returned reads back intact, and after the deletes the quota is whole again."""
+    quota = 40 * BLOCK
+    admin.create_tenant("tq", quota_bytes=quota)
+    token = admin.issue_token("tq")
+    done: dict[str, bytes] = {}
+    refused: list[int] = []
+    lock = threading.Lock()
+
+    def writer(index: int) -> None:
+        with _client(cluster, token) as pc:
+            for n in range(10):
+                path = f"/w{index}-{n}"
+                data = bytes([index, n]) * (3 * BLOCK // 2)
+                try:
+                    with pc.open(path, "wb", block_size=BLOCK) as f:
+                        f.write(data)
+                except OSError as exc:
+                    with lock:
+                        refused.append(exc.errno)
+                    return
+                with lock:
+                    done[path] = data
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    usage = {t.name: t for t in admin.tenants()}["tq"]
+    assert usage.used_bytes <= quota
+    assert usage.used_bytes == sum(len(d) for d in done.values())
+    assert refused and set(refused) == {errno.EDQUOT}
+    assert len(done) >= 10  # most of the quota was used: 13 whole files fit
+    with _client(cluster, token) as pc:
+        for path, data in done.items():
+            assert pc.read_file(path) == data
+        for entry in pc.listdir("/"):
+            pc.remove("/" + entry.name)
+        usage = pc.status().tenants[0]
+        assert (usage.used_bytes, usage.used_inodes) == (0, 0)
+        pc.write_file("/again", b"a" * BLOCK, block_size=BLOCK)  # the quota is free again
+
+
+def test_tenant_cli(cluster: LocalCluster, tmp_path) -> None:
+    """`pcache tenant` as an operator uses it: the admin token from a file, the tenant's token
+    written 0600, quotas in units, usage in the listing, and a refused caller exits non-zero."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PCACHE_ADMIN_TOKEN_FILE": str(cluster.secrets / "admin.token")}
+    env.pop("PCACHE_TOKEN", None)
+
+    def pcache(*args: str, token_file: str = "") -> subprocess.CompletedProcess:
+        run_env = {**env, "PCACHE_TOKEN_FILE": token_file} if token_file else env
+        return subprocess.run([sys.executable, "-m", "pcache", "--master", cluster.master_address, *args],
+                              env=run_env, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    token_file = tmp_path / "cli.token"
+    made = pcache("tenant", "create", "cli-t", "--bytes", "1G", "--inodes", "2k", "--token-file", str(token_file))
+    assert made.returncode == 0, made.stderr
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert pcache("mkdir", "/inside", token_file=str(token_file)).returncode == 0
+    listed = pcache("tenant", "list", "--json")
+    entry = next(t for t in __import__("json").loads(listed.stdout) if t["name"] == "cli-t")
+    assert (entry["quota_bytes"], entry["quota_inodes"], entry["used_inodes"]) == (str(1 << 30), "2000", "1")
+    assert pcache("tenant", "quota", "cli-t", "--inodes", "1").returncode == 0
+    refused = pcache("mkdir", "/second", token_file=str(token_file))
+    assert refused.returncode != 0 and "inodes" in refused.stderr
+    # a tenant's token is not an admin's
+    as_tenant = subprocess.run([sys.executable, "-m", "pcache", "--master", cluster.master_address, "tenant", "list"],
+                               env={**env, "PCACHE_ADMIN_TOKEN_FILE": str(token_file)}, capture_output=True, text=True,
+                               timeout=60)  # fmt: skip
+    assert as_tenant.returncode != 0 and "admin" in as_tenant.stderr
+    assert pcache("tenant", "delete", "cli-t", "--purge").returncode == 0
+    gone = pcache("ls", "/", token_file=str(token_file))
+    assert gone.returncode != 0 and "does not exist" in gone.stderr

@@ -1,0 +1,109 @@
+"""Mutual TLS from an attacker's side (real processes): a cluster started with ``tls=True`` (as
+``pcache up --tls``) works end to end, while plaintext to its ports, a certificate from another
+CA, or no client certificate at all is refused in the handshake, before any token is looked at."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from pcache.client import Client
+from pcache.common import errors as E
+from pcache.common import framing
+from pcache.common.config import ClientConfig
+from pcache.common.tls import TLSConfig, make_local_tls
+from pcache.local import LocalCluster
+from pcache.proto import pcache_pb2 as pb
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with LocalCluster(str(tmp_path_factory.mktemp("tls")), workers=2, tls=True) as c:
+        yield c
+
+
+def _cfg(cluster: LocalCluster, tls_dir: str, **kw) -> ClientConfig:
+    return ClientConfig(master=cluster.master_address, token=cluster.token, tls_dir=tls_dir, rpc_timeout=3,
+                        failover_timeout=0, connect_timeout=2, **kw)  # fmt: skip
+
+
+def test_a_tls_cluster_serves_reads_and_writes(cluster: LocalCluster) -> None:
+    root = Path(cluster.tls_dir)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700 and stat.S_IMODE((root / "key.pem").stat().st_mode) == 0o600
+    data = bytes(range(256)) * 8192
+    for short_circuit in (False, True):
+        with Client(_cfg(cluster, cluster.tls_dir, short_circuit=short_circuit)) as pc:
+            pc.write_file(f"/tls-{short_circuit}", data, replication=2)  # the pipeline hop is TLS too
+            assert pc.read_file(f"/tls-{short_circuit}") == data
+            assert sum(w.alive for w in pc.status().workers) == 2
+    with Client(master=cluster.master_address) as pc:  # finds the TLS directory pcache up recorded
+        assert pc.read_file("/tls-False") == data
+
+
+def test_plaintext_to_tls_ports_is_refused(cluster: LocalCluster, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PCACHE_TOKENS_FILE", str(tmp_path / "none.json"))  # no TLS directory to find
+    monkeypatch.delenv("PCACHE_TLS_DIR", raising=False)
+    with Client(_cfg(cluster, "")) as pc, pytest.raises(E.Unavailable):
+        pc.stat("/")
+    with Client(_cfg(cluster, cluster.tls_dir)) as pc:
+        worker = pc.status().workers[0].info.addr
+
+    async def plaintext_frame() -> str:
+        reader, writer = await framing.open_connection(worker.host, worker.port, 3)
+        try:
+            await framing.write_frame(writer, pb.DataHeader(op=pb.PING), timeout=3)
+            reply, _ = await framing.read_header(reader, 3)
+            return reply.error or "answered"
+        except E.PCacheError as exc:
+            return type(exc).__name__
+        finally:
+            framing.close_writer(writer)
+
+    assert asyncio.run(plaintext_frame()) != "answered"  # the TLS server never parses a frame
+
+
+def test_a_certificate_of_another_ca_or_none_is_refused(cluster: LocalCluster, tmp_path: Path) -> None:
+    rogue = make_local_tls(tmp_path / "rogue")  # a well-formed certificate, signed by another CA
+    mixed = tmp_path / "mixed"  # trusts the cluster CA but presents the rogue certificate
+    mixed.mkdir(mode=0o700)
+    shutil.copy(Path(cluster.tls_dir) / "ca.pem", mixed / "ca.pem")
+    shutil.copy(rogue / "cert.pem", mixed / "cert.pem")
+    shutil.copy(rogue / "key.pem", mixed / "key.pem")
+    ca_only = tmp_path / "ca-only"  # trusts the cluster CA, no certificate of its own
+    ca_only.mkdir(mode=0o700)
+    shutil.copy(Path(cluster.tls_dir) / "ca.pem", ca_only / "ca.pem")
+    for directory in (rogue, mixed, ca_only):
+        with Client(_cfg(cluster, str(directory))) as pc, pytest.raises(E.Unavailable):
+            pc.stat("/")
+    with Client(_cfg(cluster, cluster.tls_dir)) as pc:
+        worker = pc.status().workers[0].info.addr
+
+    async def data_plane(directory: Path) -> str:
+        ctx = TLSConfig.load(str(directory), need_cert=False).client_context()
+        try:
+            reader, writer = await framing.open_connection(worker.host, worker.port, 3, ctx)
+        except E.PCacheError as exc:
+            return type(exc).__name__
+        try:
+            await framing.write_frame(writer, pb.DataHeader(op=pb.PING), timeout=3)
+            reply, _ = await framing.read_header(reader, 3)
+            return reply.error or "answered"
+        except E.PCacheError as exc:
+            return type(exc).__name__
+        finally:
+            framing.close_writer(writer)
+
+    assert asyncio.run(data_plane(Path(cluster.tls_dir))) == "answered"
+    for directory in (rogue, mixed, ca_only):
+        assert asyncio.run(data_plane(directory)) != "answered", directory
+
+
+def test_a_world_readable_key_is_refused(tmp_path: Path) -> None:
+    root = make_local_tls(tmp_path / "t")
+    (root / "key.pem").chmod(0o644)
+    with pytest.raises(E.InvalidArgument, match="readable by any user"):
+        TLSConfig.load(str(root), need_cert=True)
