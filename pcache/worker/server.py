@@ -126,9 +126,12 @@ class WorkerServer:
     async def start(self) -> int:
         """Start the data plane, short circuit and master link; returns the TCP port."""
         tls = self.tls.server_context(client_auth=self.cfg.tls_client_auth) if self.tls else None
-        self.server = await asyncio.start_server(
-            self.data.handle, self.cfg.host, self.cfg.port, limit=4 << 20, ssl=tls, ssl_handshake_timeout=10
-        )
+        if tls is None:
+            self.server = await asyncio.start_server(self.data.handle, self.cfg.host, self.cfg.port, limit=4 << 20)
+        else:
+            self.server = await asyncio.start_server(
+                self.data.handle, self.cfg.host, self.cfg.port, limit=4 << 20, ssl=tls, ssl_handshake_timeout=10
+            )
         self.port = self.server.sockets[0].getsockname()[1]
         if self.uds_path:
             self.sc = ShortCircuitServer(self.data, self.uds_path)
