@@ -52,18 +52,25 @@ def test_plaintext_to_tls_ports_is_refused(cluster: LocalCluster, tmp_path: Path
     with Client(_cfg(cluster, cluster.tls_dir)) as pc:
         worker = pc.status().workers[0].info.addr
 
-    async def plaintext_frame() -> str:
-        reader, writer = await framing.open_connection(worker.host, worker.port, 3)
-        try:
-            await framing.write_frame(writer, pb.DataHeader(op=pb.PING), timeout=3)
-            reply, _ = await framing.read_header(reader, 3)
-            return reply.error or "answered"
-        except E.PCacheError as exc:
-            return type(exc).__name__
-        finally:
-            framing.close_writer(writer)
+    assert asyncio.run(_ping(worker, None)) != "answered"  # the TLS server never parses a frame
 
-    assert asyncio.run(plaintext_frame()) != "answered"  # the TLS server never parses a frame
+
+async def _ping(worker: pb.WorkerAddr, tls_dir: Path | None) -> str:
+    """'answered' when the worker's data port answers a PING (TLS with ``tls_dir``'s files),
+    else the error class that stopped it."""
+    ctx = TLSConfig.load(str(tls_dir), need_cert=False).client_context() if tls_dir else None
+    try:
+        reader, writer = await framing.open_connection(worker.host, worker.port, 3, ctx)
+    except E.PCacheError as exc:
+        return type(exc).__name__
+    try:
+        await framing.write_frame(writer, pb.DataHeader(op=pb.PING), timeout=3)
+        reply, _ = await framing.read_header(reader, 3)
+        return reply.error or "answered"
+    except E.PCacheError as exc:
+        return type(exc).__name__
+    finally:
+        framing.close_writer(writer)
 
 
 def test_a_certificate_of_another_ca_or_none_is_refused(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -82,24 +89,9 @@ def test_a_certificate_of_another_ca_or_none_is_refused(cluster: LocalCluster, t
     with Client(_cfg(cluster, cluster.tls_dir)) as pc:
         worker = pc.status().workers[0].info.addr
 
-    async def data_plane(directory: Path) -> str:
-        ctx = TLSConfig.load(str(directory), need_cert=False).client_context()
-        try:
-            reader, writer = await framing.open_connection(worker.host, worker.port, 3, ctx)
-        except E.PCacheError as exc:
-            return type(exc).__name__
-        try:
-            await framing.write_frame(writer, pb.DataHeader(op=pb.PING), timeout=3)
-            reply, _ = await framing.read_header(reader, 3)
-            return reply.error or "answered"
-        except E.PCacheError as exc:
-            return type(exc).__name__
-        finally:
-            framing.close_writer(writer)
-
-    assert asyncio.run(data_plane(Path(cluster.tls_dir))) == "answered"
+    assert asyncio.run(_ping(worker, Path(cluster.tls_dir))) == "answered"
     for directory in (rogue, mixed, ca_only):
-        assert asyncio.run(data_plane(directory)) != "answered", directory
+        assert asyncio.run(_ping(worker, directory)) != "answered", directory
 
 
 def test_a_world_readable_key_is_refused(tmp_path: Path) -> None:
