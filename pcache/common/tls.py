@@ -104,16 +104,8 @@ class TLSConfig:
         return ctx
 
     def _load_chain(self, ctx: ssl.SSLContext) -> None:
-        # ssl wants files: the key goes through a 0600 temp file that is removed at once
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="pcache-tls-") as tmp:
-            cert, key = Path(tmp) / CERT, Path(tmp) / KEY
-            cert.write_bytes(self.cert)
-            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(self.key)
-            ctx.load_cert_chain(str(cert), str(key))
+        root = Path(self.directory)
+        ctx.load_cert_chain(str(root / CERT), str(root / KEY))
 
 
 def channel(address: str, tls: TLSConfig | None, options: list) -> grpc.aio.Channel:
