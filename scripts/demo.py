@@ -384,7 +384,13 @@ class Demo:
             elif not killed:
                 with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
                     doc = json.loads(beat.read_text())
-                    if doc.get("step", -1) >= self.kill_at and doc.get("state") == "training":
+                    # the story is a recovery from a checkpoint: the async persist of the last one may
+                    # still be running (the leader's failover stalls it), so the kill waits for it
+                    if (
+                        doc.get("step", -1) >= self.kill_at
+                        and doc.get("state") == "training"
+                        and self.complete_checkpoint_before(doc["step"])
+                    ):
                         os.kill(doc["pid"], signal.SIGKILL)
                         killed = {"step": doc["step"], "pid": doc["pid"], "time": time.time()}
                         log(
@@ -432,6 +438,17 @@ class Demo:
             "events": [e["event"] for e in events], "ckpt_uri": ckpt_uri,
         }  # fmt: skip
         self.curve, self.rows = curve, rows
+
+    def complete_checkpoint_before(self, step: int) -> bool:
+        """Whether a checkpoint of a step in (0, ``step``] is complete (its ``.metadata`` is written
+        last, by rename), read through the mount (no negative lookup cache: seen at once)."""
+        root = self.mnt / "checkpoints" / RUN
+        with contextlib.suppress(OSError):
+            for d in root.iterdir():
+                done = d.name.startswith("step-") and d.name[5:].isdigit() and 0 < int(d.name[5:]) <= step
+                if done and (d / ".metadata").exists():
+                    return True
+        return False
 
     def kill_leader(self, step: int) -> dict:
         """SIGKILL the leader master (``pcache up`` restarts it as the follower); returns what happened."""
