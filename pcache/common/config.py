@@ -319,6 +319,9 @@ def _apply(
 
 
 # (section, key) -> (lowest, highest) accepted value
+SECRET_KEYS = frozenset({("client", "token")})
+"""Settings never taken from an override: a command line is readable by every user (``ps``)."""
+
 LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("master", "port"): (0, 65535),
     ("worker", "port"): (0, 65535),
@@ -407,7 +410,12 @@ def configure(
         key, sep, value = text.partition("=")
         section, dot, name = key.partition(".")
         if not sep or not dot or section not in sections:
-            raise InvalidArgument(f"bad override {item!r}: expected --section.key=value")
+            raise InvalidArgument(f"bad override {key!r}: expected --section.key=value")
+        if (section, name) in SECRET_KEYS:
+            raise InvalidArgument(
+                f"--{key} is not taken on a command line (every local user can read it with ps): put it in"
+                " the config file, or in $PCACHE_TOKEN or the file named by $PCACHE_TOKEN_FILE"
+            )
         _apply(sections[section], section, {name: value}, table)
     return cfg
 

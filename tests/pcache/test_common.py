@@ -188,7 +188,7 @@ def test_override_values_are_coerced() -> None:
             "--worker.mem_tier_bytes=0",
             "--worker.bandwidth_limit=1.5G",
             "--worker.host=10.0.0.1",
-            "--client.token=a=b",  # only the first '=' splits
+            "--client.node_id=a=b",  # only the first '=' splits
             "--master.metrics_port=-1",
         ]
         + [f"--worker.fsync={v}" for v in ("1", "true", "YES", "on")]
@@ -197,7 +197,7 @@ def test_override_values_are_coerced() -> None:
     assert cfg.master.default_replication == 3
     assert cfg.worker.mem_tier_bytes == 0 and cfg.worker.bandwidth_limit == int(1.5 * (1 << 30))
     assert cfg.worker.host == "10.0.0.1" and cfg.worker.fsync is True
-    assert cfg.client.token == "a=b"
+    assert cfg.client.node_id == "a=b"
     assert cfg.master.metrics_port == -1
 
 
@@ -365,3 +365,22 @@ def test_worker_health_suspects_and_the_masters_verdicts() -> None:
     for _ in range(20):
         health.answered("w4", 0.1)
     assert abs(health.hedge_delay(2.0) - 0.2) < 1e-9  # twice the p95
+
+
+@pytest.mark.parametrize("override", ["--client.token=s3cr3t-value", "client.token=s3cr3t-value"])
+def test_a_token_is_never_taken_from_the_command_line(override: str) -> None:
+    with pytest.raises(E.InvalidArgument, match="not taken on a command line") as err:
+        load_config(overrides=[override])
+    assert "s3cr3t" not in str(err.value)  # the error names the setting, never the value
+
+
+def test_the_mount_refuses_a_token_on_its_command_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "fuse_client", str(tmp_path), "--client.token=s3cr3t-value"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 3 and "not taken on a command line" in proc.stderr
+    assert "s3cr3t" not in proc.stderr + proc.stdout
