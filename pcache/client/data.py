@@ -31,6 +31,24 @@ MAX_SC_FDS = 256  # short-circuit block descriptors kept open per client
 SC_SWEEP_SECONDS = 1.0  # how often cached descriptors of deleted block files are closed
 
 
+class WrongBlock(CorruptBlock):
+    """A replica whose CRC32C of the whole block is not the one its writer committed: other bytes
+    under that block id. Seen by the client (the worker's own checks pass), which reports it."""
+
+
+def check_block_crc(addr: pb.WorkerAddr, block_id: int, committed: int, stored: int) -> None:
+    """Compare the CRC32C a replica reports for the whole block with the committed one (0: not known).
+
+    Raises:
+        WrongBlock: they differ.
+    """
+    if committed and stored != committed:
+        raise WrongBlock(
+            f"block {block_id} on {addr.worker_id} has CRC32C {stored:#010x}, not the committed {committed:#010x}:"
+            " another block is stored under this id there"
+        )
+
+
 class _ScBlock:
     """An open short-circuit descriptor of one block and its CRC record."""
 
@@ -221,13 +239,15 @@ class DataClient:
 
     # ------------------------------------------------------------- reads --
 
-    async def read(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> bytes:
+    async def read(
+        self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str, crc: int = 0
+    ) -> bytes:
         """Read ``length`` bytes at ``offset`` of a block from one worker (TCP), with the block's
-        ``token`` (from its location).
+        ``token`` (from its location); ``crc``: the committed CRC32C of the whole block (0: unknown).
 
         Raises:
             Unavailable, Timeout: the worker is gone or stalled.
-            NotFound, CorruptBlock: the replica is missing or bad.
+            NotFound, CorruptBlock: the replica is missing or bad. WrongBlock: it holds other bytes.
             PermissionDenied: the worker refuses the token (expired: ask the master again).
         """
         started = time.monotonic()
@@ -245,6 +265,7 @@ class DataClient:
             ok = True
             self.health.answered(addr.worker_id, time.monotonic() - started)
             framing.raise_if_error(reply)
+            check_block_crc(addr, block_id, crc, reply.crc32c)
             if len(data) != length:
                 raise CorruptBlock(f"block {block_id}: asked {length} bytes, got {len(data)}")
             return data
@@ -274,10 +295,16 @@ class DataClient:
         finally:
             framing.close_writer(conn[1])
 
-    async def sc_open_read(self, addr: pb.WorkerAddr, block_id: int, token: str) -> tuple[int, pb.DataHeader]:
-        """Short circuit: get a read-only fd of the block file and its CRC record.
+    async def sc_open_read(
+        self, addr: pb.WorkerAddr, block_id: int, token: str, crc: int = 0
+    ) -> tuple[int, pb.DataHeader]:
+        """Short circuit: get a read-only fd of the block file and its CRC record (``crc``: the
+        committed CRC32C of the whole block, checked against the record; 0: unknown).
 
         The caller owns (and must close) the fd.
+
+        Raises:
+            WrongBlock: the record is another block's.
         """
         sock = await self._sc_connect(addr)
         try:
@@ -297,9 +324,16 @@ class DataClient:
             framing.raise_if_error(reply)
         if fd is None:
             raise Unavailable("short-circuit reply carried no descriptor")
+        try:
+            check_block_crc(addr, block_id, crc, reply.crc32c)
+        except WrongBlock:
+            os.close(fd)
+            raise
         return fd, reply
 
-    async def sc_read(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> bytes:
+    async def sc_read(
+        self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str, crc: int = 0
+    ) -> bytes:
         """Short circuit: read a block range from its file on this host, CRC-checked.
 
         Descriptors stay open in a client-wide LRU (block ids are never reused
@@ -314,7 +348,7 @@ class DataClient:
         key = (addr.uds_path, block_id)
         entry = self._sc_open.get(key)
         if entry is None:
-            fd, info = await self.sc_open_read(addr, block_id, token)
+            fd, info = await self.sc_open_read(addr, block_id, token, crc)
             entry = self._sc_open.setdefault(key, _ScBlock(fd, info))
             if entry.fd != fd:
                 os.close(fd)
@@ -323,7 +357,7 @@ class DataClient:
         self._sc_open.move_to_end(key)
         if not entry.acquire():  # closed by a concurrent eviction: open afresh
             self._sc_open.pop(key, None)
-            return await self.sc_read(addr, block_id, offset, length, token)
+            return await self.sc_read(addr, block_id, offset, length, token, crc)
         # the descriptor is released when the thread is done with it, even if this caller is
         # cancelled first (a hedged read that lost): never close an fd a thread still reads
         work = asyncio.ensure_future(asyncio.to_thread(entry.pread, offset, length))

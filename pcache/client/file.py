@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from pcache.client.data import WrongBlock
 from pcache.common.checksum import crc32c
 from pcache.common.errors import (
     CorruptBlock,
@@ -372,7 +373,7 @@ class PCacheFile:
         queue = list(order)
 
         def ask(addr: pb.WorkerAddr) -> None:
-            task = self._read_task(addr, slot.block_id, offset, length, slot.token)
+            task = self._read_task(addr, slot, offset, length)
             pending[task], started[task] = addr, time.monotonic()
 
         try:
@@ -402,15 +403,21 @@ class PCacheFile:
                 task.add_done_callback(_consume_exception)
                 data.detach(task)
 
-    def _read_task(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> asyncio.Task:
-        return asyncio.ensure_future(self._read_one(addr, block_id, offset, length, token))
+    def _read_task(self, addr: pb.WorkerAddr, slot: Slot, offset: int, length: int) -> asyncio.Task:
+        return asyncio.ensure_future(self._read_one(addr, slot.block_id, offset, length, slot.token, slot.crc))
 
-    async def _read_one(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> bytes:
+    async def _read_one(
+        self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str, crc: int
+    ) -> bytes:
         data = self.service.data
         if not data.can_short_circuit(addr):
-            return await data.read(addr, block_id, offset, length, token)
+            try:
+                return await data.read(addr, block_id, offset, length, token, crc)
+            except WrongBlock:  # the worker's own checks passed: only the client saw it
+                await self._report_bad(addr.worker_id, block_id)
+                raise
         try:
-            return await data.sc_read(addr, block_id, offset, length, token)
+            return await data.sc_read(addr, block_id, offset, length, token, crc)
         except READ_FAILOVER_ERRORS as exc:
             data.sc_forget(addr, block_id)
             if isinstance(exc, CorruptBlock):  # over TCP the worker reports it; here only the client saw it

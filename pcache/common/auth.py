@@ -9,13 +9,15 @@ hands them out with every located block, DataNodes check them on every op).
 Formats (ASCII, ``.``-separated; no field may contain a dot)::
 
     v1.KID.TENANT.SCOPE.EXPIRY.MAC              token for master RPCs
-    b1.KID.BLOCK.OPS.TENANT.WORKERS.EXPIRY.MAC  block token
+    b2.KID.BLOCK.OPS.LENGTH.TENANT.WORKERS.EXPIRY.MAC  block token
 
 ``WORKERS`` is the ``+``-joined ids of the workers the token may be used at (a read token: the
 block's replicas when it was handed out; a write token: the pipeline), so a token replayed at
 another worker is refused too. ``SCOPE`` is ``tenant`` (namespace operations inside that tenant's root), ``admin`` (everything,
 any tenant) or ``worker`` (worker registration and heartbeats); ``OPS`` a subset of ``rwd``
-(read, write, delete); ``EXPIRY`` whole seconds since the epoch (0: never); ``MAC`` the
+(read, write, delete); ``LENGTH`` the exact byte count a write stores (the master reserved
+that much of the tenant's quota for it: a writer cannot store more than it is charged for;
+0 in tokens without ``w``); ``EXPIRY`` whole seconds since the epoch (0: never); ``MAC`` the
 unpadded URL-safe base64 of HMAC-SHA256(key, ``"pcache\\0" + the fields joined by "\\0"``).
 
 Key rotation: a :class:`KeyRing` signs with its current key and verifies with any key it holds,
@@ -187,22 +189,28 @@ def mint_block_token(
     ttl: float,
     workers: list[str] | tuple[str, ...],
     now: float | None = None,
+    *,
+    length: int = 0,
 ) -> str:
     """A block token letting its holder do ``ops`` (subset of ``rwd``) on ``block_id`` at the
-    workers ``workers`` (ids) for ``ttl`` seconds.
+    workers ``workers`` (ids) for ``ttl`` seconds; a write must store exactly ``length`` bytes.
 
     Raises:
-        InvalidArgument: bad ops, tenant or ttl; no workers, or an id with ``.`` or ``+``.
+        InvalidArgument: bad ops, tenant or ttl; no workers, or an id with ``.`` or ``+``; a
+            write token without a positive ``length``.
     """
     if not ops or set(ops) - OPS:
         raise InvalidArgument(f"block token ops must be a subset of 'rwd', got {ops!r}")
+    if ("w" in ops) != (length > 0):
+        raise InvalidArgument(f"a block token has a length (> 0) exactly when it allows writes, got {length}")
     if ttl <= 0:
         raise InvalidArgument("a block token needs an expiry (ttl > 0)")
     check_name(tenant, "tenant")
     if not workers or any(not w or "." in w or "+" in w for w in workers):
         raise InvalidArgument(f"a block token names one or more worker ids without '.' or '+', got {workers!r}")
     expiry = int((time.time() if now is None else now) + ttl)
-    fields = ("b1", ring.current, str(int(block_id)), "".join(sorted(set(ops))), tenant, "+".join(workers), str(expiry))
+    ops = "".join(sorted(set(ops)))
+    fields = ("b2", ring.current, str(int(block_id)), ops, str(int(length)), tenant, "+".join(workers), str(expiry))
     return ".".join((*fields, ring.mac(ring.current, fields)))
 
 
@@ -215,6 +223,19 @@ class BlockGrant:
     tenant: str
     workers: frozenset[str]
     expiry: int
+    length: int = 0  # the exact bytes a write stores (0: no write)
+
+    def check_write_length(self, length: int) -> None:
+        """A write stores exactly the length the token names: what the master reserved of the
+        tenant's quota, and what the commit must name.
+
+        Raises:
+            PermissionDenied: another length.
+        """
+        if length != self.length:
+            raise PermissionDenied(
+                f"the block token of block {self.block_id} allows a write of {self.length} bytes, not {length}"
+            )
 
 
 def verify_block_token(ring: KeyRing, token: str) -> BlockGrant:
@@ -226,14 +247,14 @@ def verify_block_token(ring: KeyRing, token: str) -> BlockGrant:
     if not token:
         raise PermissionDenied("no block token (the master hands one out with every block location)")
     parts = token.split(".")
-    if len(parts) != 8 or parts[0] != "b1":
+    if len(parts) != 9 or parts[0] != "b2":
         raise PermissionDenied("malformed block token")
-    version, kid, block, ops, tenant, workers, expiry, mac = parts
-    if not (block.isascii() and block.isdigit() and expiry.isascii() and expiry.isdigit()):
+    version, kid, block, ops, length, tenant, workers, expiry, mac = parts
+    if not all(f.isascii() and f.isdigit() for f in (block, length, expiry)):
         raise PermissionDenied("malformed block token")
-    if not ring.check(kid, (version, kid, block, ops, tenant, workers, expiry), mac):
+    if not ring.check(kid, (version, kid, block, ops, length, tenant, workers, expiry), mac):
         raise PermissionDenied("invalid block token (unknown key or bad signature)")
-    return BlockGrant(int(block), ops, tenant, frozenset(workers.split("+")), int(expiry))
+    return BlockGrant(int(block), ops, tenant, frozenset(workers.split("+")), int(expiry), int(length))
 
 
 def check_grant(grant: BlockGrant, block_id: int, op: str, worker_id: str, now: float | None = None) -> None:
@@ -309,16 +330,17 @@ class BlockTokenChecker:
         check_grant(grant, block_id, op, self.worker_id)
         return grant
 
-    def mint(self, block_id: int, ops: str, workers: list[str], ttl: float = 600.0) -> str:
-        """A token for this worker's own transfers (re-replication), under the master's block key
-        (as HDFS DataNodes, which hold the block keys, sign their transfers).
+    def mint(self, block_id: int, ops: str, workers: list[str], ttl: float = 600.0, *, length: int = 0) -> str:
+        """A token for this worker's own transfers (re-replication of a ``length`` byte block),
+        under the master's block key (as HDFS DataNodes, which hold the block keys, sign their
+        transfers).
 
         Raises:
             PermissionDenied: no keys yet.
         """
         if self.ring is None:
             raise PermissionDenied("this worker has no block keys yet (not registered with a master)")
-        return mint_block_token(self.ring, block_id, ops, "cluster", ttl, workers)
+        return mint_block_token(self.ring, block_id, ops, "cluster", ttl, workers, length=length)
 
 
 AUTH_METADATA = "authorization"  # gRPC call metadata: ``Bearer TOKEN``

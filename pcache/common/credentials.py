@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat as stat_mod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,40 @@ from pcache.common.errors import InvalidArgument
 TOKEN_ENV = "PCACHE_TOKEN"
 TOKEN_FILE_ENV = "PCACHE_TOKEN_FILE"
 TOKENS_FILE_ENV = "PCACHE_TOKENS_FILE"
+
+
+def check_private_path(path: str | os.PathLike[str], what: str) -> None:
+    """Refuse ``path`` when another user could replace it or what it holds (keys, tokens, block
+    files, sockets), as OpenSSH's ``StrictModes`` does: it, and every directory above it, must
+    belong to this process's user or root, and none may be writable by every user, except a
+    directory with the sticky bit (``/tmp``), where nobody renames another's entries. A missing
+    ``path`` is checked from its first existing parent (it is made 0700 after).
+
+    Raises:
+        InvalidArgument: the path names the owner or the mode that lets another user in.
+    """
+    euid = os.geteuid()
+    current = os.path.realpath(path)
+    while True:
+        try:
+            st = os.stat(current)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if st.st_uid not in (euid, 0):
+                raise InvalidArgument(
+                    f"{what} {path}: {current} belongs to uid {st.st_uid}, not to this process's user ({euid})"
+                    " or root: that user could replace the keys, tokens or sockets in it"
+                )
+            sticky_dir = stat_mod.S_ISDIR(st.st_mode) and st.st_mode & stat_mod.S_ISVTX
+            if st.st_mode & 0o002 and not sticky_dir:
+                raise InvalidArgument(
+                    f"{what} {path}: {current} is writable by every user (chmod o-w it, or choose another place)"
+                )
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        current = parent
 
 
 @dataclass
@@ -51,8 +86,10 @@ class ClusterKeys:
         """Read a key file.
 
         Raises:
-            InvalidArgument: missing, unreadable, malformed, or readable by any user.
+            InvalidArgument: missing, unreadable, malformed, readable by any user, or replaceable
+                by another user (:func:`check_private_path`).
         """
+        check_private_path(path, "key file")
         try:
             if os.stat(path).st_mode & 0o007:  # group-readable passes: a Kubernetes Secret with fsGroup is 0440
                 raise InvalidArgument(f"key file {path} is readable by any user: chmod 600 it")
@@ -72,6 +109,7 @@ class ClusterKeys:
             InvalidArgument: as :meth:`load`, or it cannot be created.
         """
         keys = cls.generate()
+        check_private_path(path, "key file")
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

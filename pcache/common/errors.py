@@ -134,6 +134,12 @@ class FileTooLarge(PCacheError):
     errno_code = _errno.EFBIG
 
 
+class TooLarge(InvalidArgument):
+    """A value past a fixed size limit (an extended attribute's, as setxattr(2)'s E2BIG)."""
+
+    errno_code = _errno.E2BIG
+
+
 class PermissionDenied(PCacheError, PermissionError):
     """The tenant token or block token does not allow the operation."""
 
@@ -206,6 +212,7 @@ ERRORS_BY_NAME: dict[str, type[PCacheError]] = {
         QuotaExceeded,
         CrossTenant,
         FileTooLarge,
+        TooLarge,
         PermissionDenied,
         NotSupported,
         Unavailable,

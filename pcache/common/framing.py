@@ -43,8 +43,18 @@ async def read_exactly(reader: asyncio.StreamReader, n: int, timeout: float) -> 
         raise Timeout(f"peer sent nothing for {timeout:.1f}s") from exc
 
 
-async def read_header(reader: asyncio.StreamReader, timeout: float) -> tuple[pb.DataHeader, int]:
+async def read_header(
+    reader: asyncio.StreamReader,
+    timeout: float,
+    *,
+    max_header: int = MAX_HEADER_BYTES,
+    header_timeout: float | None = None,
+) -> tuple[pb.DataHeader, int]:
     """Read one frame's header; returns (header, payload length in bytes).
+
+    ``timeout`` seconds for the frame to start; ``header_timeout`` (default ``timeout``) for the
+    rest of the header once it has: a server gives a started frame little time, so a peer that
+    sends part of a header and stops holds no buffer for long. ``max_header`` bytes at most.
 
     Raises:
         ProtocolError: lengths out of bounds or an unparsable header.
@@ -52,11 +62,12 @@ async def read_header(reader: asyncio.StreamReader, timeout: float) -> tuple[pb.
     """
     prefix = await read_exactly(reader, PREFIX.size, timeout)
     header_len, payload_len = PREFIX.unpack(prefix)
-    if header_len > MAX_HEADER_BYTES or payload_len > MAX_PAYLOAD_BYTES:
+    if header_len > max_header or payload_len > MAX_PAYLOAD_BYTES:
         raise ProtocolError(f"frame lengths out of bounds ({header_len}, {payload_len})")
     header = pb.DataHeader()
     try:
-        header.ParseFromString(await read_exactly(reader, header_len, timeout))
+        body = await read_exactly(reader, header_len, timeout if header_timeout is None else header_timeout)
+        header.ParseFromString(body)
     except Exception as exc:  # protobuf raises DecodeError
         if isinstance(exc, PCacheError):
             raise

@@ -11,7 +11,10 @@ usual ``process_*`` and ``python_*`` series.
 from __future__ import annotations
 
 import logging
+import ssl
+import threading
 from typing import Literal
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,7 +24,7 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
-    start_http_server,
+    make_wsgi_app,
 )
 
 logger = logging.getLogger(__name__)
@@ -120,11 +123,43 @@ LOST_BLOCKS = Counter(
 )
 
 
-def serve_metrics(port: int, host: str = "127.0.0.1", *, role: Literal["master", "worker"]) -> int | None:
-    """Start the ``/metrics`` endpoint of a ``role`` process; returns the bound port, None when disabled (-1)."""
+class _MetricsHandler(WSGIRequestHandler):
+    """One scrape per connection, in ``timeout`` seconds: a peer that sends half a request and
+    waits holds its thread no longer (prometheus-client's own server sets no timeout)."""
+
+    timeout = 10.0
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        pass
+
+
+def serve_metrics(
+    port: int,
+    host: str = "127.0.0.1",
+    *,
+    role: Literal["master", "worker"],
+    tls: ssl.SSLContext | None = None,
+) -> int | None:
+    """Start the ``/metrics`` endpoint of a ``role`` process (prometheus-client's WSGI app, one
+    thread a connection); returns the bound port, None when disabled (-1). ``tls``: serve HTTPS
+    with this server context (the cluster's: with client authentication, a scraper needs a
+    certificate of the cluster CA, as Prometheus's ``tls_config`` gives).
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
     if port < 0:
         return None
-    server, _thread = start_http_server(port, addr=host, registry=REGISTRIES[role])
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIServer
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    server = make_server(host, port, make_wsgi_app(REGISTRIES[role]), Server, handler_class=_MetricsHandler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     bound = server.server_address[1]
-    logger.info("metrics on http://%s:%d/metrics", host, bound)
+    logger.info("metrics on %s://%s:%d/metrics", "https" if tls else "http", host, bound)
     return bound

@@ -42,6 +42,7 @@ STATUS_BY_ERROR: dict[type[E.PCacheError], grpc.StatusCode] = {
     E.SymlinkLoop: grpc.StatusCode.INVALID_ARGUMENT,
     E.Conflict: grpc.StatusCode.ABORTED,
     E.FileTooLarge: grpc.StatusCode.OUT_OF_RANGE,
+    E.TooLarge: grpc.StatusCode.INVALID_ARGUMENT,
     E.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     E.NotSupported: grpc.StatusCode.UNIMPLEMENTED,
     E.Unavailable: grpc.StatusCode.UNAVAILABLE,

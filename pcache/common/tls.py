@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grpc
 
+from pcache.common.credentials import check_private_path
 from pcache.common.errors import InvalidArgument
 
 CA, CERT, KEY = "ca.pem", "cert.pem", "key.pem"
@@ -46,6 +47,7 @@ class TLSConfig:
             InvalidArgument: a file missing or unreadable, or a key readable by any user.
         """
         root = Path(directory)
+        check_private_path(directory, "TLS directory")
 
         def read(name: str) -> bytes:
             try:

@@ -55,7 +55,7 @@ class Allocations:
         self.grace = grace
         self._clock = clock
         self._reserved: dict[int, tuple[int, float]] = {}  # block id -> (inode, reserved at)
-        self._quota: dict[int, tuple[str, int]] = {}  # block id -> (tenant, bytes reserved)
+        self._quota: dict[int, tuple[str, int]] = {}  # block id -> (tenant, bytes reserved: the block's length)
         self._by_tenant: dict[str, int] = {}  # tenant -> bytes reserved
         for key, value in store.scan(PREFIX):
             if len(key) == len(PREFIX) + 8:
@@ -83,8 +83,9 @@ class Allocations:
         return self._by_tenant.get(tenant, 0)
 
     def _hold(self, block_id: int, tenant: str, nbytes: int) -> None:
+        if nbytes:
+            self._quota[block_id] = (tenant, nbytes)  # the length is checked at the commit
         if tenant and nbytes:
-            self._quota[block_id] = (tenant, nbytes)
             self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + nbytes
 
     def _end(self, block_id: int) -> None:
@@ -112,16 +113,25 @@ class Allocations:
             self.store.write(deletes=[_key(block_id)])
             self._end(block_id)
 
-    def check(self, block_id: int, inode: int) -> None:
-        """A commit of ``inode`` may adopt ``block_id`` (not yet the file's) only if reserved for it.
+    def check(self, block_id: int, inode: int, length: int | None = None) -> None:
+        """A commit of ``inode`` may adopt ``block_id`` (not yet the file's) only if reserved for it,
+        and (``length`` given) only with the length it was allocated for: the byte count the
+        block token let the writer store, and the tenant's quota is charged.
 
         Raises:
             Conflict: the block is not reserved for this file: it is reserved for another inode,
                 its reservation expired, it was never allocated, or it was committed before and
                 has been replaced since; the message says which. Nothing was committed.
+            InvalidArgument: another length than the allocation's.
         """
         owner = self.owner(block_id)
         if owner == inode:
+            held = self._quota.get(block_id, ("", 0))[1]
+            if length is not None and held and length != held:
+                raise E.InvalidArgument(
+                    f"inode {inode}: block {block_id} was allocated for {held} bytes, not {length};"
+                    " this version was not committed"
+                )
             return
         if owner is not None:
             raise E.Conflict(
@@ -143,6 +153,10 @@ class Allocations:
             " has since been replaced (another writer committed first), or its allocation expired or was released;"
             " this version was not committed"
         )
+
+    def of_tenant(self, tenant: str) -> list[int]:
+        """Block ids reserved by ``tenant``'s writers."""
+        return [b for b, (owner, _) in self._quota.items() if owner == tenant and b in self._reserved]
 
     def keys(self, block_ids: Iterable[int]) -> list[bytes]:
         """Metastore keys of the reservations among ``block_ids`` (a commit deletes them in its batch)."""

@@ -65,19 +65,20 @@ class BlockManager:
     def allocate(self, inode: int, size: int, *, client_node: str, exclude: Iterable[str] = ()) -> pb.BlockLocation:
         """Issue a block id for a writer of ``inode`` and choose its pipeline of workers.
 
-        ``size`` is the block's expected length in bytes (0: the file's block size); placement is
+        ``size`` is the block's exact length in bytes (0: the file's block size): the block token
+        allows a write of that many bytes and the commit must name that length. Placement is
         the registry's (local worker first, then by load and free space; ``exclude`` left out).
         The id stays reserved until the writer commits it (:class:`Allocations`).
 
         Raises:
             Unavailable: no live worker. NoSpace: no worker has ``size`` bytes free (nothing
-            stays reserved). NotFound, IsADirectory: no such regular file.
+            stays reserved). NotFound, IsADirectory: no such regular file. InvalidArgument:
+            ``size`` larger than the file's block size. QuotaExceeded: no room in the tenant's quota.
         """
         alive = self.registry.alive()
         if not alive:
             raise E.Unavailable("no live worker to place a block on")
-        block_id, node = self.ns.allocate_block(inode)
-        size = size or node.block_size
+        block_id, node, size = self.ns.allocate_block(inode, size)
         count = max(1, min(node.replication or 1, len(alive)))
         targets = self.registry.choose(count, size=size, client_node=client_node, exclude=list(exclude))
         if not targets:

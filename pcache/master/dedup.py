@@ -25,7 +25,7 @@ from pcache.common import errors as E
 from pcache.master.replication import ReplicatedStore
 from pcache.proto import pcache_pb2 as pb
 
-MAX_REQUEST_ID = 200  # bytes
+MAX_REQUEST_ID = 300  # bytes, with the caller prefix (scope:tenant/)
 _MS = struct.Struct(">Q")
 
 

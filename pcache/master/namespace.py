@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pcache.common import errors as E
 from pcache.common.auth import check_name
 from pcache.common.layout import HOLE, MAX_BLOCK_SIZE, MAX_REPLICATION, MIN_BLOCK_SIZE
-from pcache.common.paths import normalize, parent_and_name, split_path
+from pcache.common.paths import PATH_MAX, normalize, parent_and_name, split_path
 from pcache.master.allocations import Allocations
 from pcache.master.metastore import MetaStore
 from pcache.master.tenants import Tenants, add, freed_bytes
@@ -326,6 +326,8 @@ class Namespace:
         """
         if not target or "\x00" in target:
             raise E.InvalidArgument("symlink target must be non-empty without NUL", path=path)
+        if len(target.encode("utf-8", "surrogateescape")) >= PATH_MAX:
+            raise E.NameTooLong(f"a symlink target holds fewer than {PATH_MAX} bytes", path=path)
         parent, name = self._resolve_parent(path)
         if self._lookup(parent.id, name) is not None:
             raise E.AlreadyExists("file exists", path=path)
@@ -399,9 +401,12 @@ class Namespace:
         if src_parts == dst_parts:
             node.name = dst_name
             return node, Freed([])
-        roots = self.tenants.root_inodes()
-        if node.id in roots:
-            raise E.InvalidArgument(f"the root of tenant {roots[node.id]!r} cannot be moved", path=src)
+        held = self.tenants.roots_under(normalize(src)) if node.type == pb.DIRECTORY else []
+        if held:  # a tenant root is found by its path: moving it, or a directory above it, loses it
+            raise E.InvalidArgument(
+                f"holds the root of tenant {held[0]!r}, which cannot move (pcache tenant delete removes a tenant)",
+                path=src,
+            )
         if node.tenant != dst_parent.tenant:
             raise E.CrossTenant(
                 f"cannot move between tenants ({node.tenant or 'no tenant'!r} -> {dst_parent.tenant or 'no tenant'!r})",
@@ -473,7 +478,16 @@ class Namespace:
             raise E.DirectoryNotEmpty("directory not empty", path=path)
         return self._remove(parent, name, node, path)
 
-    def _remove(self, parent: pb.Inode, name: str, node: pb.Inode, path: str, *, drop_tenant: str = "") -> Freed:
+    def _remove(
+        self,
+        parent: pb.Inode,
+        name: str,
+        node: pb.Inode,
+        path: str,
+        *,
+        drop_tenant: str = "",
+        key_ids: Iterable[str] = (),
+    ) -> Freed:
         """Delete ``node`` (the entry ``name`` of ``parent``) and everything under it, in one batch.
 
         Raises:
@@ -507,10 +521,17 @@ class Namespace:
                 add(deltas, victim.tenant, inodes=-1)
         for meta in freed.blocks:
             add(deltas, tenant_of.get(meta.inode, ""), nbytes=-meta.length)
+        writing: list[int] = []
         if drop_tenant:
-            deltas.pop(drop_tenant, None)
+            deltas.pop(drop_tenant, None)  # its record goes: not charged
+        puts = [(_ikey(parent.id), self._touch(parent, time.time())), *self.tenants.charge(deltas)]
+        if drop_tenant:
             deletes.append(self.tenants.remove(drop_tenant))
-        self.store.write([(_ikey(parent.id), self._touch(parent, time.time())), *self.tenants.charge(deltas)], deletes)
+            puts.append(self.tenants.tombstone(drop_tenant, key_ids))
+            writing = self.allocations.of_tenant(drop_tenant)  # a new tenant of that name starts with none
+            deletes += self.allocations.keys(writing)
+        self.store.write(puts, deletes)
+        self.allocations.committed(writing)
         return freed
 
     def setattr(
@@ -548,6 +569,8 @@ class Namespace:
             if key not in node.xattrs:
                 raise E.NotFound(f"no such attribute {key!r}", path=path)
             del node.xattrs[key]
+        if set_xattrs:
+            _check_xattrs(node, path)
         node.ctime = time.time()
         node.ClearField("name")
         self.store.write([(_ikey(node.id), node.SerializeToString())])
@@ -601,21 +624,26 @@ class Namespace:
             metas.append(meta)
         return node, metas
 
-    def allocate_block(self, inode: int) -> tuple[int, pb.Inode]:
-        """Issue a new block id for a writer of ``inode`` and reserve it in :attr:`allocations`,
-        with a whole block of its tenant's byte quota.
+    def allocate_block(self, inode: int, size: int = 0) -> tuple[int, pb.Inode, int]:
+        """Issue a new block id for a writer of a ``size`` byte block (0: the file's block size) of
+        ``inode`` and reserve it in :attr:`allocations`, holding ``size`` bytes of its tenant's
+        byte quota; returns (block id, inode, size). The commit must name exactly that length.
 
         Raises:
-            NotFound: no such inode. IsADirectory: not a regular file.
-            QuotaExceeded: the block does not fit in the tenant's byte quota.
+            NotFound: no such inode. IsADirectory: not a regular file. InvalidArgument: a block
+            larger than the file's block size. QuotaExceeded: the block does not fit in the
+            tenant's byte quota.
         """
         node = self._get_inode(inode)
         if node.type != pb.REGULAR:
             raise E.IsADirectory(f"inode {inode} is not a regular file")
-        self.tenants.check_bytes(node.tenant, node.block_size, self.allocations.reserved_bytes(node.tenant))
+        size = size or node.block_size
+        if size > node.block_size:
+            raise E.InvalidArgument(f"a block of inode {inode} holds at most {node.block_size} bytes, not {size}")
+        self.tenants.check_bytes(node.tenant, size, self.allocations.reserved_bytes(node.tenant))
         block_id = self._blocks.take()
-        self.allocations.reserve(block_id, inode, node.tenant, node.block_size)
-        return block_id, node
+        self.allocations.reserve(block_id, inode, node.tenant, size)
+        return block_id, node, size
 
     def get_inode(self, inode: int) -> pb.Inode:
         """The inode numbered ``inode``.
@@ -627,18 +655,29 @@ class Namespace:
 
     # ------------------------------------------------------------ tenants --
 
-    def create_tenant(self, name: str, root: str = "", *, quota_bytes: int = 0, quota_inodes: int = 0) -> pb.Tenant:
+    def create_tenant(
+        self,
+        name: str,
+        root: str = "",
+        *,
+        quota_bytes: int = 0,
+        quota_inodes: int = 0,
+        key_ids: Iterable[str] = (),
+    ) -> pb.Tenant:
         """Make tenant ``name`` with its root directory ``root`` (default ``/NAME``), created here
         (with its missing parents) or adopted when it is an empty directory outside every tenant.
+        ``key_ids``: the token keys in the ring now (a deleted tenant's name is free again only
+        once none of the keys of its time is).
 
         Raises:
-            AlreadyExists: the tenant exists. InvalidArgument: a bad name, the namespace root,
-                a root that is not empty, or one inside or holding another tenant's tree.
-            InvalidPath: a malformed root.
+            AlreadyExists: the tenant exists, or a deleted tenant's tokens of that name would be
+                valid again. InvalidArgument: a bad name, the namespace root, a root that is not
+                empty, or one inside or holding another tenant's tree. InvalidPath: a malformed root.
         """
         check_name(name, "tenant")
         if name in self.tenants:
             raise E.AlreadyExists(f"tenant {name!r} exists")
+        reuse = self.tenants.check_reuse(name, key_ids)
         root = normalize(root or "/" + name)
         if root == "/":
             raise E.InvalidArgument("a tenant root cannot be / (it would hold every other tenant)")
@@ -672,12 +711,13 @@ class Namespace:
         node.tenant = name
         puts.append((_ikey(node.id), _record(node)))
         puts.append(self.tenants.put(rec))
-        self.store.write(puts)
+        self.store.write(puts, reuse)
         return rec
 
-    def delete_tenant(self, name: str, *, purge: bool = False) -> Freed:
+    def delete_tenant(self, name: str, *, purge: bool = False, key_ids: Iterable[str] = ()) -> Freed:
         """Remove tenant ``name`` (its tokens stop working) and its root directory; with
-        ``purge`` everything under the root too.
+        ``purge`` everything under the root too, and the reservations of its open writers.
+        ``key_ids``: the token keys in the ring now (see :meth:`create_tenant`).
 
         Raises:
             NotFound: no such tenant. DirectoryNotEmpty: the root is not empty and not ``purge``.
@@ -687,7 +727,7 @@ class Namespace:
         if not purge and not self._is_empty_dir(node.id):
             raise E.DirectoryNotEmpty(f"tenant {name!r} still has files (purge removes them)", path=rec.root)
         parent, entry = self._resolve_parent(rec.root)
-        return self._remove(parent, entry, node, rec.root, drop_tenant=name)
+        return self._remove(parent, entry, node, rec.root, drop_tenant=name, key_ids=key_ids)
 
     def set_quota(self, name: str, *, quota_bytes: int, quota_inodes: int) -> pb.Tenant:
         """Set tenant ``name``'s quotas (0: no limit); usage above a new quota only stops growth.
@@ -787,6 +827,9 @@ class Namespace:
         count = -(-size // node.block_size)
         if len(blocks) != count:
             raise E.InvalidArgument(f"size {size} needs {count} blocks of {node.block_size} bytes, got {len(blocks)}")
+        ids = [blk.block_id for blk in blocks if blk.block_id != HOLE]
+        if len(set(ids)) != len(ids):  # one block in two places: its bytes would be counted once, freed twice
+            raise E.InvalidArgument(f"inode {node.id}: a block appears twice in the block list")
         for index, blk in enumerate(blocks):
             if blk.length > min(node.block_size, size - index * node.block_size):
                 raise E.InvalidArgument(
@@ -802,7 +845,7 @@ class Namespace:
                 continue
             if blk.block_id in current:
                 continue
-            self.allocations.check(blk.block_id, node.id)
+            self.allocations.check(blk.block_id, node.id, blk.length)
             if not blk.replicas:
                 raise E.InvalidArgument(f"block {blk.block_id} has no replica")
             meta = pb.BlockMeta(
@@ -864,3 +907,27 @@ def _record(node: pb.Inode) -> bytes:
     rec.ClearField("name")
     rec.ClearField("created")
     return rec.SerializeToString()
+
+
+XATTR_NAME_MAX = 255  # bytes of a name (Linux's limit)
+XATTR_SIZE_MAX = 64 << 10  # bytes of one value (Linux's limit)
+XATTR_TOTAL_MAX = 128 << 10  # bytes of every name and value of one inode (an inode record stays small)
+
+
+def _check_xattrs(node: pb.Inode, path: str) -> None:
+    """Extended attributes stay within Linux's limits, and all of one inode's within 128 KiB: every
+    mutation of an inode rewrites (and replicates) its whole record.
+
+    Raises:
+        NameTooLong: a name past 255 bytes. TooLarge: a value past 64 KiB, or all of them.
+    """
+    total = 0
+    for key, value in node.xattrs.items():
+        size = len(key.encode("utf-8", "surrogateescape"))
+        if size > XATTR_NAME_MAX:
+            raise E.NameTooLong(f"an extended attribute name holds at most {XATTR_NAME_MAX} bytes", path=path)
+        if len(value) > XATTR_SIZE_MAX:
+            raise E.TooLarge(f"an extended attribute value holds at most {XATTR_SIZE_MAX} bytes", path=path)
+        total += size + len(value)
+    if total > XATTR_TOTAL_MAX:
+        raise E.TooLarge(f"the extended attributes of one file hold at most {XATTR_TOTAL_MAX} bytes", path=path)

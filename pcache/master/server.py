@@ -28,7 +28,7 @@ import grpc
 from pcache.common import errors as E
 from pcache.common.auth import Guard, KeyRing, mint_token
 from pcache.common.config import MasterConfig, describe
-from pcache.common.credentials import ClusterKeys
+from pcache.common.credentials import ClusterKeys, check_private_path
 from pcache.common.metrics import (
     MASTER_ALONE,
     MASTER_CORRUPT,
@@ -93,6 +93,8 @@ class MasterServer:
         keys_file = cfg.keys_file or (os.path.join(os.path.abspath(cfg.data_dir), "keys.json") if cfg.data_dir else "")
         if not keys_file:
             raise E.InvalidArgument("a master needs master.keys_file or master.data_dir (where it keeps its keys)")
+        if cfg.data_dir:  # the namespace, the member id and (by default) the keys: nobody else's to replace
+            check_private_path(cfg.data_dir, "master.data_dir")
         self.keys = ClusterKeys.load_or_create(keys_file)
         self.tls = load_optional(cfg.tls_dir, need_cert=True)
         self.keys_file = keys_file
@@ -456,7 +458,8 @@ async def serve(cfg: MasterConfig, *, ready_file: str | None = None) -> None:
     logger.info("master config: %s", describe(cfg))
     master = MasterServer(cfg)
     port = await master.start()
-    serve_metrics(cfg.metrics_port, cfg.host, role="master")
+    tls = master.tls.server_context(client_auth=cfg.tls_client_auth) if master.tls else None
+    serve_metrics(cfg.metrics_port, cfg.host, role="master", tls=tls)
     if ready_file:
         write_ready_file(ready_file, f"{cfg.advertise_host or cfg.host}:{port}")
     upkeep = asyncio.create_task(master.upkeep())

@@ -98,12 +98,13 @@ class MasterServicer(pb_grpc.MasterServicer):
             return ns.tenants.scope(claims.tenant)
         raise E.PermissionDenied(f"a {claims.scope if claims else 'missing'} token has no namespace")
 
-    def block_token(self, block_id: int, ops: str, tenant: str, workers: list[str]) -> str:
-        """A block token for ``ops`` on ``block_id`` at ``workers`` ("" when there is no worker)."""
+    def block_token(self, block_id: int, ops: str, tenant: str, workers: list[str], *, length: int = 0) -> str:
+        """A block token for ``ops`` on ``block_id`` at ``workers`` ("" when there is no worker);
+        a write must store exactly ``length`` bytes."""
         if not workers:
             return ""
         return mint_block_token(
-            self.m.block_signer, block_id, ops, tenant or "cluster", self.m.cfg.block_token_ttl, workers
+            self.m.block_signer, block_id, ops, tenant or "cluster", self.m.cfg.block_token_ttl, workers, length=length
         )
 
     @property
@@ -152,14 +153,18 @@ class MasterServicer(pb_grpc.MasterServicer):
         reply_type: type[R],
         apply: Apply[R],
     ) -> R:
+        # a request id is the caller's own: another tenant sending the same id is not answered
+        # with this caller's reply (nor told that the id was used)
+        claims = _CALLER.get()
+        rid = f"{claims.scope}:{claims.tenant}/{header.request_id}" if claims is not None else header.request_id
         if header.request_id:
-            done = self.m.replies.get(header.request_id, method, reply_type)
+            done = self.m.replies.get(rid, method, reply_type)
             if done is not None:  # applied before (a retry, maybe on the master that took over)
                 return done  # type: ignore[return-value]
         since = self.m.store.index
         reply = _in_scope(apply, ns, blocks, scope)
         if header.request_id:
-            self.m.replies.record(header.request_id, method, reply, since)  # same log entry
+            self.m.replies.record(rid, method, reply, since)  # same log entry
         return reply
 
     # ---------------------------------------------------------- namespace --
@@ -274,6 +279,8 @@ class MasterServicer(pb_grpc.MasterServicer):
     @rpc_method
     async def GetLayout(self, request: pb.LayoutRequest, context: grpc.aio.ServicerContext) -> pb.FileLayout:
         def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.FileLayout:
+            if not request.path:  # by number: another tenant's inode is refused before its kind shows
+                _owned(scope, ns.get_inode(request.inode))
             node, metas = ns.layout(scope.inside(request.path) if request.path else "", request.inode)
             _owned(scope, node)
             out = pb.FileLayout(inode=node)
@@ -308,8 +315,11 @@ class MasterServicer(pb_grpc.MasterServicer):
             loc = blocks.allocate(
                 request.inode, request.size_hint, client_node=request.client_node, exclude=request.exclude_workers
             )
-            # the writer may also read its block back and delete it when its pipeline fails
-            loc.token = self.block_token(loc.block_id, "rwd", node.tenant, [a.worker_id for a in loc.replicas])
+            # the writer may read its block back (a partial block rewritten); never delete it: a
+            # block id is written once, and only the master's commands remove a replica (an
+            # abandoned one is an orphan the block reports clean up)
+            workers = [a.worker_id for a in loc.replicas]
+            loc.token = self.block_token(loc.block_id, "rw", node.tenant, workers, length=loc.length)
             return loc
 
         return await self._read(request.header, "AllocateBlock", apply)
@@ -460,7 +470,13 @@ class MasterServicer(pb_grpc.MasterServicer):
         spec = request.tenant
 
         def apply(ns: Namespace, _: BlockManager, __: Scope) -> pb.TenantResponse:
-            rec = ns.create_tenant(spec.name, spec.root, quota_bytes=spec.quota_bytes, quota_inodes=spec.quota_inodes)
+            rec = ns.create_tenant(
+                spec.name,
+                spec.root,
+                quota_bytes=spec.quota_bytes,
+                quota_inodes=spec.quota_inodes,
+                key_ids=self.m.keys.tokens.keys,
+            )
             return pb.TenantResponse(tenant=rec)
 
         return await self._mutate(request.header, "CreateTenant", pb.TenantResponse, apply)
@@ -468,7 +484,7 @@ class MasterServicer(pb_grpc.MasterServicer):
     @rpc_method
     async def DeleteTenant(self, request: pb.TenantRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
         def apply(ns: Namespace, blocks: BlockManager, _: Scope) -> pb.Empty:
-            blocks.freed(ns.delete_tenant(request.tenant.name, purge=request.purge))
+            blocks.freed(ns.delete_tenant(request.tenant.name, purge=request.purge, key_ids=self.m.keys.tokens.keys))
             return pb.Empty()
 
         return await self._mutate(request.header, "DeleteTenant", pb.Empty, apply)

@@ -13,10 +13,12 @@ directory quotas:
 
 * inodes: checked when an inode is created (its root is not counted);
 * bytes: the logical bytes of committed blocks (not multiplied by replication). A writer
-  *reserves* a whole block (its file's block size) when it is allocated; the block is refused
-  with ``QuotaExceeded`` (EDQUOT) when used + reserved bytes + one block would pass the quota, and
-  the reservation turns into the block's real length at the commit (or ends when the allocation
-  expires). Concurrent writers at the limit therefore never pass the quota, not even by a block.
+  *reserves* the block's length (at most its file's block size) when it is allocated; the block
+  is refused with ``QuotaExceeded`` (EDQUOT) when used + reserved bytes + that length would pass
+  the quota, and the reservation turns into usage at the commit (or ends when the allocation
+  expires). The block token lets the workers store exactly that length and the commit must name
+  it, so what is charged is what is stored. Concurrent writers at the limit never pass the quota,
+  not even by a block.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pcache.master.metastore import MetaStore
 from pcache.proto import pcache_pb2 as pb
 
 PREFIX = b"t"
+GONE = b"T"  # T<name> -> the ids of the token keys in the ring when tenant <name> was deleted
 
 
 def _key(name: str) -> bytes:
@@ -153,6 +156,35 @@ class Tenants:
         """The batch delete of ``name``'s record; the root map forgets it."""
         self._roots.pop(name, None)
         return _key(name)
+
+    def tombstone(self, name: str, key_ids: Iterable[str]) -> tuple[bytes, bytes]:
+        """The batch entry remembering that ``name`` was deleted while the token keys ``key_ids``
+        were in the ring: its tokens (a token names its tenant, nothing more) must not come back
+        to life in a new tenant of the same name while one of those keys still verifies."""
+        return GONE + name.encode(), ",".join(sorted(key_ids)).encode()
+
+    def check_reuse(self, name: str, key_ids: Iterable[str]) -> list[bytes]:
+        """The batch deletes that let ``name`` be used again (its tombstone, if any).
+
+        Raises:
+            AlreadyExists: a deleted tenant's tokens of that name would be valid again: a key
+                that was in the ring when it was deleted still is.
+        """
+        raw = self.store.get(GONE + name.encode())
+        if raw is None:
+            return []
+        live = sorted(set(raw.decode().split(",")) & set(key_ids))
+        if live:
+            raise E.AlreadyExists(
+                f"tenant {name!r} was deleted, and tokens issued to it are signed by keys still in the ring"
+                f" ({', '.join(live)}): a new tenant of that name would let them in. Use another name, or"
+                " rotate the keys twice (pcache keys rotate) so that those tokens die first"
+            )
+        return [GONE + name.encode()]
+
+    def roots_under(self, path: str) -> list[str]:
+        """Names of the tenants whose root is ``path`` or below it."""
+        return sorted(n for n, (root, _) in self._roots.items() if root == path or root.startswith(path + "/"))
 
     def charge(self, deltas: dict[str, list[int]]) -> list[tuple[bytes, bytes]]:
         """Batch entries applying ``{tenant: [inodes, bytes]}`` to the usage records ("" and

@@ -167,7 +167,7 @@ class BlockWriter:
             self.abort()
             raise NoSpace(f"block {self.block_id}: cannot store: {exc}") from exc
         finally:
-            self.store._release(self.length)
+            self.store._release(self.block_id, self.length)
         return info
 
     def abort(self) -> None:
@@ -176,7 +176,7 @@ class BlockWriter:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.closed = True
-            self.store._release(self.length)
+            self.store._release(self.block_id, self.length)
         with contextlib.suppress(OSError):
             os.unlink(self.path)
 
@@ -199,6 +199,7 @@ class DiskBlockStore:
         self.fsync = fsync
         self.reserve_bytes = reserve_bytes
         self._lock = threading.Lock()
+        self._writing: set[int] = set()  # block ids being written (each holds its reservation)
         self._reserved = 0
         self._infos: dict[int, BlockInfo] = {}
         self.used_bytes = 0
@@ -243,14 +244,18 @@ class DiskBlockStore:
         disk_free = shutil.disk_usage(self.root).free - self.reserve_bytes - self._reserved
         return max(0, min(quota_free, disk_free))
 
-    def _reserve(self, length: int) -> None:
+    def _reserve(self, block_id: int, length: int) -> None:
         if length > self.free_bytes:
             raise NoSpace(f"worker has {self.free_bytes} bytes free, block needs {length}")
         with self._lock:
+            if block_id in self._writing:  # one writer per id: a token cannot reserve the disk twice
+                raise AlreadyExists(f"block {block_id} is being written here already; a block id is written once")
+            self._writing.add(block_id)
             self._reserved += length
 
-    def _release(self, length: int) -> None:
+    def _release(self, block_id: int, length: int) -> None:
         with self._lock:
+            self._writing.discard(block_id)
             self._reserved -= length
 
     # ------------------------------------------------------------- api --
@@ -263,11 +268,11 @@ class DiskBlockStore:
             NoSpace: the quota or the disk cannot take ``length`` more bytes.
         """
         self._refuse_existing(block_id)
-        self._reserve(length)
+        self._reserve(block_id, length)
         try:
             return BlockWriter(self, block_id, length)
         except OSError as exc:
-            self._release(length)
+            self._release(block_id, length)
             raise NoSpace(f"cannot create block file: {exc}") from exc
 
     def _refuse_existing(self, block_id: int) -> None:

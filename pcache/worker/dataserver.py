@@ -17,17 +17,18 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from pcache.common import framing
-from pcache.common.auth import BlockTokenChecker
+from pcache.common.auth import BlockGrant, BlockTokenChecker
 from pcache.common.checksum import CHUNK_SIZE
 from pcache.common.errors import (
     CorruptBlock,
     InvalidArgument,
     NotFound,
     PCacheError,
+    PermissionDenied,
     ProtocolError,
     Timeout,
     Unavailable,
@@ -40,6 +41,14 @@ from pcache.worker.memtier import MemoryTier
 logger = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = 300.0  # seconds a pooled client connection may sit unused
+# Before a connection has made one request its block token allowed, it gets FIRST_FRAME_TIMEOUT
+# seconds for it, a started header FRAME_TIMEOUT seconds to arrive whole, REQUEST_HEADER_BYTES at
+# most; and a worker serves MAX_CONNECTIONS at once: a peer with no credential holds neither
+# memory nor descriptors for long.
+FIRST_FRAME_TIMEOUT = 10.0
+FRAME_TIMEOUT = 10.0
+REQUEST_HEADER_BYTES = 64 << 10
+MAX_CONNECTIONS = 4096
 
 
 STALLED_PEER_SECONDS = 10.0  # how long pipelines skip a downstream replica that stalled
@@ -91,6 +100,7 @@ class DataServer:
         self.on_corrupt = on_corrupt
         self.on_lost = on_lost
         self.inflight = 0
+        self.connections = 0  # open data connections (at most MAX_CONNECTIONS)
         self._throttle_until = 0.0
         self.bandwidth_limit = bandwidth_limit  # bytes/s, 0 = unlimited
         self.tls = tls  # client side of this worker's own connections (pipelines, re-replication)
@@ -109,10 +119,21 @@ class DataServer:
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Serve requests on one connection until the peer closes it."""
+        if self.connections >= MAX_CONNECTIONS:
+            logger.warning("%d data connections open: refusing one more", self.connections)
+            framing.close_writer(writer)
+            return
+        self.connections += 1
+        proven = False  # a request its block token allowed has been served
         try:
             while True:
                 try:
-                    header, payload_len = await framing.read_header(reader, IDLE_TIMEOUT)
+                    header, payload_len = await framing.read_header(
+                        reader,
+                        IDLE_TIMEOUT if proven else FIRST_FRAME_TIMEOUT,
+                        max_header=REQUEST_HEADER_BYTES,
+                        header_timeout=FRAME_TIMEOUT,
+                    )
                 except PCacheError:
                     return  # peer closed or idled out
                 self.inflight += 1
@@ -132,12 +153,14 @@ class DataServer:
                     self.inflight -= 1
                 DATA_OPS.labels(op).inc()
                 DATA_SECONDS.labels(op).observe(time.perf_counter() - started)
+                proven = proven or (header.op in OP_NEEDS and reply.error != "PermissionDenied")
                 await framing.write_frame(writer, reply, payload, timeout=self.io_timeout)
         except PCacheError as exc:
             logger.debug("data connection dropped: %s", exc)
         except Exception:
             logger.exception("data connection failed")
         finally:
+            self.connections -= 1
             framing.close_writer(writer)
 
     async def dispatch(
@@ -149,10 +172,13 @@ class DataServer:
             PermissionDenied: the block token does not allow the operation on this block here.
         """
         need = OP_NEEDS.get(header.op)
-        if need:
-            self.tokens.check(header.token, header.block_id, need)
+        grant = self.tokens.check(header.token, header.block_id, need) if need else None
         if header.op == pb.WRITE_BLOCK:
+            assert grant is not None
+            grant.check_write_length(payload_len)
+            check_pipeline(grant, header.pipeline)
             replicas = await self.receive_block(header, payload_len, reader)
+            replicas = [r for r in replicas if r in grant.workers]  # what a downstream claims, within the token
             return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id, replicas=replicas), b""
         if payload_len:
             raise ProtocolError(f"{pb.DataOp.Name(header.op)} takes no payload")
@@ -216,6 +242,26 @@ class DataServer:
             replicas += await self._downstream_ack(downstream, len(header.pipeline))
         return replicas
 
+    async def _connect_worker(
+        self, addr: pb.WorkerAddr, timeout: float
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the worker ``addr`` names, checked with a PING before any block byte or
+        token goes out: a pipeline's addresses come from a client, and may point at any service.
+
+        Raises:
+            Unavailable, Timeout: unreachable, or not that worker.
+        """
+        reader, writer = await framing.open_connection(addr.host, addr.port, timeout, self.tls)
+        try:
+            await framing.write_frame(writer, pb.DataHeader(op=pb.PING), timeout=timeout)
+            reply, plen = await framing.read_header(reader, timeout, max_header=1024)
+            if plen or list(reply.replicas) != [addr.worker_id]:
+                raise Unavailable(f"{addr.host}:{addr.port} is not worker {addr.worker_id}")
+        except BaseException:
+            framing.close_writer(writer)
+            raise
+        return reader, writer
+
     def _peer_stalled(self, worker_id: str) -> None:
         self._stalled[worker_id] = time.monotonic() + STALLED_PEER_SECONDS
 
@@ -229,7 +275,7 @@ class DataServer:
             )
             return None
         try:
-            reader, writer = await framing.open_connection(nxt.host, nxt.port, self.peer_timeout, self.tls)
+            reader, writer = await self._connect_worker(nxt, self.peer_timeout)
             fwd = pb.DataHeader(
                 op=pb.WRITE_BLOCK,
                 block_id=header.block_id,
@@ -336,7 +382,9 @@ class DataServer:
             data, _ = await self.read_range(block_id, offset, length)
             return data
 
-        token = self.tokens.mint(block_id, "w", [t.worker_id for t in targets], REPLICATION_TOKEN_TTL)
+        token = self.tokens.mint(
+            block_id, "w", [t.worker_id for t in targets], REPLICATION_TOKEN_TTL, length=info.length
+        )
         return await self.send_block(block_id, info.crc32c, info.length, piece, targets, token=token)
 
     async def send_block(
@@ -364,7 +412,7 @@ class DataServer:
         if pipeline and self._stalled.get(head.worker_id, 0.0) > time.monotonic():
             raise Unavailable(f"replica {head.worker_id} stalled lately")
         try:
-            reader, writer = await framing.open_connection(head.host, head.port, stall, self.tls)
+            reader, writer = await self._connect_worker(head, stall)
             try:
                 hdr = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=block_id, crc32c=crc, pipeline=rest, token=token)
                 await framing.write_frame(writer, hdr, payload_len=length, timeout=stall)
@@ -382,3 +430,16 @@ class DataServer:
             if pipeline:
                 self._peer_stalled(head.worker_id)
             raise
+
+
+def check_pipeline(grant: BlockGrant, pipeline: Iterable[pb.WorkerAddr]) -> None:
+    """A pipeline (the replicas a block goes on to) may only name workers its block token names.
+
+    Raises:
+        PermissionDenied: another worker.
+    """
+    strangers = [a.worker_id for a in pipeline if a.worker_id not in grant.workers]
+    if strangers:
+        raise PermissionDenied(
+            f"the block token of block {grant.block_id} is not for {', '.join(strangers)} of its pipeline"
+        )

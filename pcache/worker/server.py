@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 
 from pcache.common.config import WorkerConfig, check_addresses, default_node_id, describe
-from pcache.common.credentials import find_token
+from pcache.common.credentials import check_private_path, find_token
 from pcache.common.errors import InvalidArgument, NotFound, PCacheError, PermissionDenied
 from pcache.common.metrics import LOST_BLOCKS, serve_metrics
 from pcache.common.process import wait_for_stop_signal, write_ready_file
@@ -73,6 +73,7 @@ class WorkerServer:
         if self.advertised_host in ("0.0.0.0", "::", ""):
             raise InvalidArgument(f"worker.host={cfg.host!r} binds every interface: set worker.advertise_host "
                                   "to the address clients and other workers should use")  # fmt: skip
+        check_private_path(cfg.data_dir, "worker.data_dir")  # nobody else may plant a socket or blocks
         os.makedirs(cfg.data_dir, mode=0o700, exist_ok=True)
         try:  # block files, block ids and the short-circuit socket: this worker's user's alone
             os.chmod(cfg.data_dir, 0o700)
@@ -349,7 +350,8 @@ async def serve(cfg: WorkerConfig, *, ready_file: str | None = None) -> None:
     logger.info("worker config: %s", describe(cfg))
     worker = WorkerServer(cfg)
     port = await worker.start()
-    bound = serve_metrics(cfg.metrics_port, cfg.host, role="worker")
+    tls = worker.tls.server_context(client_auth=cfg.tls_client_auth) if worker.tls else None
+    bound = serve_metrics(cfg.metrics_port, cfg.host, role="worker", tls=tls)
     if bound:
         worker.metrics_addr = f"{worker.advertised_host}:{bound}"
     if ready_file:

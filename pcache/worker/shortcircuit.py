@@ -29,7 +29,7 @@ from pcache.common.errors import CorruptBlock, InvalidArgument, NotFound, PCache
 from pcache.common.metrics import DATA_BYTES, DATA_OPS
 from pcache.proto import pcache_pb2 as pb
 from pcache.worker.blockstore import BlockWriter
-from pcache.worker.dataserver import IDLE_TIMEOUT, OP_NEEDS, DataServer
+from pcache.worker.dataserver import IDLE_TIMEOUT, OP_NEEDS, DataServer, check_pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class ShortCircuitServer:
         need = OP_NEEDS.get(header.op)
         if not need:
             raise ProtocolError(f"unsupported short-circuit op {header.op}")
-        self.data.tokens.check(header.token, header.block_id, need)  # every request, as over TCP
+        grant = self.data.tokens.check(header.token, header.block_id, need)  # every request, as over TCP
         if header.op == pb.SC_READ_OPEN:
             info = await asyncio.to_thread(store.info, header.block_id)
             try:
@@ -131,6 +131,7 @@ class ShortCircuitServer:
             )
             return reply, fd
         if header.op == pb.SC_WRITE_OPEN:
+            grant.check_write_length(header.length)
             writer = await asyncio.to_thread(store.begin_write, header.block_id, header.length)
             handle = uuid.uuid4().hex
             writes[handle] = writer
@@ -150,6 +151,7 @@ class ShortCircuitServer:
                 writer.abort()
                 raise CorruptBlock(f"block {header.block_id}: CRC32C {writer.crc:#x} != client's {header.crc32c:#x}")
             replication = None
+            check_pipeline(grant, header.pipeline)
             if header.pipeline:
                 # push to the replicas while the local copy is fsynced (from a dup: commit closes the fd)
                 replication = asyncio.ensure_future(
@@ -165,7 +167,7 @@ class ShortCircuitServer:
             DATA_BYTES.labels("write").inc(writer.length)
             replicas = [self.data.worker_id]
             if replication is not None:
-                replicas += await replication
+                replicas += [r for r in await replication if r in grant.workers]
             return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id, replicas=replicas), None
         raise ProtocolError(f"unsupported short-circuit op {header.op}")
 

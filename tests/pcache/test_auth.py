@@ -11,6 +11,7 @@ from pcache.common.auth import (
     check_block_token,
     mint_block_token,
     mint_token,
+    verify_block_token,
     verify_token,
 )
 
@@ -96,12 +97,13 @@ def test_a_block_token_opens_one_block_for_its_operations_at_its_workers_until_i
     for bad in _flips(token):
         with pytest.raises(E.PermissionDenied):
             check_block_token(ring, bad, 42, "r", "w-1", now=NOW)
-    version, kid, block, ops, tenant, workers, expiry, mac = token.split(".")
+    version, kid, block, ops, length, tenant, workers, expiry, mac = token.split(".")
     for bad in [
-        ".".join((version, kid, block, "rwd", tenant, workers, expiry, mac)),
-        ".".join((version, kid, "43", ops, tenant, workers, expiry, mac)),
-        ".".join((version, kid, block, ops, tenant, workers + "+w-3", expiry, mac)),
-        ".".join((version, kid, block, ops, tenant, workers, str(int(expiry) + 600), mac)),
+        ".".join((version, kid, block, "rwd", length, tenant, workers, expiry, mac)),
+        ".".join((version, kid, block, "rw", str(1 << 30), tenant, workers, expiry, mac)),
+        ".".join((version, kid, "43", ops, length, tenant, workers, expiry, mac)),
+        ".".join((version, kid, block, ops, length, tenant, workers + "+w-3", expiry, mac)),
+        ".".join((version, kid, block, ops, length, tenant, workers, str(int(expiry) + 600), mac)),
         mint_token(ring, "team-a"),  # a master token is not a block token
         "",
     ]:
@@ -116,6 +118,12 @@ def test_a_block_token_opens_one_block_for_its_operations_at_its_workers_until_i
     for workers_bad in ([], ["w.1"], ["w+1"], [""]):
         with pytest.raises(E.InvalidArgument):
             mint_block_token(ring, 42, "r", "team-a", ttl=60, workers=workers_bad)
+    # a write token names the exact length the writer may store; only a write token has one
+    write = mint_block_token(ring, 42, "rw", "team-a", ttl=600, workers=["w-1"], now=NOW, length=4096)
+    assert verify_block_token(ring, write).length == 4096
+    for ops, length in (("w", 0), ("r", 4096)):
+        with pytest.raises(E.InvalidArgument):
+            mint_block_token(ring, 42, ops, "team-a", ttl=60, workers=["w-1"], length=length)
 
 
 def test_the_worker_checker_denies_until_it_has_keys_and_caches_only_verified_tokens() -> None:
@@ -123,7 +131,7 @@ def test_the_worker_checker_denies_until_it_has_keys_and_caches_only_verified_to
 
     ring = KeyRing.generate("b1")
     checker = BlockTokenChecker("w-1")
-    token = mint_block_token(ring, 7, "rw", "t", ttl=60, workers=["w-1"])
+    token = mint_block_token(ring, 7, "rw", "t", ttl=60, workers=["w-1"], length=10)
     with pytest.raises(E.PermissionDenied, match="no block keys"):
         checker.check(token, 7, "r")
     checker.set_keys(ring.format())

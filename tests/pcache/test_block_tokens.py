@@ -68,10 +68,14 @@ def _bad_tokens(cluster: LocalCluster, block_id: int, holders: list[str], good: 
         "none": "",
         "garbage": "garbage",
         "flipped": flipped,
-        "expired": mint_block_token(ring, block_id, "rwd", "default", ttl=1, workers=holders, now=time.time() - 60),
-        "other-block": mint_block_token(ring, block_id + 1, "rwd", "default", ttl=600, workers=holders),
-        "other-worker": mint_block_token(ring, block_id, "rwd", "default", ttl=600, workers=["w-elsewhere"]),
-        "other-cluster": mint_block_token(KeyRing.generate(), block_id, "rwd", "default", ttl=600, workers=holders),
+        "expired": mint_block_token(
+            ring, block_id, "rwd", "default", ttl=1, workers=holders, now=time.time() - 60, length=4
+        ),
+        "other-block": mint_block_token(ring, block_id + 1, "rwd", "default", ttl=600, workers=holders, length=4),
+        "other-worker": mint_block_token(ring, block_id, "rwd", "default", ttl=600, workers=["w-elsewhere"], length=4),
+        "other-cluster": mint_block_token(
+            KeyRing.generate(), block_id, "rwd", "default", ttl=600, workers=holders, length=4
+        ),
         "master-token": cluster.token,
     }
 
@@ -136,8 +140,8 @@ def test_a_read_token_works_only_at_the_replicas_it_names(cluster: LocalCluster)
 
 
 def test_a_block_id_is_written_once_whatever_the_token(cluster: LocalCluster) -> None:
-    """The writer's own allocation token (rwd at the pipeline) cannot rewrite its committed block:
-    AlreadyExists on TCP and on the short circuit, and the bytes stay."""
+    """The writer's own allocation token (rw at the pipeline) cannot rewrite its block (AlreadyExists
+    on TCP and on the short circuit) nor delete it to write it again (PermissionDenied): the bytes stay."""
     with Client(ClientConfig(master=cluster.master_address, token=cluster.token, short_circuit=False)) as pc:
         f = pc.open("/once", "wb")
         data = b"first bytes" * 1000
@@ -150,6 +154,8 @@ def test_a_block_id_is_written_once_whatever_the_token(cluster: LocalCluster) ->
             sc_open = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=block_id, length=len(evil), token=token)
             reply, fd = asyncio.run(_sc(addr, sc_open))
             assert reply.error == "AlreadyExists" and fd is None
+            delete = pb.DataHeader(op=pb.DELETE_BLOCK, block_id=block_id, token=token)
+            assert asyncio.run(_tcp(addr, delete)).error == "PermissionDenied"
             assert pc._run(pc.aio.data.read(addr, block_id, 0, len(data), token)) == data
         f.close()
 
@@ -165,3 +171,219 @@ def test_an_expired_layout_token_is_renewed_by_the_reader(cluster: LocalCluster)
                                           workers=[a.worker_id for a in slot.locations], now=time.time() - 60)  # fmt: skip
         assert f.read() == DATA
         f.close()
+
+
+def test_a_writer_stores_exactly_what_it_was_allocated_and_commits_that(cluster: LocalCluster) -> None:
+    """The quota is charged for the block's allocated length, so neither a worker nor the master
+    takes another one: a larger payload on TCP or through the short-circuit descriptor, a commit
+    naming a shorter length, or a block listed twice (freed twice, charged once) are refused."""
+    import os
+
+    from pcache.common import errors as E
+
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.token)) as pc:
+        node = pc._run(
+            pc.aio.master.create(
+                "/sized", mode=0o644, exclusive=True, truncate=False, block_size=1 << 20, replication=2
+            )
+        )
+        with pytest.raises(E.InvalidArgument, match="at most"):
+            pc._run(pc.aio.master.allocate_block(node.id, (1 << 20) + 1, "", []))
+        data = b"x" * 4096
+        loc = pc._run(pc.aio.master.allocate_block(node.id, len(data), "", []))
+        big = data * 16
+        head = loc.replicas[0]
+        over_tcp = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(big), token=loc.token)
+        assert asyncio.run(_tcp(head, over_tcp, big)).error == "PermissionDenied"
+        sc_big = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=loc.block_id, length=len(big), token=loc.token)
+        assert asyncio.run(_sc(head, sc_big))[0].error == "PermissionDenied"
+
+        async def sc_write_more() -> str:  # opened for the right length, then more written through the fd
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                await asyncio.get_running_loop().sock_connect(sock, head.uds_path)
+                opened = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=loc.block_id, length=len(data), token=loc.token)
+                await uds.send_frame(sock, opened, None, 5)
+                reply, fd = await uds.recv_frame(sock, 5)
+                assert reply.error == "" and fd is not None
+                os.pwrite(fd, big, 0)
+                os.close(fd)
+                done = pb.DataHeader(
+                    op=pb.SC_WRITE_COMMIT, block_id=loc.block_id, write_handle=reply.write_handle,
+                    crc32c=crc32c(big), token=loc.token,
+                )  # fmt: skip
+                await uds.send_frame(sock, done, None, 5)
+                return (await uds.recv_frame(sock, 5))[0].error
+            finally:
+                sock.close()
+
+        assert asyncio.run(sc_write_more()) == "InvalidArgument"  # the file holds more than was announced
+        # the right length is stored; the commit must name it, once
+        right = pb.DataHeader(
+            op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), pipeline=list(loc.replicas[1:]),
+            token=loc.token,
+        )  # fmt: skip
+        stored = asyncio.run(_tcp(head, right, data))
+        assert stored.error == "" and stored.replicas
+        blk = pb.CommittedBlock(block_id=loc.block_id, length=1, crc32c=crc32c(data), replicas=list(stored.replicas))
+        with pytest.raises(E.InvalidArgument, match="allocated for 4096 bytes, not 1"):
+            pc._run(pc.aio.master.commit_file(node.id, 1, [blk], 0.0, replace=True))
+        blk.length = len(data)
+        pc._run(pc.aio.master.commit_file(node.id, len(data), [blk], 0.0, replace=True))
+        assert pc.read_file("/sized") == data
+        twice = pb.CommittedBlock(block_id=loc.block_id, length=len(data), replicas=list(stored.replicas))
+        with pytest.raises(E.InvalidArgument, match="appears twice"):
+            pc._run(pc.aio.master.commit_file(node.id, (1 << 20) + len(data), [twice, twice], 0.0))
+        assert pc.stat("/sized").size == len(data)
+
+
+@pytest.mark.parametrize("short_circuit", [False, True])
+def test_a_replica_holding_another_blocks_bytes_is_never_served(cluster: LocalCluster, short_circuit: bool) -> None:
+    """Other bytes stored under a block id on one replica (deleted and written again through the
+    worker's own door, as a holder of the block keys could: the worker's own checks pass) are
+    caught by the reader, which compares the whole-block CRC32C the replica reports with the
+    committed one: it reads the good replica and reports the bad one."""
+    ring = ClusterKeys.load(str(cluster.keys_file)).blocks
+    cfg = ClientConfig(master=cluster.master_address, token=cluster.token, short_circuit=short_circuit)
+    with Client(cfg) as pc:
+        name = f"/wrong-{short_circuit}"
+        mine, other = b"m" * 5000, b"o" * 5000
+        pc.write_file(name, mine, replication=2)
+        block = pc.layout(name).blocks[0]
+        victim = block.replicas[0]
+        ids = [victim.worker_id]
+        delete = pb.DataHeader(
+            op=pb.DELETE_BLOCK, block_id=block.block_id,
+            token=mint_block_token(ring, block.block_id, "d", "default", ttl=60, workers=ids),
+        )  # fmt: skip
+        assert asyncio.run(_tcp(victim, delete)).error == ""
+        write = pb.DataHeader(
+            op=pb.WRITE_BLOCK, block_id=block.block_id, crc32c=crc32c(other),
+            token=mint_block_token(ring, block.block_id, "w", "default", ttl=60, workers=ids, length=len(other)),
+        )  # fmt: skip
+        assert asyncio.run(_tcp(victim, write, other)).error == ""
+        with pytest.raises(Exception, match="another block is stored under this id"):
+            pc._run(pc.aio.data.read(victim, block.block_id, 0, len(mine), block.token, block.crc32c))
+        for _ in range(3):  # whichever replica a reader tries first: the right bytes
+            assert pc.read_file(name) == mine
+
+
+def test_a_pipeline_goes_only_to_the_workers_of_the_token(cluster: LocalCluster) -> None:
+    """A writer names the next replicas itself: a worker forwards only to the worker ids its
+    block token names, and checks with a PING that the address is that worker before any block
+    byte or the token leaves (a client-supplied address could point at any service)."""
+    import socket as socket_mod
+    import threading
+
+    listener = socket_mod.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(15)
+    got: list[bytes] = []
+
+    def accept() -> None:
+        try:
+            while True:
+                conn, _ = listener.accept()
+                conn.settimeout(5)
+                try:
+                    while chunk := conn.recv(1 << 16):
+                        got.append(chunk)
+                        if sum(map(len, got)) > 64:
+                            break  # a PING frame is shorter: close on it like a foreign service would
+                except OSError:
+                    pass
+                conn.close()
+        except OSError:
+            return
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = listener.getsockname()[1]
+    try:
+        with Client(ClientConfig(master=cluster.master_address, token=cluster.token)) as pc:
+            node = pc._run(
+                pc.aio.master.create(
+                    "/piped", mode=0o644, exclusive=True, truncate=False, block_size=1 << 20, replication=2
+                )
+            )
+            data = b"p" * 4096
+            loc = pc._run(pc.aio.master.allocate_block(node.id, len(data), "", []))
+            head, second = loc.replicas[0], loc.replicas[1]
+            stranger = pb.WorkerAddr(worker_id="w-not-in-token", host="127.0.0.1", port=port)
+            header = pb.DataHeader(
+                op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), pipeline=[stranger], token=loc.token
+            )
+            assert asyncio.run(_tcp(head, header, data)).error == "PermissionDenied"
+            impostor = pb.WorkerAddr(worker_id=second.worker_id, host="127.0.0.1", port=port)
+            header = pb.DataHeader(
+                op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), pipeline=[impostor], token=loc.token
+            )
+            reply = asyncio.run(_tcp(head, header, data))
+            assert reply.error == "" and list(reply.replicas) == [head.worker_id]  # went on without it
+    finally:
+        listener.close()
+    sent = b"".join(got)
+    assert sent and loc.token.encode() not in sent and data not in sent  # only the PING reached it
+
+
+def test_a_connection_that_makes_no_request_is_closed_soon(cluster: LocalCluster) -> None:
+    """No credential, no buffer: an oversized header is refused at once; a connection that sends
+    nothing, or half a header, is closed after about 10 s (not the 300 s a pooled one may idle);
+    the worker serves others meanwhile."""
+    layout, _ = _victim(cluster)
+    addr = layout.blocks[0].replicas[0]
+
+    async def probe() -> dict[str, float]:
+        async def closed_after(first: bytes) -> float:
+            reader, writer = await asyncio.open_connection(addr.host, addr.port)
+            started = time.monotonic()
+            writer.write(first)
+            await writer.drain()
+            try:
+                async with asyncio.timeout(30):
+                    while await reader.read(1 << 16):
+                        pass
+            finally:
+                writer.close()
+            return time.monotonic() - started
+
+        silent = asyncio.ensure_future(closed_after(b""))
+        half = asyncio.ensure_future(closed_after(framing.PREFIX.pack(1000, 0) + b"\0" * 10))
+        big = await closed_after(framing.PREFIX.pack(1 << 20, 0))
+        read = pb.DataHeader(
+            op=pb.READ_BLOCK, block_id=layout.blocks[0].block_id, length=10, token=layout.blocks[0].token
+        )
+        assert (await _tcp(addr, read)).error == ""
+        return {"big": big, "silent": await silent, "half": await half}
+
+    took = asyncio.run(probe())
+    assert took["big"] < 2 and 8 < took["silent"] < 20 and 8 < took["half"] < 20, took
+
+
+def test_one_block_id_has_one_writer_at_a_time(cluster: LocalCluster) -> None:
+    """A second WRITE_BLOCK of a block id being written is refused (each would reserve the block's
+    length of the worker's disk)."""
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.token)) as pc:
+        node = pc._run(
+            pc.aio.master.create("/one-writer", mode=0o644, exclusive=True, truncate=False, block_size=1 << 20,
+                                 replication=1)
+        )  # fmt: skip
+        data = b"q" * 8192
+        loc = pc._run(pc.aio.master.allocate_block(node.id, len(data), "", []))
+        head = loc.replicas[0]
+        header = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), token=loc.token)
+
+        async def race() -> tuple[str, str]:
+            reader, writer = await framing.open_connection(head.host, head.port, 5)
+            try:
+                await framing.write_frame(writer, header, data[:100], payload_len=len(data), timeout=5)
+                await asyncio.sleep(0.5)  # the first write is under way
+                second = (await _tcp(head, header, data)).error
+                writer.write(data[100:])
+                reply, _ = await framing.read_header(reader, 5)
+                return second, reply.error
+            finally:
+                framing.close_writer(writer)
+
+        assert asyncio.run(race()) == ("AlreadyExists", "")

@@ -40,7 +40,7 @@ class Cluster:
         """Commit a file with one block per replica list, as CommitFile does."""
         node, _ = self.ns.create(path, replication=replication)
         blocks = [
-            pb.CommittedBlock(block_id=self.ns.allocate_block(node.id)[0], length=100 + n, replicas=r)
+            pb.CommittedBlock(block_id=self.ns.allocate_block(node.id, 100 + n)[0], length=100 + n, replicas=r)
             for n, r in enumerate(replicas)
         ]
         size = (len(blocks) - 1) * node.block_size + blocks[-1].length if blocks else 0
@@ -211,7 +211,7 @@ def test_bad_block_of_unknown_block_only_deletes(c: Cluster) -> None:
 def test_worker_registered_deletes_orphans_and_adopts_known_blocks(c: Cluster) -> None:
     (b,) = c.write("/f", [["w1"]])
     node = c.ns.resolve("/f")
-    pending, _ = c.ns.allocate_block(node.id)  # being written right now: not an orphan
+    pending, *_ = c.ns.allocate_block(node.id)  # being written right now: not an orphan
     c.register("w3", [b, 4242, pending, 4343])
     cmds = c.take_all()
     assert list(cmds) == ["w3"]
@@ -322,9 +322,13 @@ def test_allocate_places_a_pipeline_and_rolls_back_when_nobody_has_room() -> Non
     assert c.ns.allocations.owner(loc.block_id) == node.id
     loc2 = c.bm.allocate(node.id, 10, client_node="", exclude=["w1", "w2"])
     assert [a.worker_id for a in loc2.replicas] == ["w3"] and loc2.length == 10
+    with pytest.raises(E.InvalidArgument):
+        c.bm.allocate(node.id, node.block_size + 1, client_node="")  # never more than a block (placement, quota)
+    for wid in list(c.reg.workers):
+        c.reg.register(info(wid, free=5))
     with pytest.raises(E.NoSpace):
-        c.bm.allocate(node.id, 200 * GiB, client_node="")
-    assert len(c.ns.allocations) == 2  # the failed placement reserved nothing
+        c.bm.allocate(node.id, 10, client_node="")
+    assert len(c.ns.allocations) == 2  # the failed placements reserved nothing
     for wid in list(c.reg.workers):
         c.kill(wid)
     with pytest.raises(E.Unavailable):

@@ -281,6 +281,7 @@ EXPECTED = {
     "PermissionDenied": (errno.EACCES, (PermissionError,), False),
     "NotSupported": (errno.EOPNOTSUPP, (OSError,), False),
     "FileTooLarge": (errno.EFBIG, (OSError,), False),
+    "TooLarge": (errno.E2BIG, (ValueError,), False),
     "SymlinkLoop": (errno.ELOOP, (OSError, ValueError), False),
     "Conflict": (errno.ESTALE, (OSError,), False),
     "Unavailable": (errno.EIO, (ConnectionError,), True),

@@ -5,6 +5,7 @@ wrong scope is refused with PermissionDenied, and nothing changes (real processe
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -213,6 +214,39 @@ def test_secrets_and_block_files_are_their_owners_alone(cluster: LocalCluster) -
     assert mode(cluster.root / "worker-0") == 0o700
     blocks = [p for p in (cluster.root / "worker-0" / "blocks").rglob("*") if p.is_file()]
     assert blocks and all(mode(p) == 0o600 for p in blocks)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes directories of another uid (root)")
+def test_a_cluster_directory_another_user_could_swap_is_refused(tmp_path) -> None:
+    """A directory another user made (in /tmp, before the operator ran `pcache up`), or one under a
+    directory every user may write to, lets that user plant keys or rename the secrets and the
+    workers' sockets: a master, a worker, the key file and the TLS directory refuse it, naming the
+    owner or the mode. A sticky world-writable parent (/tmp itself) is fine."""
+    from pcache.common.credentials import check_private_path
+    from pcache.common.errors import InvalidArgument
+
+    planted = tmp_path / "pcache-data"
+    planted.mkdir()
+    os.chown(planted, 12345, 12345)  # the attacker's
+    for target in (planted, planted / "secrets" / "keys.json", planted / "worker-0"):
+        with pytest.raises(InvalidArgument, match="belongs to uid 12345"):
+            check_private_path(target, "data dir")
+    with pytest.raises(InvalidArgument, match="belongs to uid 12345"):
+        ClusterKeys.load_or_create(str(planted / "keys.json"))
+    assert not (planted / "keys.json").exists()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(InvalidArgument, match="writable by every user"):
+        check_private_path(shared / "c", "data dir")
+    os.chmod(shared, 0o1777)  # as /tmp: nobody renames another's entries
+    check_private_path(shared / "c", "data dir")
+    for argv in (
+        ["pcache", "worker", f"--worker.data_dir={planted / 'worker-0'}", "--worker.port=0"],
+        ["pcache", "master", f"--master.data_dir={planted / 'master'}", "--master.port=0"],
+    ):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and "belongs to uid 12345" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_key_rotation_while_reads_and_writes_run(tmp_path) -> None:

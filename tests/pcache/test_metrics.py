@@ -24,3 +24,38 @@ def test_serve_metrics_serves_the_role_registry() -> None:
     assert port
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "pcache_worker_ops_total" in text and "pcache_master_" not in text
+
+
+def test_a_scraper_that_stalls_holds_no_thread_and_tls_needs_the_clusters_certificate(tmp_path) -> None:
+    """The endpoint's connections time out (a half-sent request no longer pins a thread for
+    good); with the cluster's TLS context it serves HTTPS to a scraper holding a certificate of
+    the cluster CA, and refuses plaintext and a scraper without one."""
+    import socket
+    import ssl
+    import threading
+    import time
+
+    import pytest
+
+    from pcache.common.tls import TLSConfig, make_local_tls
+
+    port = metrics.serve_metrics(0, role="master")
+    stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    for s in stalled:
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+    time.sleep(0.5)
+    pinned = threading.active_count()
+    time.sleep(11)
+    assert threading.active_count() <= pinned - 20
+    for s in stalled:
+        s.close()
+
+    tls = TLSConfig.load(str(make_local_tls(tmp_path / "tls")), need_cert=True)
+    port = metrics.serve_metrics(0, role="master", tls=tls.server_context(client_auth=True))
+    text = urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=5, context=tls.client_context())
+    assert "pcache_master_live_workers" in text.read().decode()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    anonymous = ssl.create_default_context(cafile=str(tmp_path / "tls" / "ca.pem"))
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=5, context=anonymous).read()

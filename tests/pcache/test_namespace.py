@@ -58,7 +58,7 @@ def write(ns: Namespace, path: str, lengths: list[int], replicas: tuple[str, ...
     node, _ = ns.create(path)
     blocks = []
     for n, length in enumerate(lengths):
-        block_id, _ = ns.allocate_block(node.id)
+        block_id, *_ = ns.allocate_block(node.id, length)
         blocks.append(pb.CommittedBlock(block_id=block_id, length=length, crc32c=n + 7, replicas=list(replicas)))
     ns.commit_file(node.id, extent(lengths, node.block_size), blocks)
     return [b.block_id for b in blocks]
@@ -626,8 +626,8 @@ def test_allocate_block(ns: Namespace) -> None:
 
 def test_commit_file(ns: Namespace) -> None:
     node, _ = ns.create("/f", replication=3)
-    b1, _ = ns.allocate_block(node.id)
-    b2, _ = ns.allocate_block(node.id)
+    b1, *_ = ns.allocate_block(node.id)
+    b2, *_ = ns.allocate_block(node.id, 5)
     blocks = [
         pb.CommittedBlock(block_id=b1, length=BLOCK, crc32c=11, replicas=["w1", "w2", "w3"]),
         pb.CommittedBlock(block_id=b2, length=5, crc32c=22, replicas=["w2"]),
@@ -650,8 +650,8 @@ def test_commit_file(ns: Namespace) -> None:
 def test_commit_rejects_foreign_and_unknown_blocks(ns: Namespace) -> None:
     f, _ = ns.create("/f")
     g, _ = ns.create("/g")
-    mine, _ = ns.allocate_block(f.id)
-    theirs, _ = ns.allocate_block(g.id)
+    mine, *_ = ns.allocate_block(f.id, 1)
+    theirs, *_ = ns.allocate_block(g.id, 1)
     good = pb.CommittedBlock(block_id=mine, length=1, replicas=["w1"])
     with pytest.raises(E.Conflict):
         ns.commit_file(f.id, BLOCK + 1, [good, pb.CommittedBlock(block_id=theirs, length=1, replicas=["w1"])])
@@ -674,10 +674,10 @@ def test_commit_of_an_expired_or_foreign_allocation_says_why(ns: Namespace) -> N
     ns.allocations = Allocations(ns.store, ns.allocations.issued, grace=60.0, clock=lambda: clock[0])
     f, _ = ns.create("/f")
     g, _ = ns.create("/g")
-    old, _ = ns.allocate_block(f.id)
+    old, *_ = ns.allocate_block(f.id, 1)
     clock[0] += 30
-    young, _ = ns.allocate_block(f.id)
-    theirs, _ = ns.allocate_block(g.id)
+    young, *_ = ns.allocate_block(f.id, 1)
+    theirs, *_ = ns.allocate_block(g.id, 1)
     clock[0] += 31  # `old` is 61 s old, the others 31 s
     assert ns.allocations.expire() == [old]
     assert old not in ns.allocations and young in ns.allocations
@@ -689,7 +689,7 @@ def test_commit_of_an_expired_or_foreign_allocation_says_why(ns: Namespace) -> N
         ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=young + 1000, length=1, replicas=["w1"])])
     # a block that was committed and then replaced by another writer's commit
     ns.commit_file(g.id, 1, [pb.CommittedBlock(block_id=theirs, length=1, replicas=["w1"])])
-    newer, _ = ns.allocate_block(g.id)
+    newer, *_ = ns.allocate_block(g.id, 1)
     ns.commit_file(g.id, 1, [pb.CommittedBlock(block_id=newer, length=1, replicas=["w1"])], replace=True)
     with pytest.raises(E.Conflict, match="another writer committed first"):
         ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=theirs, length=1, replicas=["w1"])])
@@ -701,7 +701,7 @@ def test_commit_of_an_expired_or_foreign_allocation_says_why(ns: Namespace) -> N
 
 def test_commit_size_mismatch(ns: Namespace) -> None:
     f, _ = ns.create("/f")
-    b, _ = ns.allocate_block(f.id)
+    b, *_ = ns.allocate_block(f.id, 100)
     blk = pb.CommittedBlock(block_id=b, length=100, replicas=["w1"])
     for size in (99, 0, BLOCK + 1):  # longer than its place; one block too many; one too few
         with pytest.raises(E.InvalidArgument):
@@ -714,7 +714,7 @@ def test_commit_size_mismatch(ns: Namespace) -> None:
 def test_commit_overwrite_returns_freed_blocks(ns: Namespace) -> None:
     first = write(ns, "/f", [10, 20, 30])
     node = ns.resolve("/f")
-    new, _ = ns.allocate_block(node.id)
+    new, *_ = ns.allocate_block(node.id, 5)
     keep = [pb.CommittedBlock(block_id=first[0], length=10, replicas=["w1"])]
     updated, freed = ns.commit_file(
         node.id, BLOCK + 5, keep + [pb.CommittedBlock(block_id=new, length=5, replicas=["w3"])]
@@ -733,7 +733,7 @@ def test_commit_overwrite_returns_freed_blocks(ns: Namespace) -> None:
 
 def test_commit_after_delete_and_on_a_directory(ns: Namespace) -> None:
     f, _ = ns.create("/f")
-    b, _ = ns.allocate_block(f.id)
+    b, *_ = ns.allocate_block(f.id, 1)
     ns.delete("/f")
     with pytest.raises(E.NotFound):
         ns.commit_file(f.id, 1, [pb.CommittedBlock(block_id=b, length=1, replicas=["w1"])])
@@ -768,7 +768,7 @@ def test_namespace_survives_reopen(tmp_path: Path) -> None:
     ns.symlink("/a/l", "b/f")
     ns.setattr("/a", mode=0o700, set_xattrs={"user.k": b"v"})
     ns.rename("/a/b/f", "/a/g")
-    pending, _ = ns.allocate_block(ns.resolve("/a/g").id)
+    pending, *_ = ns.allocate_block(ns.resolve("/a/g").id)
     shape = tree(ns)
     ids = {p: ns.resolve(p).id for p in shape}
     ns.store.close()
@@ -788,7 +788,7 @@ def test_namespace_survives_reopen(tmp_path: Path) -> None:
     # counters continue past everything handed out before, including the uncommitted block
     new_dir = ns.mkdir("/c")
     assert new_dir.id > max(ids.values())
-    new_block, _ = ns.allocate_block(node.id)
+    new_block, *_ = ns.allocate_block(node.id)
     assert new_block > max(blocks + [pending])
     committed = ns.commit_file(
         node.id,
@@ -999,7 +999,7 @@ class NamespaceMachine(RuleBasedStateMachine):
             return
         node = self.ns.resolve(path)
         blocks = [
-            pb.CommittedBlock(block_id=self.ns.allocate_block(node.id)[0], length=10, replicas=["w1"])
+            pb.CommittedBlock(block_id=self.ns.allocate_block(node.id, 10)[0], length=10, replicas=["w1"])
             for _ in range(count)
         ]
         self.both(
@@ -1059,7 +1059,7 @@ def test_commit_merges_disjoint_writers_at_block_granularity(ns: Namespace) -> N
     view = (node.version, list(node.blocks))
 
     def change(index: int, length: int) -> pb.CommittedBlock:
-        return pb.CommittedBlock(block_id=ns.allocate_block(node.id)[0], length=length, replicas=["w3"])
+        return pb.CommittedBlock(block_id=ns.allocate_block(node.id, length)[0], length=length, replicas=["w3"])
 
     def keep(block_id: int, length: int) -> pb.CommittedBlock:
         return pb.CommittedBlock(block_id=block_id, length=length, replicas=["w1"])
@@ -1090,3 +1090,22 @@ def test_commit_merges_disjoint_writers_at_block_granularity(ns: Namespace) -> N
     with pytest.raises(E.Conflict):
         ns.commit_file(node.id, BLOCK, [keep(first[0], BLOCK)], base_version=view[0], base_blocks=view[1], replace=True)
     assert list(ns.resolve("/m").blocks) == list(merged.blocks) and c0.block_id in ns.allocations
+
+
+def test_a_deleted_tenants_name_is_free_once_no_key_of_its_time_verifies(ns: Namespace) -> None:
+    """Deleting a tenant leaves a tombstone with the token keys of that time: the name is refused
+    while one of them is in the ring (its old tokens would be valid again), and free after the
+    keys rotated past them. A purge also ends the reservations of the tenant's open writers."""
+    ns.create_tenant("t", quota_bytes=10 * BLOCK, key_ids=["k1"])
+    node, _ = ns.create("/t/f")
+    ns.allocate_block(node.id)
+    assert ns.allocations.reserved_bytes("t") == BLOCK
+    ns.delete_tenant("t", purge=True, key_ids=["k1", "k0"])
+    assert ns.allocations.reserved_bytes("t") == 0 and len(ns.allocations) == 0
+    with pytest.raises(E.AlreadyExists, match=r"\(k1\)"):
+        ns.create_tenant("t", key_ids=["k2", "k1"])  # one rotation: k1 still verifies
+    rec = ns.create_tenant("t", key_ids=["k3", "k2"])  # two rotations: every old token is dead
+    assert rec.name == "t" and rec.used_bytes == 0 and ns.allocations.reserved_bytes("t") == 0
+    ns.delete_tenant("t", key_ids=["k3", "k2"])
+    with pytest.raises(E.AlreadyExists):
+        ns.create_tenant("t", key_ids=["k3"])

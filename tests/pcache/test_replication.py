@@ -94,7 +94,7 @@ def test_reply_cache_answers_a_retry_once_and_expires() -> None:
     with pytest.raises(E.InvalidArgument, match="used for Create"):
         replies.get("c:1", "Rename", pb.Inode)
     with pytest.raises(E.InvalidArgument):
-        replies.get("x" * 300, "Create", pb.Inode)
+        replies.get("x" * 301, "Create", pb.Inode)
     clock[0] += 61
     assert replies.expire() == 1 and replies.get("c:1", "Create", pb.Inode) is None
 
@@ -105,7 +105,7 @@ def test_a_namespace_rebuilt_from_a_replica_continues_its_ids(tmp_path: Path) ->
     leader = leader_store()
     ns = Namespace(leader, default_block_size=1 << 20, default_replication=1)
     f, _ = ns.create("/f")
-    pending, _ = ns.allocate_block(f.id)
+    pending, *_ = ns.allocate_block(f.id, 1)
     follower = ReplicatedStore(MemoryMetaStore())
     assert follower.append(pb.AppendRequest(epoch=7, entries=leader.entries_after(0)))
     follower.epoch = 9
