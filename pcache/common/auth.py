@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import os
 import re
 import secrets
@@ -208,7 +209,7 @@ def mint_block_token(
     check_name(tenant, "tenant")
     if not workers or any(not w or "." in w or "+" in w for w in workers):
         raise InvalidArgument(f"a block token names one or more worker ids without '.' or '+', got {workers!r}")
-    expiry = int((time.time() if now is None else now) + ttl)
+    expiry = math.ceil((time.time() if now is None else now) + ttl)  # valid ttl seconds at least
     ops = "".join(sorted(set(ops)))
     fields = ("b2", ring.current, str(int(block_id)), ops, str(int(length)), tenant, "+".join(workers), str(expiry))
     return ".".join((*fields, ring.mac(ring.current, fields)))

@@ -35,36 +35,47 @@ TOKENS_FILE_ENV = "PCACHE_TOKENS_FILE"
 
 def check_private_path(path: str | os.PathLike[str], what: str) -> None:
     """Refuse ``path`` when another user could replace it or what it holds (keys, tokens, block
-    files, sockets), as OpenSSH's ``StrictModes`` does: it, and every directory above it, must
-    belong to this process's user or root, and none may be writable by every user, except a
-    directory with the sticky bit (``/tmp``), where nobody renames another's entries. A missing
-    ``path`` is checked from its first existing parent (it is made 0700 after).
+    files, sockets), as OpenSSH's ``StrictModes`` does: it, every directory above it and every
+    symbolic link on the way (the path as given, and the path it resolves to) must belong to this
+    process's user or root, and none may be writable by every user, or by a group this process is
+    not in, except a directory with the sticky bit (``/tmp``), where nobody renames another's
+    entries. A missing ``path`` is checked from its first existing parent (it is made 0700 after).
 
     Raises:
         InvalidArgument: the path names the owner or the mode that lets another user in.
     """
     euid = os.geteuid()
-    current = os.path.realpath(path)
-    while True:
-        try:
-            st = os.stat(current)
-        except FileNotFoundError:
-            st = None
-        if st is not None:
-            if st.st_uid not in (euid, 0):
-                raise InvalidArgument(
-                    f"{what} {path}: {current} belongs to uid {st.st_uid}, not to this process's user ({euid})"
-                    " or root: that user could replace the keys, tokens or sockets in it"
-                )
-            sticky_dir = stat_mod.S_ISDIR(st.st_mode) and st.st_mode & stat_mod.S_ISVTX
-            if st.st_mode & 0o002 and not sticky_dir:
-                raise InvalidArgument(
-                    f"{what} {path}: {current} is writable by every user (chmod o-w it, or choose another place)"
-                )
-        parent = os.path.dirname(current)
-        if parent == current:
-            return
-        current = parent
+    groups = {os.getegid(), 0, *os.getgroups()}
+    given = os.path.abspath(path)
+    for start, follow in ((given, False), (os.path.realpath(given), True)):
+        current = start
+        while True:
+            try:
+                st = os.stat(current) if follow else os.lstat(current)
+            except FileNotFoundError:
+                st = None
+            if st is not None:
+                if st.st_uid not in (euid, 0):
+                    raise InvalidArgument(
+                        f"{what} {path}: {current} belongs to uid {st.st_uid}, not to this process's user ({euid})"
+                        " or root: that user could replace the keys, tokens or sockets in it"
+                    )
+                link = stat_mod.S_ISLNK(st.st_mode)  # its own mode means nothing; its owner does
+                sticky_dir = stat_mod.S_ISDIR(st.st_mode) and st.st_mode & stat_mod.S_ISVTX
+                if not link and not sticky_dir:
+                    if st.st_mode & 0o002:
+                        raise InvalidArgument(
+                            f"{what} {path}: {current} is writable by every user (chmod o-w it, or choose another place)"
+                        )
+                    if st.st_mode & 0o020 and st.st_gid not in groups:
+                        raise InvalidArgument(
+                            f"{what} {path}: {current} is writable by group {st.st_gid}, which this process is not in"
+                            " (chmod g-w it)"
+                        )
+            parent = os.path.dirname(current)
+            if parent == current:
+                break
+            current = parent
 
 
 @dataclass

@@ -10,7 +10,9 @@ usual ``process_*`` and ``python_*`` series.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import ssl
 import threading
 from typing import Literal
@@ -123,11 +125,28 @@ LOST_BLOCKS = Counter(
 )
 
 
+METRICS_CONNECTIONS = 16  # scrapes served at once; more are closed at once
+
+
 class _MetricsHandler(WSGIRequestHandler):
-    """One scrape per connection, in ``timeout`` seconds: a peer that sends half a request and
-    waits holds its thread no longer (prometheus-client's own server sets no timeout)."""
+    """One scrape per connection, all of it within ``timeout`` seconds: a peer that trickles a
+    request holds its thread no longer (prometheus-client's own server sets no timeout)."""
 
     timeout = 10.0
+
+    def setup(self) -> None:
+        super().setup()
+        self._deadline = threading.Timer(self.timeout, self._cut)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _cut(self) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        super().finish()
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
         pass
@@ -155,6 +174,22 @@ def serve_metrics(
 
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True
+        slots = threading.BoundedSemaphore(METRICS_CONNECTIONS)
+
+        def process_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+            if not self.slots.acquire(blocking=False):
+                self.shutdown_request(request)
+                return
+            super().process_request(request, client_address)
+
+        def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+            logger.debug("metrics request from %s failed", client_address, exc_info=True)  # a cut, a bad TLS peer
+
+        def process_request_thread(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self.slots.release()
 
     server = make_server(host, port, make_wsgi_app(REGISTRIES[role]), Server, handler_class=_MetricsHandler)
     if tls is not None:

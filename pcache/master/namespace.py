@@ -103,8 +103,8 @@ class Namespace:
             root = pb.Inode(id=ROOT, type=pb.DIRECTORY, mode=0o755, mtime=now, ctime=now, atime=now)
             self.store.write([(_ikey(ROOT), root.SerializeToString())])
         self.tenants = Tenants(store)
-        if default_tenant and default_tenant not in self.tenants:
-            self.create_tenant(default_tenant)
+        if default_tenant and default_tenant not in self.tenants and not self.tenants.deleted(default_tenant):
+            self.create_tenant(default_tenant)  # made at the first start; an admin's delete stands
 
     # ------------------------------------------------------------ lookups --
 
@@ -421,6 +421,11 @@ class Namespace:
             if no_replace:
                 raise E.AlreadyExists("destination exists", path=dst)
             victim = self._get_inode(existing)
+            roots = self.tenants.root_inodes()
+            if victim.id in roots:
+                raise E.InvalidArgument(
+                    f"is the root of tenant {roots[victim.id]!r}, which cannot be replaced", path=dst
+                )
             if victim.type == pb.DIRECTORY:
                 if node.type != pb.DIRECTORY:
                     raise E.IsADirectory("destination is a directory", path=dst)

@@ -100,12 +100,14 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     def block_token(self, block_id: int, ops: str, tenant: str, workers: list[str], *, length: int = 0) -> str:
         """A block token for ``ops`` on ``block_id`` at ``workers`` ("" when there is no worker);
-        a write must store exactly ``length`` bytes."""
+        a write must store exactly ``length`` bytes. A write token lives no longer than the
+        allocation's reservation (``orphan_grace``): past it the bytes would no longer be charged."""
         if not workers:
             return ""
-        return mint_block_token(
-            self.m.block_signer, block_id, ops, tenant or "cluster", self.m.cfg.block_token_ttl, workers, length=length
-        )
+        ttl = self.m.cfg.block_token_ttl
+        if "w" in ops:
+            ttl = min(ttl, self.m.cfg.orphan_grace)
+        return mint_block_token(self.m.block_signer, block_id, ops, tenant or "cluster", ttl, workers, length=length)
 
     @property
     def epoch(self) -> int:

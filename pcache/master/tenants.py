@@ -163,6 +163,10 @@ class Tenants:
         to life in a new tenant of the same name while one of those keys still verifies."""
         return GONE + name.encode(), ",".join(sorted(key_ids)).encode()
 
+    def deleted(self, name: str) -> bool:
+        """Whether a tenant ``name`` was deleted (and its tombstone stands)."""
+        return self.store.get(GONE + name.encode()) is not None
+
     def check_reuse(self, name: str, key_ids: Iterable[str]) -> list[bytes]:
         """The batch deletes that let ``name`` be used again (its tombstone, if any).
 

@@ -71,7 +71,11 @@ class _Downstream:
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    worker_id: str
+    addr: pb.WorkerAddr
+
+    @property
+    def worker_id(self) -> str:
+        return self.addr.worker_id
 
 
 class DataServer:
@@ -96,7 +100,9 @@ class DataServer:
         self.tier = tier
         self.io_timeout = io_timeout
         self.peer_timeout = peer_timeout  # a stalled downstream replica is dropped after this
-        self._stalled: dict[str, float] = {}  # downstream worker id -> until when pipelines skip it
+        # downstream "id@host:port" -> until when pipelines skip it (by address too: a pipeline's
+        # addresses are its writer's, and a wrong one must not make others skip the real worker)
+        self._stalled: dict[str, float] = {}
         self.on_corrupt = on_corrupt
         self.on_lost = on_lost
         self.inflight = 0
@@ -125,12 +131,16 @@ class DataServer:
             return
         self.connections += 1
         proven = False  # a request its block token allowed has been served
+        opened = time.monotonic()
         try:
             while True:
+                # until its first authorized request, a connection's deadline runs from its opening
+                # (PINGs, which need no token, do not keep it open)
+                first_left = max(0.0, opened + FIRST_FRAME_TIMEOUT - time.monotonic())
                 try:
                     header, payload_len = await framing.read_header(
                         reader,
-                        IDLE_TIMEOUT if proven else FIRST_FRAME_TIMEOUT,
+                        IDLE_TIMEOUT if proven else first_left,
                         max_header=REQUEST_HEADER_BYTES,
                         header_timeout=FRAME_TIMEOUT,
                     )
@@ -262,14 +272,17 @@ class DataServer:
             raise
         return reader, writer
 
-    def _peer_stalled(self, worker_id: str) -> None:
-        self._stalled[worker_id] = time.monotonic() + STALLED_PEER_SECONDS
+    def _peer_stalled(self, addr: pb.WorkerAddr) -> None:
+        self._stalled[_peer_key(addr)] = time.monotonic() + STALLED_PEER_SECONDS
+
+    def _is_stalled(self, addr: pb.WorkerAddr) -> bool:
+        return self._stalled.get(_peer_key(addr), 0.0) > time.monotonic()
 
     async def _open_downstream(self, header: pb.DataHeader, payload_len: int) -> _Downstream | None:
         if not header.pipeline:
             return None
         nxt = header.pipeline[0]
-        if self._stalled.get(nxt.worker_id, 0.0) > time.monotonic():
+        if self._is_stalled(nxt):
             logger.warning(
                 "block %d: downstream %s stalled lately; going on without it", header.block_id, nxt.worker_id
             )
@@ -285,9 +298,9 @@ class DataServer:
                 epoch=header.epoch,
             )
             await framing.write_frame(writer, fwd, payload_len=payload_len, timeout=self.peer_timeout)
-            return _Downstream(reader, writer, nxt.worker_id)
+            return _Downstream(reader, writer, nxt)
         except PCacheError as exc:
-            self._peer_stalled(nxt.worker_id)
+            self._peer_stalled(nxt)
             logger.warning(
                 "block %d: downstream %s unreachable; going on without it: %s", header.block_id, nxt.worker_id, exc
             )
@@ -299,7 +312,7 @@ class DataServer:
             await framing.drain(down.writer, self.peer_timeout)
             return down
         except PCacheError as exc:
-            self._peer_stalled(down.worker_id)
+            self._peer_stalled(down.addr)
             logger.warning("downstream replica %s failed mid-block: %s", down.worker_id, exc)
             framing.close_writer(down.writer)
             return None
@@ -310,7 +323,7 @@ class DataServer:
             framing.raise_if_error(reply)
             return list(reply.replicas)
         except PCacheError as exc:
-            self._peer_stalled(down.worker_id)
+            self._peer_stalled(down.addr)
             logger.warning("downstream replica %s did not acknowledge: %s", down.worker_id, exc)
             return []
         finally:
@@ -409,7 +422,7 @@ class DataServer:
         """
         head, rest = targets[0], list(targets[1:])
         stall = self.peer_timeout if pipeline else self.io_timeout
-        if pipeline and self._stalled.get(head.worker_id, 0.0) > time.monotonic():
+        if pipeline and self._is_stalled(head):
             raise Unavailable(f"replica {head.worker_id} stalled lately")
         try:
             reader, writer = await self._connect_worker(head, stall)
@@ -428,7 +441,7 @@ class DataServer:
                 framing.close_writer(writer)
         except (Unavailable, Timeout):
             if pipeline:
-                self._peer_stalled(head.worker_id)
+                self._peer_stalled(head)
             raise
 
 
@@ -443,3 +456,7 @@ def check_pipeline(grant: BlockGrant, pipeline: Iterable[pb.WorkerAddr]) -> None
         raise PermissionDenied(
             f"the block token of block {grant.block_id} is not for {', '.join(strangers)} of its pipeline"
         )
+
+
+def _peer_key(addr: pb.WorkerAddr) -> str:
+    return f"{addr.worker_id}@{addr.host}:{addr.port}"

@@ -241,6 +241,18 @@ def test_a_cluster_directory_another_user_could_swap_is_refused(tmp_path) -> Non
         check_private_path(shared / "c", "data dir")
     os.chmod(shared, 0o1777)  # as /tmp: nobody renames another's entries
     check_private_path(shared / "c", "data dir")
+    # ... but a link another user put there, even to a directory of root's, is theirs to repoint
+    (tmp_path / "roots").mkdir()
+    os.symlink(tmp_path / "roots", shared / "link")
+    os.lchown(shared / "link", 12345, 12345)
+    with pytest.raises(InvalidArgument, match="belongs to uid 12345"):
+        check_private_path(shared / "link" / "w", "data dir")
+    team = tmp_path / "team"
+    team.mkdir()
+    os.chown(team, 0, 12345)
+    os.chmod(team, 0o775)  # writable by a group this process is not in
+    with pytest.raises(InvalidArgument, match="writable by group 12345"):
+        check_private_path(team / "w", "data dir")
     for argv in (
         ["pcache", "worker", f"--worker.data_dir={planted / 'worker-0'}", "--worker.port=0"],
         ["pcache", "master", f"--master.data_dir={planted / 'master'}", "--master.port=0"],

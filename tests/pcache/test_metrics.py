@@ -40,14 +40,24 @@ def test_a_scraper_that_stalls_holds_no_thread_and_tls_needs_the_clusters_certif
     from pcache.common.tls import TLSConfig, make_local_tls
 
     port = metrics.serve_metrics(0, role="master")
-    stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    before = threading.active_count()
+    stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
     for s in stalled:
         s.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
-    time.sleep(0.5)
-    pinned = threading.active_count()
-    time.sleep(11)
-    assert threading.active_count() <= pinned - 20
-    for s in stalled:
+    time.sleep(1)
+    assert threading.active_count() <= before + 2 * metrics.METRICS_CONNECTIONS  # the rest were closed
+    time.sleep(10.5)
+    assert threading.active_count() <= before + 2  # every stalled one was cut at its deadline
+    trickle = socket.create_connection(("127.0.0.1", port))
+    started, cut = time.monotonic(), None
+    while time.monotonic() - started < 25 and cut is None:  # one byte every 2 s: still cut at the deadline
+        try:
+            trickle.sendall(b"G")
+            time.sleep(2)
+        except OSError:
+            cut = time.monotonic() - started
+    assert cut is not None and 8 < cut < 14, cut
+    for s in [*stalled, trickle]:
         s.close()
 
     tls = TLSConfig.load(str(make_local_tls(tmp_path / "tls")), need_cert=True)

@@ -1109,3 +1109,13 @@ def test_a_deleted_tenants_name_is_free_once_no_key_of_its_time_verifies(ns: Nam
     ns.delete_tenant("t", key_ids=["k3", "k2"])
     with pytest.raises(E.AlreadyExists):
         ns.create_tenant("t", key_ids=["k3"])
+
+
+def test_a_deleted_default_tenant_is_not_made_again_at_the_next_start(store: MetaStore) -> None:
+    """The embedded default's tenant is made at a master's first start; once an admin deleted it,
+    a restart must not bring it (and its old tokens) back."""
+    ns = Namespace(store, default_block_size=BLOCK, default_replication=1, default_tenant="default")
+    assert "default" in ns.tenants
+    ns.delete_tenant("default", key_ids=["k1"])
+    again = Namespace(store, default_block_size=BLOCK, default_replication=1, default_tenant="default")
+    assert "default" not in again.tenants and again.tenants.deleted("default")

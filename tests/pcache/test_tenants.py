@@ -303,6 +303,10 @@ def test_a_directory_above_a_tenant_root_does_not_move(cluster: LocalCluster, ad
         assert pc.read_file("/f") == b"tx"
     admin.mkdir("/teams/other")
     admin.rename("/teams/other", "/teams/other-2")  # a directory beside the root moves
+    admin.create_tenant("empty-root")
+    admin.mkdir("/impostor")
+    with pytest.raises(E.InvalidArgument, match="root of tenant 'empty-root'"):
+        admin.rename("/impostor", "/empty-root")  # nor is a root replaced by another directory
 
 
 def test_a_request_id_is_the_callers_own(cluster: LocalCluster, two: dict[str, str]) -> None:
