@@ -50,6 +50,8 @@ def translate_errors(func: F) -> F:
         except FuseOSError:
             raise
         except PCacheError as exc:
+            if (exc.errno or errno.EIO) == errno.EIO:  # the application sees only "I/O error": say why here
+                logger.warning("%s%r: %s: %s", func.__name__, args[1:3], type(exc).__name__, exc)
             raise FuseOSError(exc.errno or errno.EIO) from exc
         except OSError as exc:
             raise FuseOSError(exc.errno or errno.EIO) from exc
