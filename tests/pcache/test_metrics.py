@@ -56,7 +56,7 @@ def test_a_scraper_that_stalls_holds_no_thread_and_tls_needs_the_clusters_certif
             time.sleep(2)
         except OSError:
             cut = time.monotonic() - started
-    assert cut is not None and 8 < cut < 14, cut
+    assert cut is not None and 8 < cut < 20, cut  # seen at the send after the next (2 s apart)
     for s in [*stalled, trickle]:
         s.close()
 
