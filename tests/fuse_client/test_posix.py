@@ -23,6 +23,8 @@ def sh(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
     return res
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # about 285 s alone on 2 cores (cp, diff, tar of ~1,900 files both ways): 300 s was too close
 def test_shell_tools_on_the_stdlib_tree(mnt: Path, tmp_path: Path) -> None:
     src = stdlib_copy(tmp_path / "stdlib")
     sh(f"cp -r {src} {mnt}/stdlib", mnt)
