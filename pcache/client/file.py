@@ -37,6 +37,7 @@ from pcache.common.errors import (
     NotFound,
     PCacheError,
     PermissionDenied,
+    StaleHandle,
     Timeout,
     Unavailable,
 )
@@ -235,9 +236,10 @@ class PCacheFile:
     async def pread(self, offset: int, length: int) -> bytes:
         """Read up to ``length`` bytes at ``offset`` without moving the position.
 
-        A handle opened from the client's metadata cache whose blocks are gone (the file was
-        replaced within ``metadata_ttl``, and the old blocks deleted) takes the file's current
-        layout once and reads again: its open came after that commit (close-to-open).
+        A read-only handle whose blocks are gone takes the file's current layout once and reads
+        again: a later commit replaced them (copy-on-write frees the old blocks at once), or the
+        handle was opened from the client's metadata cache (``metadata_ttl``) after such a commit
+        (close-to-open). A writer reads the blocks that replaced its clean ones (:meth:`_fetch`).
 
         Raises:
             Unavailable: no replica of a block could be read.
@@ -245,7 +247,7 @@ class PCacheFile:
         try:
             return await self._pread(offset, length)
         except Unavailable:
-            if not self.cached or self.writable:
+            if self.writable:
                 raise
             self.cached = False
             self.service.invalidate(self.path)
@@ -341,7 +343,19 @@ class PCacheFile:
         return task
 
     async def _fetch(self, idx: int, offset: int, length: int) -> bytes:
-        """Read a byte range of a clean slot's block, failing over between replicas."""
+        """Read a byte range of a clean slot's block, failing over between replicas.
+
+        When every replica fails, the handle asks the master where the block is now. In a writer,
+        a clean block that no longer belongs to the file was replaced by another handle's commit
+        (copy-on-write) and its replicas deleted: the range is read from the block now at that
+        position, the content a handle opened after that commit would see (the slot keeps its
+        block id, so the writer's commit still conflicts if it changes that block). A read-only
+        handle takes the whole new layout instead (:meth:`pread`).
+
+        Raises:
+            Unavailable: no replica could be read. StaleHandle: the file no longer has that block
+            position (a later commit shrank it).
+        """
         slot = self.slots[idx]
         errors: list[str] = []
         for attempt in range(2):
@@ -349,11 +363,33 @@ class PCacheFile:
             if data is not None:
                 return data
             if attempt == 0:
-                await self._refresh_locations()
+                layout = await self._refresh_locations()
+                superseded = layout is not None and all(b.block_id != slot.block_id for b in layout.blocks)
+                if superseded and self.writable:
+                    return await self._read_successor(layout, idx, offset, length)
                 slot = self.slots[idx]
         raise Unavailable(
             f"{self.path}: no replica of block {slot.block_id} could be read ({'; '.join(errors) or 'no live replica'})"
         )
+
+    async def _read_successor(self, layout: pb.FileLayout, idx: int, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``offset`` of the block that replaced slot ``idx``'s block."""
+        gone = self.slots[idx].block_id
+        if idx >= len(layout.blocks):
+            raise StaleHandle(f"{self.path}: block {gone} was removed by a later commit that shrank the file")
+        successor = _slots(layout)[idx]
+        logger.debug("%s: block %d was replaced by block %d; reading that", self.path, gone, successor.block_id)
+        n = max(0, min(length, successor.length - offset))
+        if successor.block_id == HOLE or n == 0:
+            return bytes(length)
+        errors: list[str] = []
+        data = await self._hedged(self._ordered(successor.locations), successor, offset, n, errors)
+        if data is None:
+            raise Unavailable(
+                f"{self.path}: block {gone} was replaced by block {successor.block_id}, and no replica of that"
+                f" could be read ({'; '.join(errors) or 'no live replica'})"
+            )
+        return data + bytes(length - n)
 
     async def _hedged(
         self, order: list[pb.WorkerAddr], slot: Slot, offset: int, length: int, errors: list[str]
@@ -443,16 +479,21 @@ class PCacheFile:
         except PCacheError as exc:
             logger.warning("cannot report corrupt block %d on %s: %s", block_id, worker_id, exc)
 
-    async def _refresh_locations(self) -> None:
+    async def _refresh_locations(self) -> pb.FileLayout | None:
+        """Take the master's current replica locations (and tokens) of this handle's blocks.
+
+        Returns the file's current layout, or None when the master could not answer.
+        """
         try:
             layout = await self.service.layout_of(self.inode)
         except PCacheError as exc:
             logger.warning("%s: cannot refresh block locations: %s", self.path, exc)
-            return
+            return None
         fresh = {b.block_id: b for b in layout.blocks}
         for slot in self.slots:
             if slot.block_id in fresh:
                 slot.locations, slot.token = list(fresh[slot.block_id].replicas), fresh[slot.block_id].token
+        return layout
 
     # ------------------------------------------------------------ writes --
 

@@ -313,9 +313,9 @@ class File(io.RawIOBase):
         end = min(self._f.size, offset + max(0, length))
         parts: list[bytes] = []
         pos = offset
-        while pos < end:
+        while pos < min(end, self._f.size):  # a read that took a newer version may find the file shorter
             piece = self._pread_piece(pos, end - pos)
-            if not piece:  # cannot happen below the handle's size; never answer short
+            if not piece and pos < self._f.size:  # cannot happen below the handle's size; never answer short
                 raise CorruptBlock(f"{self.name}: no bytes at offset {pos} below its size {self._f.size}")
             parts.append(piece)
             pos += len(piece)

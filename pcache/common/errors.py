@@ -109,6 +109,12 @@ class Conflict(PCacheError):
     errno_code = _errno.ESTALE
 
 
+class StaleHandle(PCacheError):
+    """A handle's view names data that a later commit removed (the file shrank under a reader)."""
+
+    errno_code = _errno.ESTALE
+
+
 class NoSpace(PCacheError):
     """No worker (or not this one) has room for the block."""
 
@@ -208,6 +214,7 @@ ERRORS_BY_NAME: dict[str, type[PCacheError]] = {
         NameTooLong,
         SymlinkLoop,
         Conflict,
+        StaleHandle,
         NoSpace,
         QuotaExceeded,
         CrossTenant,

@@ -313,6 +313,45 @@ def test_an_open_from_the_metadata_cache_reads_the_new_version_once_the_old_bloc
         assert reader.read_file("/ckpt") == new  # the stale entry is gone from the cache too
 
 
+def test_a_handle_opened_before_a_commit_reads_what_replaced_its_deleted_blocks(make_cluster) -> None:
+    """Copy-on-write frees a replaced block at once. A reader opened before the commit takes the
+    new version, never EIO; a writer's clean block reads the block that replaced it, and the writer
+    still conflicts if it changes that block; a writer's position the commit cut off is ESTALE."""
+    from pcache.testing.faults import replica_files, wait_for
+
+    cluster = make_cluster(workers=2)
+    bs = 1 << 20
+    cfg = ClientConfig(master=cluster.master_address, short_circuit=False, readahead_units=0)
+    with Client(cfg) as mine, Client(master=cluster.master_address) as other:
+        other.write_file("/shared", b"o" * (3 * bs), block_size=bs, replication=1)
+        reader, writer, clean = (mine.open("/shared", mode) for mode in ("rb", "r+b", "r+b"))
+        files = [p for replicas in replica_files(other.layout("/shared")) for p in replicas]
+        with other.open("/shared", "r+b") as f:  # replaces blocks 1 and 2
+            f.seek(bs)
+            f.write(b"n" * (2 * bs) + b"tail")
+        wait_for(lambda: not any(p.exists() for p in files[1:]), 30, "the replaced blocks' files deleted")
+        assert reader.pread(bs - 2, 4) == b"oonn"
+        assert reader.pread(3 * bs, 10) == b"tail"  # the new version, whole
+        assert writer.pread(2 * bs, 3) == b"nnn"  # a clean block of a writer: the successor's bytes
+        writer.seek(bs + 5)
+        writer.write(b"w")  # its block 1 was replaced since its view: the commit must not land
+        with pytest.raises(E.Conflict):
+            writer.close()
+        reader.close()
+        assert mine.read_file("/shared") == b"o" * bs + b"n" * (2 * bs) + b"tail"
+
+        cut = [p for replicas in replica_files(mine.layout("/shared"))[1:] for p in replicas]
+        with other.open("/shared", "r+b") as f:
+            f.truncate(bs)
+        wait_for(lambda: not any(p.exists() for p in cut), 30, "the cut blocks' files deleted")
+        with pytest.raises(E.StaleHandle) as info:
+            clean.pread(2 * bs, 10)
+        assert info.value.errno == errno.ESTALE
+        clean.close()  # nothing written: nothing to commit
+        with mine.open("/shared", "rb") as late:
+            assert late.pread(0, 4 * bs) == b"o" * bs
+
+
 def test_concurrent_stats_and_creates_share_batches(shared_cluster) -> None:
     """Calls made while one is in flight leave together in one Batch RPC; each gets its own
     answer or error, in order."""
