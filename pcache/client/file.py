@@ -364,8 +364,7 @@ class PCacheFile:
                 return data
             if attempt == 0:
                 layout = await self._refresh_locations()
-                superseded = layout is not None and all(b.block_id != slot.block_id for b in layout.blocks)
-                if superseded and self.writable:
+                if layout is not None and self.writable and all(b.block_id != slot.block_id for b in layout.blocks):
                     return await self._read_successor(layout, idx, offset, length)
                 slot = self.slots[idx]
         raise Unavailable(
