@@ -32,6 +32,7 @@ import glob
 import logging
 import os
 import shutil
+import ssl
 import struct
 import time
 from collections import deque
@@ -47,6 +48,8 @@ from pcache.common.metrics import MASTER_APPLIED_INDEX, MASTER_FOLLOWER_LAG, MAS
 from pcache.common.rpc import call_stamped, channel_options, rpc_method, rpc_stream_method, translate_stamped
 from pcache.common.tls import TLSConfig
 from pcache.common.tls import channel as tls_channel
+from pcache.master import logstream
+from pcache.master.logstream import LeaderStream
 from pcache.master.metastore import MetaStore
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
@@ -307,6 +310,7 @@ class ReplicationServicer(pb_grpc.ReplicationServicer):
         self.leader = ""  # that leader's address
         self.last_contact = 0.0
         self.on_contact: Callable[[], None] = lambda: None
+        self.stream_port = 0  # where this master takes replication streams (0: none, Append only)
 
     def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
         """Only another master of this cluster (a master-scope token) may replicate to this one.
@@ -316,11 +320,24 @@ class ReplicationServicer(pb_grpc.ReplicationServicer):
         """
         self.guard.authorize(method, context.invocation_metadata())
 
+    def authorize_token(self, method: str, token: str) -> None:
+        """As :meth:`authorize`, for the token of a replication stream's HELLO (:mod:`logstream`)."""
+        self.guard.authorize(method, bearer(token))
+
     def _reply(self, ok: bool) -> pb.AppendResponse:
         return pb.AppendResponse(
             epoch=self.epoch, ok=ok, applied_index=self.store.index,
-            applied_epoch=self.store.index_epoch, member=self.member,
+            applied_epoch=self.store.index_epoch, member=self.member, stream_port=self.stream_port,
         )  # fmt: skip
+
+    def apply_append(self, request: pb.AppendRequest) -> pb.AppendResponse:
+        """Apply one group of the leader's entries (if they follow this log); the answer to send.
+
+        Raises:
+            StaleEpoch: the leader's epoch is older than one seen, or this master leads.
+        """
+        self._accept(request.epoch, request.leader)
+        return self._reply(self.store.append(request))
 
     def _accept(self, epoch: int, leader: str) -> None:
         if epoch < self.epoch:
@@ -341,8 +358,7 @@ class ReplicationServicer(pb_grpc.ReplicationServicer):
     ) -> AsyncIterator[pb.AppendResponse]:
         """Apply the leader's stream of entry groups in order, answering each one in turn."""
         async for request in request_iterator:
-            self._accept(request.epoch, request.leader)
-            yield self._reply(self.store.append(request))
+            yield self.apply_append(request)
 
     @rpc_method
     async def InstallCheckpoint(
@@ -410,6 +426,12 @@ class Follower:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     flag_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one etcd flag change at a time
     forgetting: asyncio.Task | None = None  # it left the members: released, then removed
+    stream_port: int = 0  # its replication stream port, from its last Probe answer (0: Append)
+    stream: LeaderStream | None = None  # the open replication stream
+    sent: deque[float] = field(default_factory=deque)  # send times of its unanswered messages
+    last_index: int = 0  # the last index sent on the stream
+    last_sent: float = 0.0  # when the last message left
+    push_soon: bool = False  # a push is scheduled for the next loop turn
 
 
 class SyncFlags:
@@ -457,6 +479,7 @@ class LogShipper:
         self.heartbeat = heartbeat
         self.on_deposed = on_deposed
         self.followers: dict[str, Follower] = {}
+        self._client_tls: ssl.SSLContext | None = None
         self._waiters: list[tuple[int, float, asyncio.Future]] = []  # (index, since, future), index order
         self._closed = False
         self._watchdog = asyncio.ensure_future(self._watch())
@@ -601,6 +624,10 @@ class LogShipper:
     def _on_append(self) -> None:
         for follower in self.followers.values():
             follower.wake.set()
+            if follower.stream is not None and not follower.push_soon:
+                # every entry written in this loop turn leaves in one message
+                follower.push_soon = True
+                asyncio.get_running_loop().call_soon(self._push, follower)
 
     # ---------------------------------------------------------- in sync --
 
@@ -684,11 +711,106 @@ class LogShipper:
         if follower.next_index is None:
             reply = await self._rpc(follower, "Probe", pb.MemberRequest(epoch=self.epoch))
             self._place(follower, reply)
+            follower.stream_port = reply.stream_port
             return
         if follower.next_index < self.store.tail_first():
             await self._send_checkpoint(follower)
             return
-        await self._stream(follower)
+        if follower.stream_port:
+            await self._stream_direct(follower)
+        else:
+            await self._stream(follower)
+
+    async def _stream_direct(self, follower: Follower) -> None:
+        """Ship entries on a replication stream (:mod:`pcache.master.logstream`) until the
+        follower refuses one or the stream fails.
+
+        Entries leave from the loop turn that wrote them (:meth:`_push`), up to :data:`WINDOW`
+        messages unanswered; an idle stream carries an empty message every ``heartbeat``
+        seconds. A message unanswered for ``rpc_timeout`` seconds fails the stream (the follower
+        is then probed again).
+
+        Raises:
+            StaleEpoch: the follower has seen a newer epoch. Unavailable, Timeout: the stream broke.
+        """
+        assert follower.next_index is not None
+        host = follower.address.rsplit(":", 1)[0].strip("[]")
+        if self.tls is not None and self._client_tls is None:
+            self._client_tls = self.tls.client_context()
+        stream = await logstream.connect(
+            host, follower.stream_port, self.token, lambda reply: self._on_reply(follower, reply),
+            timeout=self.rpc_timeout, tls=self._client_tls,
+        )  # fmt: skip
+        logger.info("replication stream to follower %s at %s:%d", follower.member, host, follower.stream_port)
+        follower.stream, follower.sent = stream, deque()
+        follower.last_index, follower.last_sent = follower.next_index - 1, time.monotonic()
+        try:
+            self._push(follower)
+            while not stream.done.done():
+                now = time.monotonic()
+                if follower.sent:
+                    wait = self.rpc_timeout - (now - follower.sent[0])
+                    if wait <= 0:
+                        raise E.Timeout(f"follower {follower.address} answered no entries for {self.rpc_timeout:.1f} s")
+                else:
+                    wait = self.heartbeat - (now - follower.last_sent)
+                    if wait <= 0:
+                        self._push(follower, beat=True)
+                        continue
+                # an answer needs no wake-up: the next beat is due at most a heartbeat from now
+                await asyncio.wait([stream.done], timeout=min(wait, self.heartbeat))
+            stream.done.result()  # its error, if it failed
+        finally:
+            follower.stream = None
+            stream.close()
+
+    def _push(self, follower: Follower, *, beat: bool = False) -> None:
+        """Send a follower's stream the entries it has not been sent, up to the window."""
+        follower.push_soon = False
+        stream = follower.stream
+        if stream is None or stream.done.done():
+            return
+        while len(follower.sent) < WINDOW:
+            if follower.last_index + 1 < self.store.tail_first():
+                stream.finish()  # it fell out of the tail: a checkpoint next
+                return
+            entries = self.store.entries_after(follower.last_index)
+            if not entries and not beat:
+                return
+            request = pb.AppendRequest(
+                epoch=self.epoch, leader=self.address, prev_index=follower.last_index,
+                prev_epoch=self.store.epoch_of(follower.last_index), entries=entries,
+            )  # fmt: skip
+            follower.last_sent = time.monotonic()
+            follower.sent.append(follower.last_sent)
+            stream.append(request)
+            beat = False
+            if entries:
+                follower.last_index = entries[-1].index
+                MASTER_REPL_BATCH.observe(len(entries))
+
+    def _on_reply(self, follower: Follower, reply: pb.AppendResponse) -> None:
+        """Take one answer of a follower's stream (called from the stream, in order).
+
+        Raises:
+            StaleEpoch: the follower has seen a newer epoch (the stream fails with it).
+        """
+        if follower.sent:
+            follower.sent.popleft()
+        self._heard(follower, reply)
+        if not reply.ok:
+            self._place(follower, reply)
+            if follower.stream is not None:
+                follower.stream.finish()
+            return
+        follower.acked = reply.applied_index
+        follower.next_index = reply.applied_index + 1
+        follower.state = "replicating"
+        MASTER_FOLLOWER_LAG.labels(follower.member).set(self.store.index - follower.acked)
+        self._advance()
+        if not follower.in_sync and follower.acked >= self.store.index:
+            asyncio.ensure_future(self._maybe_rejoin(follower))
+        self._push(follower)
 
     async def _stream(self, follower: Follower) -> None:
         """Ship entries on one Append stream until the follower refuses one or the stream fails.

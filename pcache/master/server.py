@@ -45,7 +45,7 @@ from pcache.common.metrics import (
 from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import channel_options
 from pcache.common.tls import load_optional
-from pcache.master import fsck
+from pcache.master import fsck, logstream
 from pcache.master.blocks import BlockManager
 from pcache.master.dedup import ReplyCache
 from pcache.master.metastore import MetaStore, open_metastore
@@ -128,6 +128,7 @@ class MasterServer:
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.address = ""
+        self._streams: asyncio.base_events.Server | None = None  # replication streams (logstream)
         self._started = time.monotonic()
         self._led_since = time.monotonic()
         self._ha_task: asyncio.Task | None = None
@@ -315,6 +316,16 @@ class MasterServer:
 
             self.member = member_id(self.cfg.data_dir)
             self.replication.member = self.member
+            if self.cfg.stream_port >= 0:
+                tls = self.tls.server_context(client_auth=True) if self.tls else None  # masters only
+                try:
+                    self._streams = await logstream.serve(self.replication, self.cfg.host, self.cfg.stream_port, tls)
+                except OSError as exc:
+                    await self.server.stop(0)
+                    raise OSError(
+                        f"cannot bind the replication stream to {self.cfg.host}:{self.cfg.stream_port}: {exc}"
+                    ) from exc
+                self.replication.stream_port = self._streams.sockets[0].getsockname()[1]
             self.ha = HAControl(self.cfg.etcd, self.cfg.cluster, self.member, self.address, ttl=self.cfg.lease_ttl)
             MASTER_IS_LEADER.set(0)
             self._ha_task = asyncio.ensure_future(self._ha_loop())
@@ -443,6 +454,8 @@ class MasterServer:
         self._demote("stopping")
         if self.ha is not None:
             await self.ha.close()
+        if self._streams is not None:
+            self._streams.close()
         if self.server is not None:
             await self.server.stop(grace)
         self.store.close()

@@ -628,18 +628,20 @@ class AppendRequest(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., leader: _Optional[str] = ..., prev_index: _Optional[int] = ..., prev_epoch: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("epoch", "ok", "applied_index", "applied_epoch", "member")
+    __slots__ = ("epoch", "ok", "applied_index", "applied_epoch", "member", "stream_port")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     APPLIED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
+    STREAM_PORT_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     ok: bool
     applied_index: int
     applied_epoch: int
     member: str
-    def __init__(self, epoch: _Optional[int] = ..., ok: _Optional[bool] = ..., applied_index: _Optional[int] = ..., applied_epoch: _Optional[int] = ..., member: _Optional[str] = ...) -> None: ...
+    stream_port: int
+    def __init__(self, epoch: _Optional[int] = ..., ok: _Optional[bool] = ..., applied_index: _Optional[int] = ..., applied_epoch: _Optional[int] = ..., member: _Optional[str] = ..., stream_port: _Optional[int] = ...) -> None: ...
 
 class CheckpointChunk(_message.Message):
     __slots__ = ("epoch", "leader", "index", "index_epoch", "name", "data", "done")

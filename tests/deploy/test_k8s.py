@@ -400,7 +400,7 @@ def test_master_pair_on_etcd_each_on_its_volume(toml_file: Path, cfg: PCacheConf
     (claim,) = master["spec"]["volumeClaimTemplates"]
     assert mounts[claim["metadata"]["name"]] == run.master.data_dir
     ports = {p["name"]: p["containerPort"] for p in container(master, "master")["ports"]}
-    assert ports == {"grpc": cfg.master.port, "metrics": cfg.master.metrics_port}
+    assert ports == {"grpc": cfg.master.port, "log-stream": cfg.master.stream_port, "metrics": cfg.master.metrics_port}
 
 
 def _secret_at(doc: dict[str, Any], c: dict[str, Any], path: str) -> tuple[str, str]:

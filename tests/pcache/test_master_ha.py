@@ -32,10 +32,12 @@ HA_MASTER = [*FAST_MASTER, "--master.lease_ttl=2", "--master.ack_timeout=1"]
 def make_ha(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     clusters: list[LocalCluster] = []
 
-    def make(workers: int = 2, masters: int = 2, master_args: list[str] | None = None) -> LocalCluster:
+    def make(
+        workers: int = 2, masters: int = 2, master_args: list[str] | None = None, tls: bool = False
+    ) -> LocalCluster:
         cluster = LocalCluster(
             str(tmp_path / f"ha{len(clusters)}"), workers=workers, masters=masters,
-            master_args=[*HA_MASTER, *(master_args or [])],
+            master_args=[*HA_MASTER, *(master_args or [])], tls=tls,
         )  # fmt: skip
         clusters.append(cluster)
         return cluster.start()
@@ -338,3 +340,23 @@ def test_babel_and_checkpoints_take_the_master_list(make_ha, tmp_path: Path) -> 
     with client_of(cluster) as pc:
         assert pc.read_file("/data/part-new") == b"after the failover"
         assert len(pc.listdir("/data")) == 21
+
+
+@pytest.mark.parametrize("transport", ["stream-tls", "grpc"])
+def test_the_log_reaches_the_follower_on_its_stream_over_tls_or_on_grpc_when_told(make_ha, transport: str) -> None:
+    """Masters of a TLS cluster ship the log on the replication stream (mutual TLS, their own
+    certificates); ``master.stream_port = -1`` ships it on gRPC. Either way the follower that
+    takes over has every acknowledged mutation."""
+    stream = transport == "stream-tls"
+    cluster = make_ha(workers=1, tls=stream, master_args=[] if stream else ["--master.stream_port=-1"])
+    leader = cluster.leader()
+    with client_of(cluster, token=cluster.token, tls_dir=cluster.tls_dir) as pc:
+        pc.mkdir("/log")
+        for i in range(20):
+            pc.write_file(f"/log/{i}", b"%d" % i)
+        assert pc.status().master.followers[0].lag == 0
+        shipped_on_stream = "replication stream to follower" in leader.log.read_text()
+        assert shipped_on_stream == stream
+        cluster.kill(leader, signal.SIGKILL)
+        assert cluster.leader(timeout=20) is not leader
+        assert [pc.read_file(f"/log/{i}") for i in range(20)] == [b"%d" % i for i in range(20)]

@@ -160,10 +160,12 @@ class _Flags:
         return True
 
 
-def test_the_append_stream_pipelines_bursts_and_stays_up_when_idle(tmp_path: Path) -> None:
-    """A leader's log reaches a follower process over one gRPC Append stream (loopback): every
-    commit returns once the follower applied it, both stores agree, and an idle stream (heartbeats
-    only) is not mistaken for a silent follower: it is never re-probed."""
+@pytest.mark.parametrize("transport", ["stream", "grpc"])
+def test_the_append_stream_pipelines_bursts_and_stays_up_when_idle(tmp_path: Path, transport: str) -> None:
+    """A leader's log reaches a follower process over one stream (loopback; the replication
+    stream, or gRPC's Append stream for a follower without one): every commit returns once the
+    follower applied it, both stores agree, and an idle stream (heartbeats only) is not mistaken
+    for a silent follower: it is never re-probed."""
     import asyncio
     import signal
     import subprocess
@@ -177,7 +179,7 @@ def test_the_append_stream_pipelines_bursts_and_stays_up_when_idle(tmp_path: Pat
     keys = ClusterKeys.load_or_create(str(keys_file))
     follower_dir = tmp_path / "follower"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pcache.testing.follower", str(follower_dir), str(keys_file)],
+        [sys.executable, "-m", "pcache.testing.follower", str(follower_dir), str(keys_file), f"--{transport}"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -207,6 +209,7 @@ def test_the_append_stream_pipelines_bursts_and_stays_up_when_idle(tmp_path: Pat
                         break
                     await asyncio.sleep(0.02)
                 assert follower.in_sync
+                assert (follower.stream_port != 0) == (transport == "stream")
                 for burst in range(5):
                     waits = []
                     for i in range(40):  # concurrent writers: their entries leave on several messages
