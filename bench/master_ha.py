@@ -11,16 +11,17 @@ Starts local clusters of real processes (masters, one worker, and for HA an etcd
 2. **Metadata rates**: create+close of empty files, ``stat`` (client cache off: every call a
    master RPC) and ``listdir`` of a 1,000-entry directory, by 1, 8 and 32 concurrent clients
    (asyncio tasks spread over ``--procs`` client processes), against a single master and
-   against a leader whose every answer waits for its synchronous follower. The HA/single
-   ratio is the cost of replication. Targets: HA >= 0.7 of single; create >= 5,000/s and
+   against a leader whose every answer waits for its synchronous follower, both clusters up at
+   once and measured alternately (``--rounds``, medians). The HA/single ratio is the cost of
+   replication. Targets: HA >= 0.7 of single; create >= 5,000/s and
    stat >= 20,000/s aggregate at 32 clients.
 
 The last line is ``RESULT key=value ...`` (rates in operations/s, times in seconds).
 
 Usage::
 
-    python bench/master_ha.py --quick      # 4 kills, 3 s per rate; under two minutes
-    python bench/master_ha.py              # 10 kills, 8 s per rate
+    python bench/master_ha.py --quick      # 4 kills, 3 s per rate, 1 round; under two minutes
+    python bench/master_ha.py              # 10 kills, 8 s per rate, 3 rounds
 """
 
 from __future__ import annotations
@@ -161,17 +162,35 @@ def rate(master: str, op: str, clients: int, procs: int, seconds: float, tag: st
     return sum(results) / seconds
 
 
-def metadata_rates(master: str, counts: list[int], procs: int, seconds: float, tag: str) -> dict[str, float]:
+def prepare(master: str) -> None:
+    """The directories the rates use: ``/bench/c`` for creates, 1,000 files in ``/bench/big``."""
     with Client(ClientConfig(master=master)) as pc:
         pc.mkdir("/bench/c", parents=True)
         pc.mkdir("/bench/big", parents=True)
         for i in range(1000):
             pc.write_file(f"/bench/big/f{i}", b"")
-    out: dict[str, float] = {}
+
+
+def metadata_rates(
+    masters: dict[str, str], counts: list[int], procs: int, seconds: float, rounds: int
+) -> dict[str, dict[str, float]]:
+    """Median rate of each (op, clients) per setup (name -> master address).
+
+    The setups are measured back to back, ``rounds`` times each, alternating: a shared machine
+    whose speed drifts over minutes moves both sides of a ratio alike.
+    """
+    for master in masters.values():
+        prepare(master)
+    out: dict[str, dict[str, float]] = {name: {} for name in masters}
     for op in ("create", "stat", "listdir"):
         for n in counts:
-            out[f"{op}_{n}"] = rate(master, op, n, procs, seconds, f"{tag}{op}{n}-")
-            log(f"{tag:<7} {op:<8} {n:>3} clients: {out[f'{op}_{n}']:>9.0f} ops/s")
+            runs: dict[str, list[float]] = {name: [] for name in masters}
+            for r in range(rounds):
+                for name, master in masters.items():
+                    runs[name].append(rate(master, op, n, procs, seconds, f"{name}{op}{n}-{r}-"))
+                    log(f"{name:<7} {op:<8} {n:>3} clients: {runs[name][-1]:>9.0f} ops/s")
+            for name in masters:
+                out[name][f"{op}_{n}"] = statistics.median(runs[name])
     return out
 
 
@@ -181,6 +200,9 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=None, help="leader kills (default 10; --quick 4)")
     parser.add_argument("--seconds", type=float, default=None, help="seconds per rate (default 8; --quick 3)")
     parser.add_argument("--procs", type=int, default=4, help="client processes the callers are spread over")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="alternating runs per rate, median kept (default 3; --quick 1)"
+    )
     parser.add_argument("--lease-ttl", type=float, default=3.0, help="master.lease_ttl of the pair (seconds)")
     parser.add_argument("--dir", default=None, help="scratch directory (default $TMPDIR)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory and logs")
@@ -188,14 +210,19 @@ def main() -> int:
     kills = args.kills if args.kills is not None else (4 if args.quick else 10)
     seconds = args.seconds if args.seconds is not None else (3.0 if args.quick else 8.0)
     counts = [1, 32] if args.quick else [1, 8, 32]
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     root = Path(tempfile.mkdtemp(prefix="pcache-master-ha-", dir=args.dir))
     try:
         times = failover_times(root, kills, args.lease_ttl)
-        with LocalCluster(str(root / "single"), workers=1, master_args=FAST) as single:
-            one = metadata_rates(single.master_address, counts, args.procs, seconds, "single")
         ha_args = [*FAST, f"--master.lease_ttl={args.lease_ttl}"]
-        with LocalCluster(str(root / "ha"), workers=1, masters=2, master_args=ha_args) as pair:
-            ha = metadata_rates(pair.master_address, counts, args.procs, seconds, "ha")
+        with (
+            LocalCluster(str(root / "single"), workers=1, master_args=FAST) as single,
+            LocalCluster(str(root / "ha"), workers=1, masters=2, master_args=ha_args) as pair,
+        ):
+            rates = metadata_rates(
+                {"single": single.master_address, "ha": pair.master_address}, counts, args.procs, seconds, rounds
+            )
+        one, ha = rates["single"], rates["ha"]
     except (PCacheError, RuntimeError) as exc:
         print(f"master_ha: {exc}", file=sys.stderr)
         return 2

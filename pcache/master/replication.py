@@ -579,10 +579,14 @@ class LogShipper:
         if index <= self.committed():
             self._check_lease()
             return
+        for follower in self.followers.values():
+            if follower.push_soon:  # the caller's entries are complete: they leave now, not a loop turn later
+                self._push(follower)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         bisect.insort(self._waiters, (index, time.monotonic(), future), key=lambda w: w[0])
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout)
+            async with asyncio.timeout(timeout):
+                await future  # resolved by _advance (or failed by close); one loop turn to wake
         except TimeoutError as exc:
             raise E.Unavailable(
                 f"mutation at log index {index} was not acknowledged by the follower within {timeout:.1f} s"
