@@ -52,9 +52,9 @@ def mounted(mountpoint: str) -> str | None:
     return None
 
 
-def mount_device(mountpoint: str) -> str | None:
-    """The ``major:minor`` of the filesystem mounted at ``mountpoint`` (from mountinfo, no stat)."""
-    target = os.path.realpath(mountpoint)
+def mount_device(target: str) -> str | None:
+    """The ``major:minor`` of the filesystem mounted at the resolved path ``target`` (from
+    mountinfo; no stat, no ``realpath``: both would ask a FUSE mount's own daemon)."""
     with contextlib.suppress(OSError), open("/proc/self/mountinfo") as fh:
         for line in fh:
             parts = line.split()
@@ -67,13 +67,17 @@ def raise_readahead(mountpoint: str, kib: int, timeout: float = 10.0) -> None:
     """Once mounted, let the kernel read ahead ``kib`` KiB per request (root; best effort).
 
     FUSE mounts start with the VM default (128 KiB); 1 MiB requests need a bigger window.
-    Runs in a thread: stat() of the mountpoint from the mounting process would deadlock.
+    Call it before mounting: the path is resolved here, and the thread that waits for the mount
+    never touches the mountpoint (an lstat of it from the daemon's own process waits for the
+    daemon; SIGKILLed meanwhile, the process could never exit and the mount would hang for
+    every caller).
     """
+    target = os.path.realpath(mountpoint)
 
     def work() -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            dev = mount_device(mountpoint)
+            dev = mount_device(target)
             if dev:
                 try:
                     with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as fh:

@@ -226,3 +226,34 @@ def test_killed_mount_process_is_recovered_by_the_next_mount(fuse_ready, make_cl
         again.stop()
     res = subprocess.run(["mountpoint", "-q", str(tmp_path / "mnt")], timeout=10)
     assert res.returncode != 0  # unmounted cleanly on SIGTERM
+
+
+def test_the_readahead_thread_never_touches_the_mountpoint(tmp_path: Path, monkeypatch) -> None:
+    """The mount process's read-ahead thread waits for the mount in mountinfo only. An lstat of
+    the mountpoint from it (``realpath`` does one) waits for the daemon it runs in: a SIGKILL at
+    that moment left a process that could never exit and a mount that hung every caller (CI)."""
+    import importlib
+
+    mount_mod = importlib.import_module("fuse_client.mount")  # the package's ``mount`` is a function
+
+    seen: list[str] = []
+    touched: list[str] = []
+    monkeypatch.setattr(mount_mod, "mount_device", lambda target: seen.append(target))
+    real_lstat, real_stat = os.lstat, os.stat
+
+    def recording(real):
+        def call(path, *args, **kwargs):
+            if threading.current_thread().name == "pcache-readahead":
+                touched.append(os.fspath(path))
+            return real(path, *args, **kwargs)
+
+        return call
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    mount_mod.raise_readahead(str(tmp_path / "link"), 1024, timeout=0.5)  # resolved here, not in the thread
+    monkeypatch.setattr(os, "lstat", recording(real_lstat))
+    monkeypatch.setattr(os, "stat", recording(real_stat))
+    time.sleep(0.7)
+    assert seen and set(seen) == {str(tmp_path / "real")}
+    assert touched == []

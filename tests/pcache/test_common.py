@@ -284,6 +284,7 @@ EXPECTED = {
     "TooLarge": (errno.E2BIG, (ValueError,), False),
     "SymlinkLoop": (errno.ELOOP, (OSError, ValueError), False),
     "Conflict": (errno.ESTALE, (OSError,), False),
+    "StaleHandle": (errno.ESTALE, (OSError,), False),
     "Unavailable": (errno.EIO, (ConnectionError,), True),
     "NotLeader": (errno.EIO, (ConnectionError,), True),
     "Timeout": (errno.ETIMEDOUT, (TimeoutError,), True),
