@@ -807,11 +807,7 @@ class LogShipper:
             if follower.stream is not None:
                 follower.stream.finish()
             return
-        follower.acked = reply.applied_index
-        follower.next_index = reply.applied_index + 1
-        follower.state = "replicating"
-        MASTER_FOLLOWER_LAG.labels(follower.member).set(self.store.index - follower.acked)
-        self._advance()
+        self._applied(follower, reply)
         if not follower.in_sync and follower.acked >= self.store.index:
             asyncio.ensure_future(self._maybe_rejoin(follower))
         self._push(follower)
@@ -890,12 +886,16 @@ class LogShipper:
             if not reply.ok:
                 self._place(follower, reply)
                 return
-            follower.acked = reply.applied_index
-            follower.next_index = reply.applied_index + 1
-            follower.state = "replicating"
-            MASTER_FOLLOWER_LAG.labels(follower.member).set(self.store.index - follower.acked)
-            self._advance()
+            self._applied(follower, reply)
             await self._maybe_rejoin(follower)
+
+    def _applied(self, follower: Follower, reply: pb.AppendResponse) -> None:
+        """A follower applied everything up to ``reply.applied_index``: answers waiting for it go."""
+        follower.acked = reply.applied_index
+        follower.next_index = reply.applied_index + 1
+        follower.state = "replicating"
+        MASTER_FOLLOWER_LAG.labels(follower.member).set(self.store.index - follower.acked)
+        self._advance()
 
     def _place(self, follower: Follower, reply: pb.AppendResponse) -> None:
         """Find where a follower's log agrees with ours: after its last entry, or a checkpoint."""
