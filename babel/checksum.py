@@ -1,7 +1,7 @@
 """Checksums Babel verifies copies with: CRC32C, CRC-64/XZ (OSS "CRC64-ECMA"), their combination, sampling.
 
 * :func:`crc32c` is the checksum Babel computes in-stream during a transfer and stores in
-  :data:`~babel.backends.base.META_CRC32C`; :func:`crc64ecma` is the one Alibaba OSS reports
+  :data:`~objstore.base.META_CRC32C`; :func:`crc64ecma` is the one Alibaba OSS reports
   for every object (``x-oss-hash-crc64ecma``, a decimal string), so a copy to or from OSS can be
   checked against the store's own value.
 * ``*_combine`` give the CRC of ``A + B`` from ``CRC(A)``, ``CRC(B)`` and ``len(B)``, so parts

@@ -1,69 +1,26 @@
-"""Babel's error tree; S3 error codes are mapped to it by one table in :mod:`babel.backends.s3`."""
+"""Babel's error tree: the object-store errors of :mod:`objstore.errors` (which every backend
+raises), with their base under Babel's name. ``retryable`` decides retries, never message text."""
 
 from __future__ import annotations
 
-import errno as _errno
+from objstore.errors import (
+    AccessDenied,
+    BadURI,
+    NoSuchBucket,
+    NoSuchKey,
+    NoSuchUpload,
+    Throttled,
+    TransientError,
+)
+from objstore.errors import StoreError as BabelError
 
-
-class BabelError(OSError):
-    """Base of every Babel error; ``retryable`` decides retries, never message text.
-
-    ``request_id`` is the object store's id of the failed request (S3 ``x-amz-request-id``,
-    OSS ``x-oss-request-id``) when there was one: what the store's operators ask for.
-    """
-
-    errno_code = _errno.EIO
-    retryable = False
-
-    def __init__(self, message: str = "", *, uri: str | None = None, request_id: str = "") -> None:
-        super().__init__(self.errno_code, message)
-        self.message = message
-        self.uri = uri
-        self.request_id = request_id
-
-    def __str__(self) -> str:
-        text = f"{self.message}: {self.uri}" if self.uri else self.message
-        return f"{text} (request id {self.request_id})" if self.request_id else text
-
-
-class BadURI(BabelError, ValueError):
-    """A source or destination URI Babel cannot parse or has no backend for."""
-
-    errno_code = _errno.EINVAL
-
-
-class NoSuchBucket(BabelError, FileNotFoundError):
-    """The bucket (or root directory) does not exist."""
-
-    errno_code = _errno.ENOENT
-
-
-class NoSuchKey(BabelError, FileNotFoundError):
-    """The object does not exist."""
-
-    errno_code = _errno.ENOENT
-
-
-class NoSuchUpload(BabelError, FileNotFoundError):
-    """The multipart upload does not exist (completed, aborted or expired)."""
-
-    errno_code = _errno.ENOENT
-
-
-class AccessDenied(BabelError, PermissionError):
-    """Wrong credentials or no permission."""
-
-    errno_code = _errno.EACCES
-
-
-class Throttled(BabelError):
-    """503 SlowDown / throttling: back off and retry."""
-
-    errno_code = _errno.EAGAIN
-    retryable = True
-
-
-class TransientError(BabelError, ConnectionError):
-    """A connection reset, timeout or 5xx: retry."""
-
-    retryable = True
+__all__ = [
+    "AccessDenied",
+    "BabelError",
+    "BadURI",
+    "NoSuchBucket",
+    "NoSuchKey",
+    "NoSuchUpload",
+    "Throttled",
+    "TransientError",
+]

@@ -33,7 +33,7 @@ from typing import Any
 
 import rocksdict
 
-from babel.backends.base import ObjectInfo
+from objstore.base import ObjectInfo
 
 KINDS = "sdpucvem"
 

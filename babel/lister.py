@@ -29,9 +29,9 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from babel.backends.base import ObjectInfo, ObjectStore
 from babel.errors import Throttled
 from babel.retry import with_retries
+from objstore.base import ObjectInfo, ObjectStore
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
-from babel.backends.base import MiB
 from babel.errors import BabelError
 from babel.planner import Filters
 from babel.transfer import DEFAULT_THRESHOLD
+from objstore.base import MiB
 from pcache.common.cli import human_bytes
 from pcache.common.config import parse_size
 from pcache.common.errors import InvalidArgument

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from babel.backends.base import META_CRC32C, META_MTIME, ObjectInfo
+from objstore.base import META_CRC32C, META_MTIME, ObjectInfo
 
 MODIFY_WINDOW = 1e-3  # seconds: mtimes closer than this are equal (S3 keeps whole seconds, file systems ns)
 

@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from babel.backends import open_store
-from babel.backends.base import META_CRC32C, ObjectInfo, ObjectStore
 from babel.errors import BabelError, BadURI, NoSuchBucket
 from babel.journal import Journal, new_job_id
 from babel.lister import list_parallel_pages
@@ -39,6 +38,7 @@ from babel.options import SyncOptions, options_from_dict
 from babel.planner import Decision, decide, merge_join, needs_head
 from babel.transfer import CopyResult, Transferer
 from babel.verify import VerifyResult, check_full, check_metadata, check_sample
+from objstore.base import META_CRC32C, ObjectInfo, ObjectStore
 
 logger = logging.getLogger(__name__)
 

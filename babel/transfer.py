@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 
 from aiolimiter import AsyncLimiter
 
-from babel.backends.base import META_CRC32C, META_MTIME, MiB, ObjectInfo, ObjectStore, PartInfo
 from babel.checksum import crc32c, crc64ecma, crc64ecma_combine
 from babel.checksum import crc32c_combine as combine32
 from babel.errors import BabelError, NoSuchUpload
 from babel.retry import with_retries
+from objstore.base import META_CRC32C, META_MTIME, MiB, ObjectInfo, ObjectStore, PartInfo
 
 logger = logging.getLogger(__name__)
 

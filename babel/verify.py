@@ -11,7 +11,7 @@
 * ``full``: :func:`check_full` reads the whole destination and compares its CRC32C with the
   one computed in-stream while the source was read. This is the integrity guarantee.
 
-Only the :class:`~babel.backends.base.ObjectStore` contract is used (``get`` with ranges), so
+Only the :class:`~objstore.base.ObjectStore` contract is used (``get`` with ranges), so
 every backend can be verified; ranges are read concurrently and their CRCs combined in order
 (:func:`babel.checksum.crc32c_combine`), with memory bounded by ``concurrency * chunk``.
 """
@@ -23,9 +23,9 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
-from babel.backends.base import META_CRC32C, META_MTIME, ObjectInfo, ObjectStore
 from babel.checksum import crc32c, crc32c_combine, sample_ranges
 from babel.errors import BabelError
+from objstore.base import META_CRC32C, META_MTIME, ObjectInfo, ObjectStore
 
 logger = logging.getLogger(__name__)
 
@@ -149,11 +149,11 @@ async def check_metadata(src_info: ObjectInfo, dst_info: ObjectInfo) -> VerifyRe
     """Compare two ``head`` results; no data is read. Rules, in order (the first failing one is reported):
 
     1. the sizes are equal;
-    2. when both carry :data:`~babel.backends.base.META_CRC32C` in their metadata, the values
+    2. when both carry :data:`~objstore.base.META_CRC32C` in their metadata, the values
        are equal (as hex numbers);
     3. for each algorithm in both ``checksums`` (stores' own, e.g. OSS ``crc64ecma``), the
        values are equal;
-    4. when the destination carries :data:`~babel.backends.base.META_MTIME` (the source mtime
+    4. when the destination carries :data:`~objstore.base.META_MTIME` (the source mtime
        Babel stored), it is within 1 ms of the source's mtime, or of the source's own
        ``META_MTIME`` when the source is itself a Babel copy.
 

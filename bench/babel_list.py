@@ -54,13 +54,13 @@ class MemoryStore:
     """ListObjectsV2 over a sorted key list (``/`` delimiter, start_after, pages)."""
 
     def __init__(self, keys: list[str]) -> None:
-        from babel.backends.base import ObjectInfo
+        from objstore.base import ObjectInfo
 
         self.keys = sorted(keys)
         self.infos = [ObjectInfo(k, 0, 0.0) for k in self.keys]  # the server's records, built once
 
     async def list_page(self, prefix="", *, delimiter=None, start_after="", max_keys=1000):
-        from babel.backends.base import ListPage
+        from objstore.base import ListPage
 
         keys = self.keys
         i = (

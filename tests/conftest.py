@@ -12,6 +12,7 @@ import pytest
 
 from pcache.client import Client
 from pcache.common.config import ClientConfig
+from pcache.common.process import free_port
 from pcache.local import LocalCluster
 
 REQUIRES_ETCD = pytest.mark.skipif(
@@ -20,6 +21,41 @@ REQUIRES_ETCD = pytest.mark.skipif(
 """Marks tests that start a real etcd (Debian package etcd-server)."""
 
 FAST_MASTER = ["--master.dead_after=3", "--master.replication_check_interval=0.5", "--master.heartbeat_interval=0.5"]
+
+
+def fake_credentials() -> tuple[str, str]:
+    """Put test credentials in the environment (unless some are there); return (access key, secret)."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    return os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """A moto S3 server on loopback (fake credentials in the environment)."""
+    from moto.server import ThreadedMotoServer
+
+    fake_credentials()
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+_buckets = iter(range(1_000_000))
+
+
+def create_bucket(endpoint: str, verify: str | None = None) -> str:
+    """Make a fresh bucket ``bucket-N`` on the S3 server at ``endpoint``; returns its name."""
+    import boto3
+
+    bucket = f"bucket-{next(_buckets)}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", verify=verify).create_bucket(Bucket=bucket)
+    return bucket
 
 
 @pytest.fixture

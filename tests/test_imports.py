@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("pcache", "babel", "fuse_client", "ckpt_adapter", "trainer_ref")
+PACKAGES = ("pcache", "babel", "objstore", "fuse_client", "ckpt_adapter", "trainer_ref")
 
 # Forks one child per module from an interpreter that has only the heavy third-party libraries
 # loaded (so each child is fast), and prints each failure's traceback.
@@ -64,3 +64,24 @@ def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     failed = proc.stdout.strip().rpartition("FAILED:")[2]
     assert failed == "", f"modules that do not import on their own: {failed}\n{proc.stderr[-6000:]}"
+
+
+# what each package may load of the project's others: objstore sits below pcache and babel, and
+# pcache never loads babel (babel's pcache:// backend loads pcache)
+LAYERS = {"objstore": set(), "pcache": {"objstore"}}
+
+
+def test_objstore_sits_below_pcache_and_babel() -> None:
+    for package, allowed in LAYERS.items():
+        modules = [m for m in _modules() if m.split(".")[0] == package]
+        assert len(modules) >= 5, package
+        probe = (
+            "import importlib, sys\n"
+            f"for name in {modules!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+        )
+        proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        loaded = set(proc.stdout.split()) & set(PACKAGES)
+        assert loaded - {package} <= allowed, f"{package} loads {sorted(loaded - {package} - allowed)}"

@@ -5,7 +5,7 @@ No host means ``$PCACHE_MASTER`` (as ``ckpt_adapter.uri``). One async
 running event loop) and closed by :meth:`PCacheStore.close`; its metadata cache is
 off, so ``head`` and listings always ask the master.
 
-* **Listing** is the shared tree walk of :mod:`babel.backends.tree`. A directory's
+* **Listing** is the shared tree walk of :mod:`objstore.tree`. A directory's
   names are read page by page and cached while its mtime stays the same (every
   create, rename and delete in it sets that); the files of a page are stat-ed
   fresh with one ``ListDir`` page from just before the first of them, so a listing
@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlparse
 
-from babel.backends.base import META_CRC32C, META_MTIME, ListPage, ObjectInfo, PartInfo, StoreLimits
-from babel.backends.tree import (
+from babel.errors import AccessDenied, BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, TransientError
+from objstore.base import META_CRC32C, META_MTIME, ListPage, ObjectInfo, PartInfo, StoreLimits
+from objstore.tree import (
     XATTR_CRC32C,
     DirCache,
     Entries,
@@ -56,7 +57,6 @@ from babel.backends.tree import (
     sort_entries,
     temp_name,
 )
-from babel.errors import AccessDenied, BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, TransientError
 from pcache.client import PCacheClient, PCacheFile
 from pcache.common.config import ClientConfig
 from pcache.common.errors import (

@@ -6,56 +6,21 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pcache.common.process import free_port
+from tests.conftest import create_bucket, fake_credentials
 
 pytestmark = pytest.mark.s3
-
-
-def fake_credentials() -> tuple[str, str]:
-    """Put test credentials in the environment (unless some are there); return (access key, secret)."""
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    return os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
-
-
-@pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
-    """A moto S3 server on loopback (fake credentials in the environment)."""
-    from moto.server import ThreadedMotoServer
-
-    fake_credentials()
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-_buckets = iter(range(1_000_000))
 
 
 @pytest.fixture
 def s3_uri(moto_endpoint) -> str:
     """A fresh bucket: ``s3://bucket-N/data?endpoint_url=...``."""
-    return f"s3://{_create_bucket(moto_endpoint)}/data?endpoint_url={moto_endpoint}"
-
-
-def _create_bucket(endpoint: str, verify: str | None = None) -> str:
-    import boto3
-
-    bucket = f"bucket-{next(_buckets)}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", verify=verify).create_bucket(Bucket=bucket)
-    return bucket
+    return f"s3://{create_bucket(moto_endpoint)}/data?endpoint_url={moto_endpoint}"
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +39,7 @@ def rclone_tls_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tu
     """``rclone serve s3`` over https with a self-signed certificate for 127.0.0.1: (endpoint, CA file).
 
     Over https botocore's default request checksums travel as aws-chunked trailers, which
-    rclone refuses: the case :mod:`babel.backends.s3` works around.
+    rclone refuses: the case :mod:`objstore.s3` works around.
     """
     base = tmp_path_factory.mktemp("rclone-tls")
     cert, key = _self_signed_cert(base)
@@ -131,7 +96,7 @@ def _self_signed_cert(base: Path) -> tuple[Path, Path]:
 @pytest.fixture
 def rclone_uri(rclone_endpoint: str) -> str:
     """A fresh bucket on rclone: ``s3://bucket-N/data?endpoint_url=...&provider=rclone``."""
-    bucket = _create_bucket(rclone_endpoint)
+    bucket = create_bucket(rclone_endpoint)
     return f"s3://{bucket}/data?endpoint_url={rclone_endpoint}&provider=rclone"
 
 
@@ -139,7 +104,7 @@ def rclone_uri(rclone_endpoint: str) -> str:
 def rclone_tls_uri(rclone_tls_endpoint: tuple[str, str]) -> str:
     """A fresh bucket on rclone over https: ``s3://bucket-N/data?endpoint_url=https://...&ca_bundle=...``."""
     endpoint, ca = rclone_tls_endpoint
-    return f"s3://{_create_bucket(endpoint, verify=ca)}/data?endpoint_url={endpoint}&ca_bundle={ca}&provider=rclone"
+    return f"s3://{create_bucket(endpoint, verify=ca)}/data?endpoint_url={endpoint}&ca_bundle={ca}&provider=rclone"
 
 
 @pytest.fixture(scope="session")
@@ -154,5 +119,5 @@ def oss_proxy(moto_endpoint: str) -> Iterator:
 @pytest.fixture
 def oss_uri(oss_proxy, moto_endpoint: str) -> str:
     """A fresh bucket behind the OSS emulator: ``oss://bucket-N/data?endpoint_url=PROXY``."""
-    bucket = _create_bucket(moto_endpoint)
+    bucket = create_bucket(moto_endpoint)
     return f"oss://{bucket}/data?endpoint_url={oss_proxy.endpoint}"

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from babel import list_parallel, list_serial, open_store
-from babel.backends.base import META_CRC32C, META_MTIME, GiB, MiB, StoreLimits
 from babel.checksum import crc64ecma
 from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, Throttled, TransientError
 from babel.lister import split_points
 from babel.testing import S3Proxy, decode_aws_chunked
+from objstore.base import META_CRC32C, META_MTIME, GiB, MiB, StoreLimits
 
 pytestmark = pytest.mark.s3
 

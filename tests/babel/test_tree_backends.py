@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from babel import list_parallel, list_serial, open_store
-from babel.backends.base import META_CRC32C, META_MTIME, MiB, ObjectInfo, PartInfo
-from babel.backends.tree import (
+from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload
+from objstore.base import META_CRC32C, META_MTIME, MiB, ObjectInfo, PartInfo
+from objstore.tree import (
     XATTR_CRC32C,
     format_mtime_ns,
     is_temp_name,
@@ -24,7 +25,6 @@ from babel.backends.tree import (
     sort_entries,
     temp_name,
 )
-from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload
 
 pytestmark = pytest.mark.s3
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from babel import open_store
-from babel.backends.base import META_CRC32C, META_MTIME, ObjectInfo
 from babel.checksum import crc32c, sample_ranges
 from babel.errors import BabelError, NoSuchKey
 from babel.verify import VerifyResult, check_full, check_metadata, check_sample, object_crc32c
+from objstore.base import META_CRC32C, META_MTIME, ObjectInfo
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -2,7 +2,7 @@
 
 ``oss://bucket/prefix?endpoint_url=https://oss-cn-hangzhou.aliyuncs.com&region=oss-cn-hangzhou``,
 or only ``?region=oss-cn-hangzhou`` (the endpoint is then ``https://REGION.aliyuncs.com``);
-the other options are :mod:`babel.backends.s3`'s. Credentials come from the AWS chain: an OSS
+the other options are :mod:`objstore.s3`'s. Credentials come from the AWS chain: an OSS
 AccessKey pair as ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``.
 
 What differs from S3:
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from babel.backends.base import GiB, StoreLimits
-from babel.backends.s3 import S3Store
-from babel.errors import BadURI
+from objstore.base import GiB, StoreLimits
+from objstore.errors import BadURI
+from objstore.s3 import S3Store
 
 KiB = 1 << 10
 OSS_CRC64_HEADER = "x-oss-hash-crc64ecma"

@@ -1,6 +1,6 @@
 """``file:///dir`` as an object store: keys are file paths relative to ``dir``.
 
-Listing is the shared tree walk of :mod:`babel.backends.tree` (S3 key order,
+Listing is the shared tree walk of :mod:`objstore.tree` (S3 key order,
 ``start_after`` pruning, ``/`` folding), run one page per worker thread; every
 blocking file-system call runs in a worker thread. Directory listings are cached
 while the directory's mtime stays the same, except for directories changed within
@@ -35,8 +35,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from babel.backends.base import META_CRC32C, META_MTIME, GiB, ListPage, ObjectInfo, PartInfo, StoreLimits
-from babel.backends.tree import (
+from objstore.base import META_CRC32C, META_MTIME, GiB, ListPage, ObjectInfo, PartInfo, StoreLimits
+from objstore.errors import AccessDenied, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, StoreError
+from objstore.tree import (
     XATTR_CRC32C,
     DirCache,
     Entries,
@@ -53,7 +54,6 @@ from babel.backends.tree import (
     sort_entries,
     temp_name,
 )
-from babel.errors import AccessDenied, BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload
 
 RACY_NS = 1_000_000_000  # a directory changed this recently is not cached (coarse fs timestamps)
 NO_XATTRS = (errno.ENOTSUP, errno.EOPNOTSUPP)
@@ -279,7 +279,7 @@ class LocalStore:
 
     async def create_multipart(self, key: str, size: int, part_size: int, metadata: dict[str, str]) -> str:
         if size < 0 or part_size < 1:
-            raise BabelError(f"bad multipart upload: {size} bytes in parts of {part_size}", uri=f"{self.uri}/{key}")
+            raise StoreError(f"bad multipart upload: {size} bytes in parts of {part_size}", uri=f"{self.uri}/{key}")
         upload = _Upload(new_token(), size, part_size, dict(metadata))
         path, tmp = self._path(key), self._temp_path(key, upload.token)
 
@@ -300,7 +300,7 @@ class LocalStore:
         upload = _Upload.decode(upload_id, uri)
         offset, length = part_range(upload.size, upload.part_size, number)
         if number < 1 or len(data) != length or not length:
-            raise BabelError(f"part {number} has {len(data)} bytes, the upload wants {length}", uri=uri)
+            raise StoreError(f"part {number} has {len(data)} bytes, the upload wants {length}", uri=uri)
         tmp = self._temp_path(key, upload.token)
 
         def write() -> None:
@@ -330,7 +330,7 @@ class LocalStore:
                 raise NoSuchUpload("no such upload (completed or aborted)", uri=uri) from exc
             try:
                 if os.fstat(fd).st_size != upload.size:
-                    raise BabelError(f"upload file is not {upload.size} bytes", uri=uri)
+                    raise StoreError(f"upload file is not {upload.size} bytes", uri=uri)
                 self._publish(fd, tmp, path, upload.metadata, sync=True)
             finally:
                 os.close(fd)

@@ -1,4 +1,4 @@
-"""The object-store contract every Babel backend implements (async).
+"""The object-store contract every backend implements (async), for Babel and PCache's under storage.
 
 Keys are ``/``-separated strings relative to the URI's prefix. Listing
 follows S3 ListObjectsV2: keys in byte order, ``start_after`` (exclusive),
@@ -76,7 +76,7 @@ class StoreLimits:
 
 
 class ObjectStore(Protocol):
-    """What Babel needs from a storage system."""
+    """What Babel and PCache's under storage need from a storage system."""
 
     uri: str
     limits: StoreLimits

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from babel.backends.base import META_CRC32C, META_MTIME, ListPage, ObjectInfo, PartInfo
-from babel.errors import BabelError, BadURI
+from objstore.base import META_CRC32C, META_MTIME, ListPage, ObjectInfo, PartInfo
+from objstore.errors import BadURI, StoreError
 
 XATTR_CRC32C = "user.babel-crc32c"
-"""Extended attribute holding :data:`~babel.backends.base.META_CRC32C` (8 hex digits, ASCII)."""
+"""Extended attribute holding :data:`~objstore.base.META_CRC32C` (8 hex digits, ASCII)."""
 
 STAT_BATCH = 1000  # most files one StatFiles request asks about
 DIR_CACHE_ENTRIES = 4096
@@ -93,18 +93,18 @@ def check_parts(size: int, part_size: int, parts: Sequence[PartInfo], uri: str) 
     """Raise unless ``parts`` are exactly the parts of a ``size``-byte object, each of its size.
 
     Raises:
-        BabelError: a part missing, repeated, extra or of the wrong size.
+        StoreError: a part missing, repeated, extra or of the wrong size.
     """
     count = -(-size // part_size)
     numbers = sorted(p.number for p in parts)
     if numbers != list(range(1, count + 1)):
-        raise BabelError(f"upload needs parts 1..{count}, got {len(numbers)} parts", uri=uri)
+        raise StoreError(f"upload needs parts 1..{count}, got {len(numbers)} parts", uri=uri)
     for part in parts:
         want = part_range(size, part_size, part.number)[1]
         if part.size != want:
-            raise BabelError(f"part {part.number} has {part.size} bytes, not {want}", uri=uri)
+            raise StoreError(f"part {part.number} has {part.size} bytes, not {want}", uri=uri)
     if sum(p.size for p in parts) != size:
-        raise BabelError(f"parts sum to {sum(p.size for p in parts)} bytes, not {size}", uri=uri)
+        raise StoreError(f"parts sum to {sum(p.size for p in parts)} bytes, not {size}", uri=uri)
 
 
 # -------------------------------------------------------------- metadata --
@@ -114,9 +114,9 @@ def _mtime(text: str) -> Decimal:
     try:
         value = Decimal(text.strip())
     except InvalidOperation as exc:
-        raise BabelError(f"bad {META_MTIME} {text!r}: not a number") from exc
+        raise StoreError(f"bad {META_MTIME} {text!r}: not a number") from exc
     if not value.is_finite():
-        raise BabelError(f"bad {META_MTIME} {text!r}: not finite")
+        raise StoreError(f"bad {META_MTIME} {text!r}: not finite")
     return value
 
 
@@ -124,7 +124,7 @@ def parse_mtime_ns(text: str) -> int:
     """Nanoseconds since the epoch of a :data:`META_MTIME` value (decimal seconds; ``repr(float)`` too).
 
     Raises:
-        BabelError: not a finite number.
+        StoreError: not a finite number.
     """
     return int(_mtime(text).scaleb(9).to_integral_value())  # round half even to whole ns
 
@@ -134,7 +134,7 @@ def parse_mtime(text: str) -> float:
     ``parse_mtime(repr(x)) == x``.
 
     Raises:
-        BabelError: not a finite number.
+        StoreError: not a finite number.
     """
     return float(_mtime(text))
 

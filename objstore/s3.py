@@ -2,17 +2,18 @@
 
 URI options as query parameters (``s3://b/p?endpoint_url=http://127.0.0.1:9000``):
 
-* ``endpoint_url``, ``region``, ``profile``; ``ca_bundle``: a PEM file of CAs to trust
-  for https (an on-premises store's own CA);
+* ``endpoint_url``, ``region``, ``profile``; ``credentials_file``: an AWS shared-credentials
+  file to read instead of ``~/.aws/credentials`` (a mounted Secret; ``profile`` picks its
+  section); ``ca_bundle``: a PEM file of CAs to trust for https (an on-premises store's own CA);
 * ``addressing_style``: ``auto`` (default), ``path`` or ``virtual``;
 * ``checksum``: ``crc32`` (default) or ``none``, see below;
 * ``provider``: ``rclone``, see below;
 * ``connect_timeout`` / ``read_timeout`` (seconds), ``max_attempts`` (tries in all,
   the first included; 5), ``max_pool_connections``.
 
-Credentials come from the usual AWS chain. Every call has connect/read timeouts,
+Credentials come from the usual AWS chain (never from the URI itself). Every call has connect/read timeouts,
 and botocore's standard retry mode backs off on throttling and transient errors;
-what is left is mapped to Babel's error tree by :data:`ERRORS_BY_CODE`.
+what is left is mapped to the error tree of :mod:`objstore.errors` by :data:`ERRORS_BY_CODE`.
 
 What follows was found running the conformance suite on a second S3
 implementation, rclone ``serve s3`` v1.75, with botocore 1.43 / aiobotocore 3.10.
@@ -49,7 +50,7 @@ Keys. rclone ``serve s3`` stores objects as files: a key ending in ``/`` silentl
 file as the key without it (``dir/`` overwrites ``dir``), and ``a//b``, ``./``
 and ``../`` segments or a leading ``/`` are refused with ``400``.
 ``provider=rclone`` makes this backend refuse such keys itself, as ``file://``
-does (:class:`~babel.errors.BadURI`), before they alias or reach the server.
+does (:class:`~objstore.errors.BadURI`), before they alias or reach the server.
 Other rclone traits that need nothing here: user metadata is kept in the
 server's memory only (lost on restart; at most ``--metadata-max-objects``);
 names starting with ``.rclone_temp_`` are hidden from listings; any delimiter
@@ -73,20 +74,20 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
-from babel.backends.base import ListPage, ObjectInfo, PartInfo, StoreLimits
-from babel.backends.tree import check_key
-from babel.errors import (
+from objstore.base import ListPage, ObjectInfo, PartInfo, StoreLimits
+from objstore.errors import (
     AccessDenied,
-    BabelError,
     BadURI,
     NoSuchBucket,
     NoSuchKey,
     NoSuchUpload,
+    StoreError,
     Throttled,
     TransientError,
 )
+from objstore.tree import check_key
 
-ERRORS_BY_CODE: dict[str, type[BabelError]] = {
+ERRORS_BY_CODE: dict[str, type[StoreError]] = {
     "NoSuchBucket": NoSuchBucket,
     "NoSuchKey": NoSuchKey,
     "NoSuchUpload": NoSuchUpload,
@@ -106,13 +107,13 @@ ERRORS_BY_CODE: dict[str, type[BabelError]] = {
 }
 
 
-def translate(exc: Exception, uri: str) -> BabelError:
-    """Map a botocore failure to the Babel error it stands for (Babel's own pass through).
+def translate(exc: Exception, uri: str) -> StoreError:
+    """Map a botocore failure to the store error it stands for (ours pass through).
 
     The store's request id (``ResponseMetadata.RequestId``) goes with it, as s3fs keeps it;
     callers raise the result ``from exc`` so the botocore error stays its cause.
     """
-    if isinstance(exc, BabelError):
+    if isinstance(exc, StoreError):
         return exc
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
@@ -121,14 +122,14 @@ def translate(exc: Exception, uri: str) -> BabelError:
         status = meta.get("HTTPStatusCode", 0)
         cls = ERRORS_BY_CODE.get(code) or ERRORS_BY_CODE.get(str(status))
         if cls is None:
-            cls = TransientError if status >= 500 else BabelError
+            cls = TransientError if status >= 500 else StoreError
         request_id = str(meta.get("RequestId") or meta.get("HTTPHeaders", {}).get("x-oss-request-id", ""))
         return cls(f"{code or status}: {err.get('Message', '')}".rstrip(": "), uri=uri, request_id=request_id)
     if isinstance(exc, NoCredentialsError):  # no retry can help: say so at once
         return AccessDenied(f"no credentials ({exc}): set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or profile=", uri=uri)
     if isinstance(exc, EndpointConnectionError | BotoCoreError):
         return TransientError(f"{type(exc).__name__}: {exc}", uri=uri)
-    return BabelError(f"{type(exc).__name__}: {exc}", uri=uri)
+    return StoreError(f"{type(exc).__name__}: {exc}", uri=uri)
 
 
 CHECKSUMS = ("crc32", "none")
@@ -188,6 +189,8 @@ class S3Store:
             session = get_session()
             if self.options.get("profile"):
                 session.set_config_variable("profile", self.options["profile"])
+            if self.options.get("credentials_file"):
+                session.set_config_variable("credentials_file", self.options["credentials_file"])
             config = AioConfig(
                 connect_timeout=float(self.options.get("connect_timeout", 10)),
                 read_timeout=float(self.options.get("read_timeout", 60)),
@@ -344,7 +347,7 @@ class S3Store:
                 raise translate(exc, self.uri) from exc
             errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if errors:
-                raise BabelError(f"{len(errors)} deletions failed, first: {errors[0]}", uri=self.uri)
+                raise StoreError(f"{len(errors)} deletions failed, first: {errors[0]}", uri=self.uri)
 
     async def close(self) -> None:
         await self._stack.aclose()

@@ -1,0 +1,70 @@
+"""The object-store error tree (Babel's, and PCache's under-store errors); S3 error codes are
+mapped to it by one table in :mod:`objstore.s3`."""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class StoreError(OSError):
+    """Base of every object-store error; ``retryable`` decides retries, never message text.
+
+    ``request_id`` is the object store's id of the failed request (S3 ``x-amz-request-id``,
+    OSS ``x-oss-request-id``) when there was one: what the store's operators ask for.
+    """
+
+    errno_code = _errno.EIO
+    retryable = False
+
+    def __init__(self, message: str = "", *, uri: str | None = None, request_id: str = "") -> None:
+        super().__init__(self.errno_code, message)
+        self.message = message
+        self.uri = uri
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        text = f"{self.message}: {self.uri}" if self.uri else self.message
+        return f"{text} (request id {self.request_id})" if self.request_id else text
+
+
+class BadURI(StoreError, ValueError):
+    """A store URI that cannot be parsed, or a scheme with no backend."""
+
+    errno_code = _errno.EINVAL
+
+
+class NoSuchBucket(StoreError, FileNotFoundError):
+    """The bucket (or root directory) does not exist."""
+
+    errno_code = _errno.ENOENT
+
+
+class NoSuchKey(StoreError, FileNotFoundError):
+    """The object does not exist."""
+
+    errno_code = _errno.ENOENT
+
+
+class NoSuchUpload(StoreError, FileNotFoundError):
+    """The multipart upload does not exist (completed, aborted or expired)."""
+
+    errno_code = _errno.ENOENT
+
+
+class AccessDenied(StoreError, PermissionError):
+    """Wrong credentials or no permission."""
+
+    errno_code = _errno.EACCES
+
+
+class Throttled(StoreError):
+    """503 SlowDown / throttling: back off and retry."""
+
+    errno_code = _errno.EAGAIN
+    retryable = True
+
+
+class TransientError(StoreError, ConnectionError):
+    """A connection reset, timeout or 5xx: retry."""
+
+    retryable = True
