@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 ADMIN_TOKEN_FILE_ENV = "PCACHE_ADMIN_TOKEN_FILE"
 
 
-def _admin_client(ctx: click.Context) -> Client:
+def admin_client(ctx: click.Context) -> Client:
     """A client with the admin token: $PCACHE_ADMIN_TOKEN_FILE, else the cluster directory's
     secrets/admin.token (``pcache up``), else the token every client finds ($PCACHE_TOKEN...)."""
     from pcache.client import Client
@@ -102,7 +102,7 @@ def tenant_cmd() -> None:
 def create(ctx: click.Context, name: str, root: str, quota_bytes: str | None, quota_inodes: str | None,
            token_file: str | None, token_ttl: float) -> None:  # fmt: skip
     """Create tenant NAME and give it a token."""
-    with _admin_client(ctx) as pc:
+    with admin_client(ctx) as pc:
         rec = pc.create_tenant(name, root, quota_bytes=_size(quota_bytes), quota_inodes=_count(quota_inodes))
         token = pc.issue_token(name, token_ttl)
     if token_file:
@@ -118,7 +118,7 @@ def create(ctx: click.Context, name: str, root: str, quota_bytes: str | None, qu
 @click.pass_context
 def list_cmd(ctx: click.Context, as_json: bool) -> None:
     """Every tenant: root, usage, bytes reserved by open writers, quotas."""
-    with _admin_client(ctx) as pc:
+    with admin_client(ctx) as pc:
         tenants = pc.tenants()
     if as_json:
         click.echo(json.dumps([MessageToDict(t, preserving_proto_field_name=True) for t in tenants], indent=2))
@@ -133,7 +133,7 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def quota(ctx: click.Context, name: str, quota_bytes: str | None, quota_inodes: str | None) -> None:
     """Show or change tenant NAME's quotas; usage above a lowered quota only stops growth."""
-    with _admin_client(ctx) as pc:
+    with admin_client(ctx) as pc:
         rec = next((t for t in pc.tenants() if t.name == name), None)
         if rec is None:
             raise InvalidArgument(f"no tenant {name!r}")
@@ -153,7 +153,7 @@ def quota(ctx: click.Context, name: str, quota_bytes: str | None, quota_inodes: 
 @click.pass_context
 def token(ctx: click.Context, name: str, ttl: float) -> None:
     """Print a new token of tenant NAME (a secret: hand it over as a file or a Secret)."""
-    with _admin_client(ctx) as pc:
+    with admin_client(ctx) as pc:
         click.echo(pc.issue_token(name, ttl))
 
 
@@ -163,7 +163,7 @@ def token(ctx: click.Context, name: str, ttl: float) -> None:
 @click.pass_context
 def delete(ctx: click.Context, name: str, purge: bool) -> None:
     """Delete tenant NAME: its tokens stop working at once."""
-    with _admin_client(ctx) as pc:
+    with admin_client(ctx) as pc:
         pc.delete_tenant(name, purge=purge)
     click.echo(f"tenant {name} deleted" + (" with its files" if purge else ""), err=True)
 

@@ -394,6 +394,36 @@ class PCacheClient:
         """
         return await self.master.issue_token(name, ttl)
 
+    async def bind(
+        self, path: str, uri: str, *, mode: str = "ro", meta_ttl: float = 60.0, check: bool = True
+    ) -> pb.Bind:
+        """Bind directory ``path`` to the under-store ``uri`` (``file:///abs``,
+        ``s3://bucket/prefix?endpoint_url=...&profile=...``, ``oss://...``): made here, or an
+        empty directory taken. ``mode``: ``ro`` or ``writeback``; ``meta_ttl``: seconds a listed
+        entry is trusted before it is checked again (-1: never, the objects never change);
+        ``check``: the master lists the store once first. An admin token's call.
+
+        Raises:
+            PermissionDenied: not an admin token, or the store refused the master's credentials.
+            InvalidArgument: a bad mode, TTL or URI (credentials in it among them).
+            Busy: binds do not nest. AlreadyExists: a file or non-empty directory is there.
+            NotFound: no such bucket or parent directory. Unavailable, Timeout: the store.
+        """
+        return await self.master.bind(path, uri, mode=mode, meta_ttl=meta_ttl, check=check)
+
+    async def unbind(self, path: str) -> None:
+        """Remove the bind at ``path`` and what is cached under it (the store keeps its objects).
+        An admin token's call.
+
+        Raises:
+            PermissionDenied. NotFound: no bind there.
+        """
+        await self.master.unbind(path)
+
+    async def binds(self) -> list[pb.Bind]:
+        """The bound directories: every one for an admin, a tenant's own (in its view) else."""
+        return await self.master.list_binds()
+
     async def master_statuses(self) -> list[tuple[str, pb.ClusterStatus | PCacheError]]:
         """Every master's own status (role, epoch, log position): (address, status or the error)."""
         return await self.master.master_statuses()

@@ -40,6 +40,8 @@ MUTATIONS = frozenset(
         "CreateTenant",
         "DeleteTenant",
         "SetQuota",
+        "BindPath",
+        "UnbindPath",
     }
 )
 # errors after which another master may answer (a Timeout only for calls safe to repeat)
@@ -389,6 +391,16 @@ class MasterClient:
     async def list_tenants(self) -> list[pb.Tenant]:
         return list((await self._call("ListTenants", pb.ClusterStatusRequest(header=self.header()))).tenants)
 
+    async def bind(self, path: str, uri: str, *, mode: str, meta_ttl: float, check: bool) -> pb.Bind:
+        spec = pb.Bind(path=path, uri=uri, mode=mode, meta_ttl=meta_ttl)
+        return await self._call("BindPath", pb.BindRequest(header=self.header(), bind=spec, check=check))
+
+    async def unbind(self, path: str) -> None:
+        await self._call("UnbindPath", pb.BindRequest(header=self.header(), bind=pb.Bind(path=path)))
+
+    async def list_binds(self) -> list[pb.Bind]:
+        return list((await self._call("ListBinds", pb.ClusterStatusRequest(header=self.header()))).binds)
+
     async def issue_token(self, name: str, ttl: float = 0.0) -> str:
         request = pb.TenantRequest(header=self.header(), tenant=pb.Tenant(name=name), token_ttl=ttl)
         return (await self._call("IssueToken", request)).token
@@ -414,5 +426,5 @@ class _Moved(Exception):
 
 # reads: safe to send again to another master after a timeout
 _IDEMPOTENT = frozenset(
-    {"Stat", "ListDir", "GetLayout", "GetClusterStatus", "Fsck", "Batch", "ListTenants", "IssueToken"}
+    {"Stat", "ListDir", "GetLayout", "GetClusterStatus", "Fsck", "Batch", "ListTenants", "IssueToken", "ListBinds"}
 )

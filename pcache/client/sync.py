@@ -191,6 +191,15 @@ class Client:
     def tenants(self) -> list[pb.Tenant]:
         return self._run(self.aio.tenants())
 
+    def bind(self, path: str, uri: str, *, mode: str = "ro", meta_ttl: float = 60.0, check: bool = True) -> pb.Bind:
+        return self._run(self.aio.bind(path, uri, mode=mode, meta_ttl=meta_ttl, check=check))
+
+    def unbind(self, path: str) -> None:
+        self._run(self.aio.unbind(path))
+
+    def binds(self) -> list[pb.Bind]:
+        return self._run(self.aio.binds())
+
     def issue_token(self, name: str, ttl: float = 0.0) -> str:
         return self._run(self.aio.issue_token(name, ttl))
 

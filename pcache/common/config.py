@@ -59,6 +59,8 @@ class MasterConfig:
     """Largest page a ListDir returns."""
     orphan_grace: float = 600.0
     """Seconds an allocated but uncommitted block may live before workers drop it."""
+    ufs_timeout: float = 30.0
+    """Seconds one under-store call of the master may take (a bind's check, a listing page)."""
     metrics_port: int = -1
     """Prometheus metrics HTTP port; -1 disables, 0 picks a free one."""
     log_level: str = "INFO"
@@ -336,6 +338,7 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("master", "heartbeat_interval"): (0.01, 3600),
     ("master", "replication_check_interval"): (0.01, 3600),
     ("master", "listdir_limit"): (1, 100_000),
+    ("master", "ufs_timeout"): (0.1, 3600),
     ("master", "lease_ttl"): (2, 60),
     ("master", "ack_timeout"): (0.1, 600),
     ("master", "commit_timeout"): (0.5, 3600),

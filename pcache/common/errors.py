@@ -115,6 +115,18 @@ class StaleHandle(PCacheError):
     errno_code = _errno.ESTALE
 
 
+class ReadOnly(PCacheError):
+    """A change under a path bound read-only to an under-store (``pcache bind --mode ro``)."""
+
+    errno_code = _errno.EROFS
+
+
+class Busy(PCacheError):
+    """A bind point, or a directory above one, cannot be renamed or deleted (``pcache unbind``)."""
+
+    errno_code = _errno.EBUSY
+
+
 class NoSpace(PCacheError):
     """No worker (or not this one) has room for the block."""
 
@@ -215,6 +227,8 @@ ERRORS_BY_NAME: dict[str, type[PCacheError]] = {
         SymlinkLoop,
         Conflict,
         StaleHandle,
+        ReadOnly,
+        Busy,
         NoSpace,
         QuotaExceeded,
         CrossTenant,

@@ -8,6 +8,7 @@ Key layout (all integers big-endian so that key order is numeric order)::
     c<counter>             -> <value:8>  (id high-water marks)
     a<block:8>             -> reservation of an uncommitted block (:mod:`.allocations`)
     t<name>                -> Tenant     (root, quotas, usage: :mod:`.tenants`)
+    u<path>                -> Bind       (a directory bound to an under-store: :mod:`.binds`)
 
 Each public method is one mutation applied as one atomic batch, so a crash
 leaves either the old or the new tree. Methods are synchronous and are called
@@ -27,6 +28,7 @@ from pcache.common.auth import check_name
 from pcache.common.layout import HOLE, MAX_BLOCK_SIZE, MAX_REPLICATION, MIN_BLOCK_SIZE
 from pcache.common.paths import PATH_MAX, normalize, parent_and_name, split_path
 from pcache.master.allocations import Allocations
+from pcache.master.binds import IMMUTABLE, MODES, Binds, check_uri
 from pcache.master.metastore import MetaStore
 from pcache.master.tenants import Tenants, add, freed_bytes
 from pcache.proto import pcache_pb2 as pb
@@ -103,6 +105,7 @@ class Namespace:
             root = pb.Inode(id=ROOT, type=pb.DIRECTORY, mode=0o755, mtime=now, ctime=now, atime=now)
             self.store.write([(_ikey(ROOT), root.SerializeToString())])
         self.tenants = Tenants(store)
+        self.binds = Binds(store)
         if default_tenant and default_tenant not in self.tenants and not self.tenants.deleted(default_tenant):
             self.create_tenant(default_tenant)  # made at the first start; an admin's delete stands
 
@@ -218,6 +221,7 @@ class Namespace:
             if parents:
                 return self.resolve("/")
             raise E.AlreadyExists("the root exists", path="/")
+        self.binds.check_writable(path)
         if parents:
             node = self._get_inode(ROOT)
             for i, part in enumerate(parts):
@@ -276,6 +280,7 @@ class Namespace:
             IsADirectory: the path is a directory.
             NotFound / NotADirectory: bad parent.
         """
+        self.binds.check_writable(path)
         parent, name = self._resolve_parent(path)
         existing = self._lookup(parent.id, name)
         if kind not in SPECIAL_TYPES and kind != pb.REGULAR:
@@ -324,6 +329,7 @@ class Namespace:
         Raises:
             AlreadyExists: the path exists. InvalidArgument: empty target.
         """
+        self.binds.check_writable(path)
         if not target or "\x00" in target:
             raise E.InvalidArgument("symlink target must be non-empty without NUL", path=path)
         if len(target.encode("utf-8", "surrogateescape")) >= PATH_MAX:
@@ -401,6 +407,10 @@ class Namespace:
         if src_parts == dst_parts:
             node.name = dst_name
             return node, Freed([])
+        self.binds.check_movable(src, "rename it")
+        self.binds.check_movable(dst, "replace it")
+        self.binds.check_writable(src)
+        self.binds.check_writable(dst)
         held = self.tenants.roots_under(normalize(src)) if node.type == pb.DIRECTORY else []
         if held:  # a tenant root is found by its path: moving it, or a directory above it, loses it
             raise E.InvalidArgument(
@@ -481,6 +491,8 @@ class Namespace:
             raise E.IsADirectory("is a directory", path=path)
         if node.type == pb.DIRECTORY and not recursive and not self._is_empty_dir(node.id):
             raise E.DirectoryNotEmpty("directory not empty", path=path)
+        self.binds.check_movable(path, "delete it")
+        self.binds.check_writable(path)
         return self._remove(parent, name, node, path)
 
     def _remove(
@@ -492,6 +504,7 @@ class Namespace:
         *,
         drop_tenant: str = "",
         key_ids: Iterable[str] = (),
+        drop_bind: str = "",
     ) -> Freed:
         """Delete ``node`` (the entry ``name`` of ``parent``) and everything under it, in one batch.
 
@@ -530,6 +543,8 @@ class Namespace:
         if drop_tenant:
             deltas.pop(drop_tenant, None)  # its record goes: not charged
         puts = [(_ikey(parent.id), self._touch(parent, time.time())), *self.tenants.charge(deltas)]
+        if drop_bind:
+            deletes.append(self.binds.key(drop_bind))
         if drop_tenant:
             deletes.append(self.tenants.remove(drop_tenant))
             puts.append(self.tenants.tombstone(drop_tenant, key_ids))
@@ -537,6 +552,8 @@ class Namespace:
             deletes += self.allocations.keys(writing)
         self.store.write(puts, deletes)
         self.allocations.committed(writing)
+        if drop_bind:
+            self.binds.forget(drop_bind)
         return freed
 
     def setattr(
@@ -556,6 +573,7 @@ class Namespace:
         Raises:
             NotFound: the path, or an xattr to remove, does not exist.
         """
+        self.binds.check_writable(path)
         node = self.resolve(path)
         name = node.name
         if mode is not None:
@@ -686,6 +704,8 @@ class Namespace:
         root = normalize(root or "/" + name)
         if root == "/":
             raise E.InvalidArgument("a tenant root cannot be / (it would hold every other tenant)")
+        if self.binds.covering(root) is not None or self.binds.under(root):
+            raise E.Busy("a tenant root cannot be, or be inside or above, a bound directory", path=root)
         parts = split_path(root)
         node = self._get_inode(ROOT)
         for part in parts[:-1]:  # refuse before making any directory
@@ -731,8 +751,75 @@ class Namespace:
         node = self._get_inode(rec.root_inode)
         if not purge and not self._is_empty_dir(node.id):
             raise E.DirectoryNotEmpty(f"tenant {name!r} still has files (purge removes them)", path=rec.root)
+        self.binds.check_movable(rec.root, f"delete tenant {name!r}")
         parent, entry = self._resolve_parent(rec.root)
         return self._remove(parent, entry, node, rec.root, drop_tenant=name, key_ids=key_ids)
+
+    # ------------------------------------------------------ under storage --
+
+    def bind(self, path: str, uri: str, *, mode: str = "ro", meta_ttl: float = 60.0) -> pb.Bind:
+        """Bind directory ``path`` to the under-store ``uri`` (:mod:`.binds`): made here (its
+        parent must exist) or taken when it is an empty directory. ``meta_ttl``: seconds a listed
+        entry is trusted before a HEAD re-checks it (:data:`~.binds.IMMUTABLE`: never re-checked).
+
+        Raises:
+            InvalidArgument: a bad mode, TTL or URI (one with user:password@ among them), or the
+                namespace root. AlreadyExists: ``path`` is a file or a non-empty directory.
+            Busy: ``path`` is, is inside or holds a bind, or is a tenant root.
+            NotFound / NotADirectory: a bad parent.
+        """
+        if mode not in MODES:
+            raise E.InvalidArgument(f"bind mode {mode!r} is not one of {', '.join(MODES)}", path=path)
+        if not (meta_ttl >= 0 or meta_ttl == IMMUTABLE):
+            raise E.InvalidArgument("meta_ttl is seconds >= 0, or -1 (immutable)", path=path)
+        check_uri(uri)
+        path = normalize(path)
+        if path == "/":
+            raise E.InvalidArgument("the namespace root cannot be bound", path=path)
+        held = self.binds.covering(path) or next(iter(self.binds.under(path)), None)
+        if held is not None:
+            raise E.Busy(f"binds do not nest: {held.path} is bound to {held.uri}", path=path)
+        parent, name = self._resolve_parent(path)
+        ino = self._lookup(parent.id, name)
+        puts: list[tuple[bytes, bytes]] = []
+        if ino is None:
+            node = self._new_inode(parent, pb.DIRECTORY, 0o755)
+            puts += [
+                (_ikey(node.id), node.SerializeToString()),
+                (_dkey(parent.id, name), U64.pack(node.id)),
+                (_ikey(parent.id), self._touch(parent, node.mtime)),
+                *self._added(node),
+            ]
+        else:
+            node = self._get_inode(ino)
+            if node.type != pb.DIRECTORY or not self._is_empty_dir(node.id):
+                raise E.AlreadyExists("a bind takes a new or an empty directory", path=path)
+            if node.id in self.tenants.root_inodes():
+                raise E.Busy(
+                    f"is the root of tenant {self.tenants.root_inodes()[node.id]!r}: bind a directory in it", path=path
+                )
+        bind = pb.Bind(
+            path=path, uri=uri, mode=mode, meta_ttl=meta_ttl, created=time.time(), tenant=node.tenant, inode=node.id
+        )
+        puts.append(self.binds.record(bind))
+        self.store.write(puts)
+        self.binds.remember(bind)
+        return bind
+
+    def unbind(self, path: str) -> tuple[pb.Bind, Freed]:
+        """Remove the bind at ``path`` with its directory and everything cached under it (the
+        under-store keeps its objects).
+
+        Raises:
+            NotFound: no bind at ``path``.
+        """
+        path = normalize(path)
+        bind = self.binds.get(path)
+        if bind is None:
+            raise E.NotFound("not a bound directory (pcache binds lists them)", path=path)
+        parent, name = self._resolve_parent(path)
+        node = self._get_inode(bind.inode)
+        return bind, self._remove(parent, name, node, path, drop_bind=path)
 
     def set_quota(self, name: str, *, quota_bytes: int, quota_inodes: int) -> pb.Tenant:
         """Set tenant ``name``'s quotas (0: no limit); usage above a new quota only stops growth.

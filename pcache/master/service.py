@@ -20,10 +20,12 @@ import grpc
 from google.protobuf.message import Message
 
 from pcache.common import errors as E
+from pcache.common import ufs
 from pcache.common.auth import Claims, mint_block_token, mint_token
 from pcache.common.metrics import RPC_SECONDS
 from pcache.common.rpc import rpc_method
 from pcache.master import fsck
+from pcache.master.binds import check_uri
 from pcache.master.blocks import BlockManager
 from pcache.master.namespace import Namespace
 from pcache.master.tenants import ADMIN, Scope
@@ -61,6 +63,9 @@ MASTER_SCOPES: dict[str, frozenset[str]] = {
     **dict.fromkeys(("RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks"), frozenset({"worker"})),
     "Fsck": _CLIENT,
     **dict.fromkeys(("CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken"), frozenset({"admin"})),
+    # the under-store is read with the hosts' credentials: only an admin aims them (pcache.master.binds)
+    **dict.fromkeys(("BindPath", "UnbindPath"), frozenset({"admin"})),
+    "ListBinds": _CLIENT,
 }
 
 # the verified claims of the call being served (set by ``authorize``; each RPC runs in its own task)
@@ -508,6 +513,38 @@ class MasterServicer(pb_grpc.MasterServicer):
         return await self._read(request.header, "ListTenants",
                                 lambda ns, _, scope: pb.ListTenantsResponse(tenants=_usage(ns, scope)))  # fmt: skip
 
+    # ------------------------------------------------------ under storage --
+
+    @rpc_method
+    async def BindPath(self, request: pb.BindRequest, context: grpc.aio.ServicerContext) -> pb.Bind:
+        """Bind a directory to an under-store (an admin's call); with ``check`` the store is
+        listed once first, from this master, so a wrong endpoint or credentials fail here."""
+        spec = request.bind
+        self.m.leading()
+        if request.check:
+            check_uri(spec.uri)  # refuse a URI with a secret before anything connects with it
+            await ufs.probe(spec.uri, self.m.cfg.ufs_timeout)
+
+        def apply(ns: Namespace, _: BlockManager, scope: Scope) -> pb.Bind:
+            return ns.bind(scope.inside(spec.path), spec.uri, mode=spec.mode or "ro", meta_ttl=spec.meta_ttl)
+
+        return await self._mutate(request.header, "BindPath", pb.Bind, apply)
+
+    @rpc_method
+    async def UnbindPath(self, request: pb.BindRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
+        """Remove a bind and what is cached under it (the under-store keeps its objects)."""
+
+        def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.Empty:
+            _, freed = ns.unbind(scope.inside(request.bind.path))
+            blocks.freed(freed)
+            return pb.Empty()
+
+        return await self._mutate(request.header, "UnbindPath", pb.Empty, apply)
+
+    @rpc_method
+    async def ListBinds(self, request: pb.ClusterStatusRequest, context: grpc.aio.ServicerContext) -> pb.BindList:
+        return await self._read(request.header, "ListBinds", lambda ns, _, scope: _binds(ns, scope))
+
     @rpc_method
     async def IssueToken(self, request: pb.TenantRequest, context: grpc.aio.ServicerContext) -> pb.TenantResponse:
         """A fresh token of an existing tenant, valid ``token_ttl`` seconds (0: no expiry)."""
@@ -549,6 +586,17 @@ def _owned(scope: Scope, node: pb.Inode) -> None:
     """
     if not scope.owns(node):
         raise E.PermissionDenied(f"inode {node.id} is not in tenant {scope.tenant!r}")
+
+
+def _binds(ns: Namespace, scope: Scope) -> pb.BindList:
+    """Every bind for an admin; a tenant's own, with paths as it sees them."""
+    out = pb.BindList()
+    for bind in ns.binds.all():
+        if scope.admin or bind.tenant == scope.tenant:
+            shown = out.binds.add()
+            shown.CopyFrom(bind)
+            shown.path = scope.outside(bind.path) or bind.path
+    return out
 
 
 def _usage(ns: Namespace, scope: Scope) -> list[pb.Tenant]:

@@ -767,6 +767,40 @@ class BatchResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[BatchResult]
     def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ...) -> None: ...
 
+class Bind(_message.Message):
+    __slots__ = ("path", "uri", "mode", "meta_ttl", "created", "tenant", "inode")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    META_TTL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    uri: str
+    mode: str
+    meta_ttl: float
+    created: float
+    tenant: str
+    inode: int
+    def __init__(self, path: _Optional[str] = ..., uri: _Optional[str] = ..., mode: _Optional[str] = ..., meta_ttl: _Optional[float] = ..., created: _Optional[float] = ..., tenant: _Optional[str] = ..., inode: _Optional[int] = ...) -> None: ...
+
+class BindRequest(_message.Message):
+    __slots__ = ("header", "bind", "check")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    BIND_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    bind: Bind
+    check: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., bind: _Optional[_Union[Bind, _Mapping]] = ..., check: _Optional[bool] = ...) -> None: ...
+
+class BindList(_message.Message):
+    __slots__ = ("binds",)
+    BINDS_FIELD_NUMBER: _ClassVar[int]
+    binds: _containers.RepeatedCompositeFieldContainer[Bind]
+    def __init__(self, binds: _Optional[_Iterable[_Union[Bind, _Mapping]]] = ...) -> None: ...
+
 class DataHeader(_message.Message):
     __slots__ = ("op", "block_id", "offset", "length", "crc32c", "pipeline", "token", "epoch", "error", "message", "chunk_crcs", "replicas", "write_handle", "block_length")
     OP_FIELD_NUMBER: _ClassVar[int]

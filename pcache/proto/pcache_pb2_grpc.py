@@ -316,6 +316,21 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
                 _registered_method=True)
+        self.BindPath = channel.unary_unary(
+                '/pcache.Master/BindPath',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.BindRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.Bind.FromString,
+                _registered_method=True)
+        self.UnbindPath = channel.unary_unary(
+                '/pcache.Master/UnbindPath',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.BindRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
+                _registered_method=True)
+        self.ListBinds = channel.unary_unary(
+                '/pcache.Master/ListBinds',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.BindList.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -466,6 +481,25 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BindPath(self, request, context):
+        """under storage
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnbindPath(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBinds(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -588,6 +622,21 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.IssueToken,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.SerializeToString,
+            ),
+            'BindPath': grpc.unary_unary_rpc_method_handler(
+                    servicer.BindPath,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.BindRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.Bind.SerializeToString,
+            ),
+            'UnbindPath': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnbindPath,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.BindRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.Empty.SerializeToString,
+            ),
+            'ListBinds': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBinds,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.BindList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1238,6 +1287,87 @@ class Master:
             '/pcache.Master/IssueToken',
             pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BindPath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/BindPath',
+            pcache_dot_proto_dot_pcache__pb2.BindRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.Bind.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnbindPath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/UnbindPath',
+            pcache_dot_proto_dot_pcache__pb2.BindRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBinds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/ListBinds',
+            pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.BindList.FromString,
             options,
             channel_credentials,
             insecure,

@@ -285,6 +285,8 @@ EXPECTED = {
     "SymlinkLoop": (errno.ELOOP, (OSError, ValueError), False),
     "Conflict": (errno.ESTALE, (OSError,), False),
     "StaleHandle": (errno.ESTALE, (OSError,), False),
+    "ReadOnly": (errno.EROFS, (OSError,), False),
+    "Busy": (errno.EBUSY, (OSError,), False),
     "Unavailable": (errno.EIO, (ConnectionError,), True),
     "NotLeader": (errno.EIO, (ConnectionError,), True),
     "Timeout": (errno.ETIMEDOUT, (TimeoutError,), True),

@@ -121,7 +121,7 @@ def test_each_scope_reaches_only_its_own_rpcs(cluster: LocalCluster) -> None:
     namespace; only an admin manages tenants; only another master of the cluster may ship log
     entries."""
     worker_only = {"RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks"}
-    admin_only = {"CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken"}
+    admin_only = {"CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken", "BindPath", "UnbindPath"}
     tenant = cluster.token
     worker = cluster.worker_token
 

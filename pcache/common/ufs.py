@@ -1,0 +1,65 @@
+"""PCache's side of under storage: object-store errors as PCache errors, and bounded calls.
+
+The stores themselves are :mod:`objstore`'s (the project's one implementation, shared with
+Babel); this module only maps what they raise onto :mod:`pcache.common.errors`, so a client sees
+ENOENT for a missing bucket, EACCES for refused credentials and EIO (retryable) for an
+unreachable store, and bounds every call by a timeout (``../shared/DESIGN.md``, "under storage").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from objstore import ObjectStore, open_store
+from objstore import errors as S
+from pcache.common import errors as E
+
+T = TypeVar("T")
+
+
+def translate(exc: BaseException, uri: str) -> E.PCacheError:
+    """The PCache error an under-store failure stands for (raise it ``from exc``)."""
+    if isinstance(exc, E.PCacheError):
+        return exc
+    if isinstance(exc, S.NoSuchBucket | S.NoSuchKey):
+        return E.NotFound(f"under-store: {exc}")
+    if isinstance(exc, S.AccessDenied):
+        return E.PermissionDenied(f"under-store refused the credentials: {exc}")
+    if isinstance(exc, S.BadURI):
+        return E.InvalidArgument(f"under-store: {exc}")
+    if isinstance(exc, TimeoutError):
+        return E.Timeout(f"under-store {uri} did not answer in time")
+    return E.Unavailable(f"under-store {uri}: {exc}")
+
+
+async def call(aw: Awaitable[T], uri: str, timeout: float) -> T:
+    """Await one under-store call within ``timeout`` seconds.
+
+    Raises:
+        NotFound, PermissionDenied, InvalidArgument, Timeout, Unavailable: see :func:`translate`.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            return await aw
+    except (S.StoreError, OSError, TimeoutError) as exc:
+        raise translate(exc, uri) from exc
+
+
+async def probe(uri: str, timeout: float) -> None:
+    """List one key of ``uri``: the store answers and takes this host's credentials.
+
+    Raises:
+        as :func:`call`.
+    """
+    try:
+        store: ObjectStore = open_store(uri)
+    except S.StoreError as exc:
+        raise translate(exc, uri) from exc
+    try:
+        await call(store.list_page(max_keys=1), uri, timeout)
+    finally:
+        with contextlib.suppress(S.StoreError, OSError, TimeoutError):
+            await asyncio.wait_for(store.close(), 5.0)
