@@ -91,8 +91,10 @@ class ObjectStore(Protocol):
         """Return an object's size, mtime, ETag, user metadata and store checksums."""
         ...
 
-    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
-        """Read an object's bytes (a range when ``length`` is given)."""
+    async def get(self, key: str, offset: int = 0, length: int | None = None, *, if_match: str = "") -> bytes:
+        """Read an object's bytes (a range when ``length`` is given). ``if_match``: only from the
+        version with this ETag, else :class:`~objstore.errors.PreconditionFailed` (stores without
+        ETags, ``file://``, ignore it: their callers compare size and mtime)."""
         ...
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectInfo:

@@ -51,6 +51,12 @@ class NoSuchUpload(StoreError, FileNotFoundError):
     errno_code = _errno.ENOENT
 
 
+class PreconditionFailed(StoreError):
+    """A conditional request's condition failed: the object is no longer the version asked for."""
+
+    errno_code = _errno.ESTALE
+
+
 class AccessDenied(StoreError, PermissionError):
     """Wrong credentials or no permission."""
 

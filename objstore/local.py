@@ -202,7 +202,7 @@ class LocalStore:
         except _GONE as exc:
             raise NoSuchKey("no such object", uri=f"{self.uri}/{key}") from exc
 
-    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+    async def get(self, key: str, offset: int = 0, length: int | None = None, *, if_match: str = "") -> bytes:
         path = self._path(key)
 
         def read() -> bytes:

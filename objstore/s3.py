@@ -81,6 +81,7 @@ from objstore.errors import (
     NoSuchBucket,
     NoSuchKey,
     NoSuchUpload,
+    PreconditionFailed,
     StoreError,
     Throttled,
     TransientError,
@@ -97,6 +98,8 @@ ERRORS_BY_CODE: dict[str, type[StoreError]] = {
     "403": AccessDenied,
     "InvalidAccessKeyId": AccessDenied,
     "SignatureDoesNotMatch": AccessDenied,
+    "PreconditionFailed": PreconditionFailed,
+    "412": PreconditionFailed,
     "SlowDown": Throttled,
     "Throttling": Throttled,
     "ThrottlingException": Throttled,
@@ -263,9 +266,11 @@ class S3Store:
             dict(resp.get("Metadata", {})), self._checksums(resp),
         )  # fmt: skip
 
-    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+    async def get(self, key: str, offset: int = 0, length: int | None = None, *, if_match: str = "") -> bytes:
         client = await self._c()
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        if if_match:
+            kwargs["IfMatch"] = if_match if if_match.startswith('"') else f'"{if_match}"'
         if offset or length is not None:
             end = "" if length is None else str(offset + length - 1)
             kwargs["Range"] = f"bytes={offset}-{end}"

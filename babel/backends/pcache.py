@@ -247,7 +247,7 @@ class PCacheStore:
             raise NoSuchKey("no such object", uri=uri)
         return self._info(key, node)
 
-    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+    async def get(self, key: str, offset: int = 0, length: int | None = None, *, if_match: str = "") -> bytes:
         path, uri = self._path(key), f"{self.uri}/{key}"
         try:
             f = await self._c().open(path, "rb")

@@ -8,6 +8,7 @@ import time
 import click
 from google.protobuf.json_format import MessageToDict
 
+from pcache.cli.common import resolve_master
 from pcache.cli.tenant import admin_client
 from pcache.common.errors import InvalidArgument
 
@@ -18,6 +19,7 @@ EXAMPLES = """Examples:
   pcache bind /datasets/imagenet s3://imagenet/train/ --meta-ttl immutable
   pcache bind /ckpt/run7 s3://ckpt/run7/ --mode writeback
   pcache binds
+  pcache refresh /datasets/web        # list it from the store again now
   pcache unbind /datasets/web
 
 Credentials are named, never given: profile= (a section of the hosts' AWS config),
@@ -89,8 +91,20 @@ def binds_cmd(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"{b.path:<28} {b.mode:<10} {_ttl(b.meta_ttl):<10} {when:<20} {b.uri}")
 
 
+@click.command("refresh", epilog=EXAMPLES)
+@click.argument("path")
+@click.pass_context
+def refresh_cmd(ctx: click.Context, path: str) -> None:
+    """List the bound directory PATH from its store again now (a file: check it), whatever the TTL."""
+    from pcache.client import Client
+
+    with Client(master=resolve_master(ctx)) as pc:
+        node = pc.refresh(path)
+    click.echo(f"refreshed {path} ({'directory' if node.is_dir else f'{node.size} bytes'})")
+
+
 def _ttl(seconds: float) -> str:
     return "immutable" if seconds < 0 else f"{seconds:g} s"
 
 
-COMMANDS = [bind_cmd, unbind_cmd, binds_cmd]
+COMMANDS = [bind_cmd, unbind_cmd, binds_cmd, refresh_cmd]

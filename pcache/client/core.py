@@ -86,6 +86,7 @@ class FileStat:
     uid: int = 0
     gid: int = 0
     rdev: int = 0
+    etag: str = ""  # listed from a bound under-store: the object's ETag when last listed or checked
 
     @property
     def is_dir(self) -> bool:
@@ -116,6 +117,7 @@ class FileStat:
             uid=node.uid,
             gid=node.gid,
             rdev=node.rdev,
+            etag=node.etag,
         )
 
 
@@ -419,6 +421,16 @@ class PCacheClient:
             PermissionDenied. NotFound: no bind there.
         """
         await self.master.unbind(path)
+
+    async def refresh(self, path: str) -> FileStat:
+        """List the bound directory ``path`` from its under-store again now (a bound file: check
+        it with a HEAD), whatever its metadata TTL; returns its stat.
+
+        Raises:
+            NotFound: no such path. InvalidArgument: not listed from a bound store.
+            PermissionDenied, Unavailable, Timeout: the store's answer.
+        """
+        return FileStat.from_inode(path, await self.master.refresh(path))
 
     async def binds(self) -> list[pb.Bind]:
         """The bound directories: every one for an admin, a tenant's own (in its view) else."""

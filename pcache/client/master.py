@@ -398,6 +398,9 @@ class MasterClient:
     async def unbind(self, path: str) -> None:
         await self._call("UnbindPath", pb.BindRequest(header=self.header(), bind=pb.Bind(path=path)))
 
+    async def refresh(self, path: str) -> pb.Inode:
+        return await self._call("RefreshPath", pb.PathRequest(header=self.header(), path=path))
+
     async def list_binds(self) -> list[pb.Bind]:
         return list((await self._call("ListBinds", pb.ClusterStatusRequest(header=self.header()))).binds)
 
@@ -426,5 +429,16 @@ class _Moved(Exception):
 
 # reads: safe to send again to another master after a timeout
 _IDEMPOTENT = frozenset(
-    {"Stat", "ListDir", "GetLayout", "GetClusterStatus", "Fsck", "Batch", "ListTenants", "IssueToken", "ListBinds"}
+    {
+        "Stat",
+        "ListDir",
+        "GetLayout",
+        "GetClusterStatus",
+        "Fsck",
+        "Batch",
+        "ListTenants",
+        "IssueToken",
+        "ListBinds",
+        "RefreshPath",
+    }
 )

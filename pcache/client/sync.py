@@ -197,6 +197,9 @@ class Client:
     def unbind(self, path: str) -> None:
         self._run(self.aio.unbind(path))
 
+    def refresh(self, path: str) -> FileStat:
+        return self._run(self.aio.refresh(path))
+
     def binds(self) -> list[pb.Bind]:
         return self._run(self.aio.binds())
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pcache.common.errors import InvalidArgument, PermissionDenied
 
 SCOPES = ("tenant", "admin", "worker", "master")
-OPS = frozenset("rwd")
+OPS = frozenset("rwdf")  # read, write, delete, fetch from the under-store on a miss (a bound file's block)
 KEY_BYTES = 32
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")  # key ids and tenant names
 
@@ -201,7 +201,7 @@ def mint_block_token(
             write token without a positive ``length``.
     """
     if not ops or set(ops) - OPS:
-        raise InvalidArgument(f"block token ops must be a subset of 'rwd', got {ops!r}")
+        raise InvalidArgument(f"block token ops must be a subset of 'rwdf', got {ops!r}")
     if ("w" in ops) != (length > 0):
         raise InvalidArgument(f"a block token has a length (> 0) exactly when it allows writes, got {length}")
     if ttl <= 0:
@@ -399,5 +399,13 @@ class Guard:
         elif claims.expiry and claims.expiry < time.time():
             raise PermissionDenied("token expired")
         if claims.scope not in allowed:
-            raise PermissionDenied(f"{method} needs a {' or '.join(sorted(allowed))} token, not a {claims.scope} token")
+            wanted = " or ".join(sorted(allowed))
+            raise PermissionDenied(
+                f"{method} needs {_a(wanted)} {wanted} token, not {_a(claims.scope)} {claims.scope} token"
+            )
         return claims
+
+
+def _a(word: str) -> str:
+    """The indefinite article of ``word``."""
+    return "an" if word[:1] in "aeiou" else "a"

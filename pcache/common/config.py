@@ -129,6 +129,8 @@ class WorkerConfig:
     """Serve same-host clients through file descriptors over a UNIX socket."""
     io_timeout: float = 10.0
     """Seconds a data-plane peer may stall before the connection is dropped."""
+    ufs_timeout: float = 60.0
+    """Seconds one under-store call may take (fetching a bound file's block)."""
     peer_timeout: float = 2.0
     """Seconds a downstream replica may go without progress before a pipeline write goes on without
     it (the block is acknowledged with fewer replicas and the master re-replicates it)."""
@@ -348,6 +350,7 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("worker", "reserve_bytes"): (0, 1 << 60),
     ("worker", "mem_tier_bytes"): (0, 1 << 50),
     ("worker", "io_timeout"): (0.1, 3600),
+    ("worker", "ufs_timeout"): (0.1, 3600),
     ("worker", "peer_timeout"): (0.05, 3600),
     ("worker", "block_check_interval"): (0.05, 86400),
     ("worker", "scrub_bytes_per_s"): (0, 1 << 40),

@@ -13,17 +13,27 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from objstore import ObjectStore, open_store
+from objstore import ObjectInfo, ObjectStore, open_store
 from objstore import errors as S
 from pcache.common import errors as E
 
 T = TypeVar("T")
 
 
+def version_tag(info: ObjectInfo) -> str:
+    """What identifies one version of an object: its ETag, or size and mtime where the store has
+    none (``file://``; a weak ETag, as nginx's ``W/size-mtime``)."""
+    return info.etag or f"W/{info.size:x}-{info.mtime:.6f}"
+
+
 def translate(exc: BaseException, uri: str) -> E.PCacheError:
     """The PCache error an under-store failure stands for (raise it ``from exc``)."""
     if isinstance(exc, E.PCacheError):
         return exc
+    if isinstance(exc, S.PreconditionFailed):
+        return E.StaleHandle(
+            f"{uri}: the object changed upstream since it was listed (pcache refresh sees the new one)"
+        )
     if isinstance(exc, S.NoSuchBucket | S.NoSuchKey):
         return E.NotFound(f"under-store: {exc}")
     if isinstance(exc, S.AccessDenied):

@@ -33,19 +33,31 @@ MODES = ("ro", "writeback")
 IMMUTABLE = -1.0  # meta_ttl of a bind whose objects never change: listed once, never re-checked
 MAX_URI = 4096  # bytes
 _BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
-_HOST = re.compile(r"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
+_ENDPOINT = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 def _key(path: str) -> bytes:
     return PREFIX + path.encode("utf-8", "surrogateescape")
 
 
+def stale(bind: pb.Bind, when: float, now: float) -> bool:
+    """Whether what was listed or checked at ``when`` (seconds since the epoch; 0: never) must be
+    looked at again under ``bind``'s ``meta_ttl``."""
+    return when <= 0 or (bind.meta_ttl >= 0 and now - when > bind.meta_ttl)
+
+
 def check_uri(uri: str) -> None:
-    """Refuse a URI that is not an object store's, or that carries a secret.
+    """Refuse a URI that is not an object store's, or that may carry a secret; the refusal
+    never repeats the URI or its option values (they may hold the secret).
+
+    A bucket is a plain name, ``endpoint_url`` is ``http(s)://HOST[:PORT][/PATH]``, ``profile`` a
+    plain name, and no option value holds ``@``: user information, plain or percent-encoded,
+    never passes.
 
     Raises:
         InvalidArgument: not ``file://``, ``s3://`` or ``oss://``; not parsable by the backend;
-            user information (``user:password@``) in the URI or in its ``endpoint_url``.
+            anything that may be a credential in it.
     """
     import objstore
     from objstore.errors import StoreError
@@ -57,22 +69,29 @@ def check_uri(uri: str) -> None:
         raise E.InvalidArgument(
             f"cannot bind {parts.scheme or 'a URI without a scheme'!r}: file://, s3://, oss:// only"
         )
-    # a bucket is a plain name and an endpoint a plain host[:port]: user information, plain or
-    # percent-encoded, never passes (nor is it echoed back)
-    secret = parts.scheme != "file" and bool(parts.netloc) and not _BUCKET.fullmatch(parts.netloc)
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name == "endpoint_url" and not _HOST.fullmatch(urlsplit(value).netloc):
-            secret = True
-    if "@" in parts.netloc or secret:  # said without echoing the URI: it may hold the secret
+    plain = "@" not in parts.netloc and "%" not in parts.netloc and not parts.fragment
+    if parts.scheme != "file" and parts.netloc and not _BUCKET.fullmatch(parts.netloc):
+        plain = False
+    options = parse_qsl(parts.query, keep_blank_values=True)
+    for name, value in options:
+        if "@" in value or (name == "endpoint_url" and not _ENDPOINT.fullmatch(value)):
+            plain = False
+        if name == "profile" and not _NAME.fullmatch(value):
+            plain = False
+    if not plain:
         raise E.InvalidArgument(
-            "an under-store URI is BUCKET/PREFIX with endpoint_url=http(s)://HOST[:PORT], and names"
-            " credentials by reference (profile=, credentials_file=, or the hosts' environment),"
-            " never user:password@ in it"
+            "an under-store URI is scheme://BUCKET/PREFIX?endpoint_url=http(s)://HOST[:PORT]&profile=NAME..."
+            " and names credentials by reference (profile=, credentials_file=, or the hosts' environment),"
+            " never user:password@ or a key in it"
         )
     try:
         objstore.open_store(uri)  # parses and validates its options; no request is made
     except StoreError as exc:
-        raise E.InvalidArgument(f"bad under-store URI: {exc}") from exc
+        text = exc.message  # without the URI
+        for _, value in options:
+            if value:
+                text = text.replace(value, "...")
+        raise E.InvalidArgument(f"bad under-store URI: {text}") from exc
 
 
 class Binds:
@@ -140,8 +159,9 @@ class Binds:
             Busy: a bind is at or below ``path``.
         """
         held = self.under(path)
-        if held:
-            raise E.Busy(f"cannot {what}: {held[0].path} is bound to {held[0].uri} (pcache unbind first)", path=path)
+        if held:  # no other path in the text: the caller's view of it may differ (a tenant's)
+            where = f"it is bound to {held[0].uri}" if held[0].path == normalize(path) else "a directory in it is bound"
+            raise E.Busy(f"cannot {what}: {where} (pcache binds; pcache unbind first)", path=path)
 
     @staticmethod
     def record(bind: pb.Bind) -> tuple[bytes, bytes]:

@@ -40,8 +40,12 @@ class BlockManager:
         # good replicas are back (HDFS likewise never deletes the last replica, even corrupt).
         self.quarantined: dict[int, set[str]] = {}
         self.corrupt: dict[int, set[str]] = {}  # block -> workers told to delete a bad copy
+        # bound files' blocks: with no copy they are not missing, only not cached (fetched on a read)
+        self.ufs: set[int] = set()
         for meta in ns.iter_blocks():
             self._track(meta.block_id, set(meta.replicas), meta.replication or 1)
+            if meta.ufs:
+                self.ufs.add(meta.block_id)
             if meta.quarantined:
                 self.quarantined[meta.block_id] = set(meta.quarantined)
         # until workers report in, every replica is unconfirmed
@@ -109,9 +113,44 @@ class BlockManager:
             if len(self.live_replicas(blk.block_id)) < replication:
                 self.under.add(blk.block_id)
 
+    def tracked_ufs(self, metas: list[pb.BlockMeta]) -> None:
+        """A bound file's block records were made (:meth:`Namespace.ufs_blocks`): none cached yet."""
+        for meta in metas:
+            self._track(meta.block_id, set(), meta.replication or 1)
+            self.ufs.add(meta.block_id)
+
+    def fetcher(self, block_id: int) -> WorkerState:
+        """The worker that fetches an uncached block of a bound file: one per block (every reader
+        of it is sent there, and shares its one fetch), spread over the live workers.
+
+        Raises:
+            Unavailable: no live worker.
+        """
+        alive = sorted(self.registry.alive(), key=lambda w: w.info.addr.worker_id)
+        if not alive:
+            raise E.Unavailable("no live worker to fetch a block from the under-store")
+        return alive[block_id % len(alive)]
+
+    def fetched(self, worker_id: str, block_id: int, length: int, crc: int) -> None:
+        """A worker stored a bound file's block it fetched, with this length and CRC32C. A copy that
+        disagrees with the block's record (another length, or another CRC than the first copy's)
+        is deleted, not served."""
+        meta = self.ns.get_block(block_id)
+        if meta is None or not meta.ufs or block_id not in self.locations:
+            self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
+            return
+        if length != meta.length or (meta.crc32c and crc != meta.crc32c):
+            logger.warning("block %d fetched by %s: %d bytes, CRC %08x; the record says %d, %08x: dropped",
+                           block_id, worker_id, length, crc, meta.length, meta.crc32c)  # fmt: skip
+            self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
+            return
+        self.ns.set_block_crc(block_id, crc)
+        self.block_received(worker_id, block_id)
+
     def freed(self, freed: Freed) -> None:
         """Blocks dropped from the namespace: delete every replica."""
         for meta in freed.blocks:
+            self.ufs.discard(meta.block_id)
             replicas = self.locations.pop(meta.block_id, set(meta.replicas))
             self.target.pop(meta.block_id, None)
             self.under.discard(meta.block_id)
@@ -222,6 +261,8 @@ class BlockManager:
                     self.under.discard(block_id)
                 continue
             if not live:
+                if block_id in self.ufs:  # a bound file's, not cached: fetched again when read
+                    self.under.discard(block_id)
                 continue  # missing: nothing to copy from until a holder returns
             started = self.inflight.get(block_id)
             if started is not None and now - started < self.replication_timeout:
@@ -256,8 +297,8 @@ class BlockManager:
         return sum(1 for b in self.unreadable() if self.quarantined_live(b))
 
     def unreadable(self) -> list[int]:
-        """Blocks of files with no good live replica."""
-        return [b for b in self.under if b in self.locations and not self.live_replicas(b)]
+        """Blocks of files with no good live replica (a bound file's is fetched again instead)."""
+        return [b for b in self.under if b in self.locations and b not in self.ufs and not self.live_replicas(b)]
 
     def under_replicated(self) -> int:
         """Blocks with some but fewer good live replicas than their target (capped by the live

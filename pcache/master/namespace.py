@@ -123,6 +123,10 @@ class Namespace:
         raw = self.store.get(_dkey(parent, name))
         return U64.unpack(raw)[0] if raw else None
 
+    def child(self, parent: int, name: str) -> int | None:
+        """The inode number of entry ``name`` of directory ``parent``, or None."""
+        return self._lookup(parent, name)
+
     def resolve(self, path: str) -> pb.Inode:
         """Return the inode at ``path`` (with ``name`` filled in).
 
@@ -221,12 +225,12 @@ class Namespace:
             if parents:
                 return self.resolve("/")
             raise E.AlreadyExists("the root exists", path="/")
-        self.binds.check_writable(path)
         if parents:
             node = self._get_inode(ROOT)
             for i, part in enumerate(parts):
                 child = self._lookup(node.id, part)
                 if child is None:
+                    self.binds.check_writable("/" + "/".join(parts[: i + 1]))
                     node = self._mkdir_in(node, part, mode, uid, gid)
                 else:
                     node = self._get_inode(child)
@@ -239,6 +243,7 @@ class Namespace:
         parent, name = self._resolve_parent(path)
         if self._lookup(parent.id, name) is not None:
             raise E.AlreadyExists("file exists", path=path)
+        self.binds.check_writable(path)
         node = self._mkdir_in(parent, name, mode, uid, gid)
         node.name = name
         return node
@@ -280,9 +285,10 @@ class Namespace:
             IsADirectory: the path is a directory.
             NotFound / NotADirectory: bad parent.
         """
-        self.binds.check_writable(path)
         parent, name = self._resolve_parent(path)
         existing = self._lookup(parent.id, name)
+        if existing is None or (truncate and not exclusive):  # opening what is there changes nothing
+            self.binds.check_writable(path)
         if kind not in SPECIAL_TYPES and kind != pb.REGULAR:
             raise E.InvalidArgument(f"create makes regular or special files, not type {kind}", path=path)
         if existing is not None:
@@ -538,7 +544,7 @@ class Namespace:
             if victim.id not in roots:  # a root is not counted
                 add(deltas, victim.tenant, inodes=-1)
         for meta in freed.blocks:
-            add(deltas, tenant_of.get(meta.inode, ""), nbytes=-meta.length)
+            add(deltas, tenant_of.get(meta.inode, ""), nbytes=-freed_bytes([meta]))
         writing: list[int] = []
         if drop_tenant:
             deltas.pop(drop_tenant, None)  # its record goes: not charged
@@ -660,6 +666,7 @@ class Namespace:
         node = self._get_inode(inode)
         if node.type != pb.REGULAR:
             raise E.IsADirectory(f"inode {inode} is not a regular file")
+        self._check_bound_writable(node)
         size = size or node.block_size
         if size > node.block_size:
             raise E.InvalidArgument(f"a block of inode {inode} holds at most {node.block_size} bytes, not {size}")
@@ -667,6 +674,12 @@ class Namespace:
         block_id = self._blocks.take()
         self.allocations.reserve(block_id, inode, node.tenant, size)
         return block_id, node, size
+
+    def _check_bound_writable(self, node: pb.Inode) -> None:
+        """Refuse writing a file listed from a read-only bind (by inode: AllocateBlock, CommitFile)."""
+        bind = self.binds.of_inode(node.bind) if node.bind else None
+        if bind is not None and bind.mode == "ro":
+            raise E.ReadOnly(f"inode {node.id} is bound read-only to {bind.uri}")
 
     def get_inode(self, inode: int) -> pb.Inode:
         """The inode numbered ``inode``.
@@ -776,9 +789,8 @@ class Namespace:
         path = normalize(path)
         if path == "/":
             raise E.InvalidArgument("the namespace root cannot be bound", path=path)
-        held = self.binds.covering(path) or next(iter(self.binds.under(path)), None)
-        if held is not None:
-            raise E.Busy(f"binds do not nest: {held.path} is bound to {held.uri}", path=path)
+        if self.binds.covering(path) is not None or self.binds.under(path):
+            raise E.Busy("binds do not nest: a directory above or below it is bound (pcache binds)", path=path)
         parent, name = self._resolve_parent(path)
         ino = self._lookup(parent.id, name)
         puts: list[tuple[bytes, bytes]] = []
@@ -805,6 +817,189 @@ class Namespace:
         self.store.write(puts)
         self.binds.remember(bind)
         return bind
+
+    def ufs_level(self, node: pb.Inode) -> tuple[pb.Bind, str] | None:
+        """The bind a directory is listed from and its key prefix there, or None (not bound)."""
+        bind = self.binds.of_inode(node.id)
+        if bind is not None:
+            return bind, ""
+        if node.bind and node.type == pb.DIRECTORY:
+            owner = self.binds.of_inode(node.bind)
+            if owner is not None:
+                return owner, node.ufs_key
+        return None
+
+    def merge_listing(
+        self,
+        dir_id: int,
+        objects: list[tuple[str, int, str, float]],
+        prefixes: list[str],
+        now: float,
+    ) -> Freed:
+        """Record one listed page of a bound directory (``objects``: (name, size in bytes, ETag,
+        mtime); ``prefixes``: names of common prefixes) in one batch: new entries are made, an
+        object whose size or ETag changed gets its new size and loses its cached blocks, so old
+        and new bytes never mix. Entries written here (not from the store) are left alone.
+
+        Returns:
+            blocks dropped (their replicas must be deleted).
+
+        Raises:
+            NotFound: the directory is gone. QuotaExceeded: the tenant's inode quota.
+        """
+        parent = self._get_inode(dir_id)
+        level = self.ufs_level(parent)
+        if level is None:
+            raise E.InvalidArgument(f"inode {dir_id} is not a bound directory")
+        bind, prefix = level
+        puts: list[tuple[bytes, bytes]] = []
+        deletes: list[bytes] = []
+        freed: list[pb.BlockMeta] = []
+        made = 0
+        mode = 0o644 if bind.mode == "writeback" else 0o444
+        entries = [(name, True, 0, "", now) for name in prefixes] + [(n, False, z, e, m) for n, z, e, m in objects]
+        for name, is_dir, size, etag, mtime in entries:
+            existing = self._lookup(dir_id, name)
+            if existing is not None:
+                node = self._get_inode(existing)
+                if not node.bind or is_dir or node.type != pb.REGULAR or (node.size, node.etag) == (size, etag):
+                    continue  # written here, a directory, or unchanged
+                dropped = self._collect_blocks([node], deletes)
+                freed += dropped.blocks
+                puts += self.tenants.charge({node.tenant: [0, -freed_bytes(dropped.blocks)]})
+                node.ClearField("blocks")
+                node.size, node.etag, node.mtime, node.ctime, node.seen = size, etag, mtime or now, now, now
+                node.version += 1
+                puts.append((_ikey(node.id), _record(node)))
+                continue
+            kind = pb.DIRECTORY if is_dir else pb.REGULAR
+            if is_dir:
+                node = self._new_inode(parent, kind, 0o755)
+            else:
+                node = self._new_inode(
+                    parent, kind, mode, block_size=self.default_block_size, replication=self.default_replication
+                )
+            node.bind, node.ufs_key, node.seen, node.parent = (
+                bind.inode,
+                prefix + name + ("/" if is_dir else ""),
+                now,
+                dir_id,
+            )
+            if not is_dir:
+                node.size, node.etag, node.mtime = size, etag, mtime or now
+            puts += [(_ikey(node.id), node.SerializeToString()), (_dkey(dir_id, name), U64.pack(node.id))]
+            made += 1
+        if made:
+            puts += self.tenants.charge({parent.tenant: [made, 0]})
+            puts.append((_ikey(dir_id), self._touch(parent, now)))
+        if puts or deletes:
+            self.store.write(puts, deletes)
+        return Freed(freed)
+
+    def finish_listing(self, dir_id: int, names: set[str], started: float) -> Freed:
+        """After a bound directory's last listed page: drop the store's entries the listing no
+        longer showed (made before ``started``), and mark the directory listed at ``started``.
+
+        Returns:
+            blocks dropped.
+        """
+        parent = self._get_inode(dir_id)
+        freed: list[pb.BlockMeta] = []
+        prefix = b"d" + U64.pack(dir_id)
+        gone = []
+        for key, raw in self.store.scan(prefix):
+            name = key[len(prefix) :].decode("utf-8", "surrogateescape")
+            if name not in names:
+                child = self._get_inode(U64.unpack(raw)[0])
+                if child.bind and child.ctime < started:
+                    gone.append((name, child))
+        for name, child in gone:
+            freed += self._remove(parent, name, child, name).blocks
+            parent = self._get_inode(dir_id)
+        parent.listed = started
+        self.store.write([(_ikey(dir_id), _record(parent))])
+        return Freed(freed)
+
+    def ufs_checked(self, ino: int, found: tuple[int, str, float] | None, now: float) -> Freed:
+        """Record a HEAD of a bound file: (size, ETag, mtime), or None when the object is gone
+        (the entry goes). A changed object loses its cached blocks.
+
+        Returns:
+            blocks dropped.
+        """
+        node = self._get_inode(ino)
+        if not node.bind or node.type != pb.REGULAR:
+            return Freed([])
+        if found is None:
+            parent = self._get_inode(node.parent) if node.parent else None
+            entry = node.ufs_key.rsplit("/", 1)[-1]
+            if parent is None or self._lookup(parent.id, entry) != node.id:
+                return Freed([])
+            return self._remove(parent, entry, node, entry)
+        size, etag, mtime = found
+        freed: list[pb.BlockMeta] = []
+        puts: list[tuple[bytes, bytes]] = []
+        deletes: list[bytes] = []
+        if (node.size, node.etag) != (size, etag):
+            dropped = self._collect_blocks([node], deletes)
+            freed = dropped.blocks
+            puts += self.tenants.charge({node.tenant: [0, -freed_bytes(dropped.blocks)]})
+            node.ClearField("blocks")
+            node.size, node.etag, node.mtime, node.ctime = size, etag, mtime or now, now
+            node.version += 1
+        node.seen = now
+        puts.append((_ikey(node.id), _record(node)))
+        self.store.write(puts, deletes)
+        return Freed(freed)
+
+    def ufs_blocks(self, ino: int) -> list[pb.BlockMeta]:
+        """The block records of a bound file, made at its first read when it has none: one per
+        block-size piece of the object, flagged ``ufs`` (fetched on a miss, never charged), with
+        no replica and an unknown CRC yet. Returns the records made (none when it had them).
+
+        Raises:
+            NotFound: no such inode.
+        """
+        node = self._get_inode(ino)
+        if not node.bind or node.type != pb.REGULAR or node.blocks or not node.size:
+            return []
+        count = -(-node.size // node.block_size)
+        metas = []
+        for index in range(count):
+            length = min(node.block_size, node.size - index * node.block_size)
+            meta = pb.BlockMeta(
+                block_id=self._blocks.take(), inode=ino, length=length, replication=node.replication, ufs=True
+            )
+            metas.append(meta)
+            node.blocks.append(meta.block_id)
+        self.store.write([(_ikey(ino), _record(node)), *((_bkey(m.block_id), m.SerializeToString()) for m in metas)])
+        return metas
+
+    def ufs_source(self, block_id: int) -> pb.UfsSource:
+        """Where a bound file's block comes from: the bind's URI, the object key and version, and
+        the byte range.
+
+        Raises:
+            NotFound: no such block, not a bound file's, or its bind is gone.
+        """
+        meta = self.get_block(block_id)
+        if meta is None or not meta.ufs:
+            raise E.NotFound(f"block {block_id} is not a block of a bound file")
+        node = self._get_inode(meta.inode)
+        bind = self.binds.of_inode(node.bind)
+        if bind is None or block_id not in node.blocks:
+            raise E.NotFound(f"block {block_id} no longer belongs to a bound file")
+        index = list(node.blocks).index(block_id)
+        return pb.UfsSource(
+            uri=bind.uri, key=node.ufs_key, etag=node.etag, offset=index * node.block_size, length=meta.length
+        )
+
+    def set_block_crc(self, block_id: int, crc: int) -> None:
+        """Record the CRC32C the first stored copy of a bound file's block has."""
+        meta = self.get_block(block_id)
+        if meta is not None and meta.ufs and not meta.crc32c:
+            meta.crc32c = crc
+            self.store.write([(_bkey(block_id), meta.SerializeToString())])
 
     def unbind(self, path: str) -> tuple[pb.Bind, Freed]:
         """Remove the bind at ``path`` with its directory and everything cached under it (the
@@ -873,6 +1068,7 @@ class Namespace:
         node = self._get_inode(inode)
         if node.type != pb.REGULAR:
             raise E.IsADirectory(f"inode {inode} is not a regular file")
+        self._check_bound_writable(node)
         if base_version and base_version != node.version:
             if replace:
                 raise E.Conflict(

@@ -59,6 +59,7 @@ from pcache.master.replication import (
     recover_incoming,
 )
 from pcache.master.service import MASTER_SCOPES, MasterServicer
+from pcache.master.understore import UnderStores
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 
@@ -119,6 +120,7 @@ class MasterServer:
         self.ns: Namespace | None = None
         self.blocks: BlockManager | None = None
         self.replies = ReplyCache(self.store)
+        self.ufs = UnderStores(self)
         self.shipper: LogShipper | None = None
         self.guard = Guard(self.keys.tokens, MASTER_SCOPES)
         self.servicer = MasterServicer(self)
@@ -458,6 +460,7 @@ class MasterServer:
             self._streams.close()
         if self.server is not None:
             await self.server.stop(grace)
+        await self.ufs.close()
         self.store.close()
 
 

@@ -60,12 +60,14 @@ MASTER_SCOPES: dict[str, frozenset[str]] = {
         _CLIENT,
     ),  # fmt: skip
     "ReportBadBlock": frozenset({"tenant", "admin", "worker"}),  # a client or a worker found a bad replica
-    **dict.fromkeys(("RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks"), frozenset({"worker"})),
+    **dict.fromkeys(
+        ("RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks", "UfsBlockSource"), frozenset({"worker"})
+    ),
     "Fsck": _CLIENT,
     **dict.fromkeys(("CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken"), frozenset({"admin"})),
     # the under-store is read with the hosts' credentials: only an admin aims them (pcache.master.binds)
     **dict.fromkeys(("BindPath", "UnbindPath"), frozenset({"admin"})),
-    "ListBinds": _CLIENT,
+    **dict.fromkeys(("ListBinds", "RefreshPath"), _CLIENT),
 }
 
 # the verified claims of the call being served (set by ``authorize``; each RPC runs in its own task)
@@ -125,6 +127,18 @@ class MasterServicer(pb_grpc.MasterServicer):
         if header.epoch > self.m.epoch and self.m.is_leading():
             raise E.StaleEpoch(f"master epoch {self.m.epoch} is older than the caller's {header.epoch}")
 
+    async def _ready(self, *paths: str) -> None:
+        """Bring the bound directories and files these caller paths look at up to date with their
+        under-store first (:meth:`pcache.master.understore.UnderStores.ready`); nothing when no
+        directory is bound."""
+        ns, _ = self.m.leading()
+        if not ns.binds.inodes():
+            return
+        scope = self._scope(ns)
+        for path in paths:
+            if path:
+                await self.m.ufs.ready(scope.inside(path))
+
     async def _read(self, header: pb.RequestHeader, method: str, apply: Apply[R]) -> R:
         ns, blocks = self.m.leading()
         self._check(header, method)
@@ -178,6 +192,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def Stat(self, request: pb.PathRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
+        await self._ready(request.path)
         return await self._read(request.header, "Stat", lambda ns, _, scope: _stat(ns, scope, request.path))
 
     @rpc_method
@@ -191,10 +206,12 @@ class MasterServicer(pb_grpc.MasterServicer):
                 gid=request.owner.gid,
             )
 
+        await self._ready(request.path)
         return await self._mutate(request.header, "Mkdir", pb.Inode, apply)
 
     @rpc_method
     async def Create(self, request: pb.CreateRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
+        await self._ready(request.path)
         return await self._mutate(request.header, "Create", pb.Inode, _create(request))
 
     @rpc_method
@@ -204,6 +221,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         An error of one op is its own result; losing the lease mid-batch fails the whole batch
         (the client sends it again to the new leader; its creates are answered once).
         """
+        await self._ready(*(op.stat.path or op.create.path for op in request.ops))
         ns, blocks = self.m.leading()
         self._check(request.header, "Batch")
         scope = self._scope(ns)
@@ -234,6 +252,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         def apply(ns: Namespace, _: BlockManager, scope: Scope) -> pb.Inode:
             return ns.symlink(scope.inside(request.path), request.target, uid=request.owner.uid, gid=request.owner.gid)
 
+        await self._ready(request.path)
         return await self._mutate(request.header, "Symlink", pb.Inode, apply)
 
     @rpc_method
@@ -243,6 +262,8 @@ class MasterServicer(pb_grpc.MasterServicer):
             entries, truncated = ns.listdir(scope.inside(request.path), start_after=request.start_after, limit=limit)
             return pb.ListDirResponse(entries=entries, truncated=truncated)
 
+        if not request.start_after:  # a listing is brought up to date once, at its first page
+            await self._ready(request.path)
         return await self._read(request.header, "ListDir", apply)
 
     @rpc_method
@@ -252,6 +273,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             blocks.freed(freed)
             return node
 
+        await self._ready(request.src, request.dst)
         return await self._mutate(request.header, "Rename", pb.Inode, apply)
 
     @rpc_method
@@ -263,6 +285,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             blocks.freed(freed)
             return pb.Empty()
 
+        await self._ready(request.path)
         return await self._mutate(request.header, "Delete", pb.Empty, apply)
 
     @rpc_method
@@ -279,6 +302,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                 gid=request.gid if request.HasField("gid") else None,
             )
 
+        await self._ready(request.path)
         return await self._mutate(request.header, "SetAttr", pb.Inode, apply)
 
     # ------------------------------------------------------------- blocks --
@@ -296,6 +320,12 @@ class MasterServicer(pb_grpc.MasterServicer):
                 holders = [a.worker_id for a in replicas] + [
                     w.worker_id for w in blocks.quarantined_live(meta.block_id)
                 ]
+                ops = "r"
+                if meta.block_id in blocks.ufs:  # a bound file's: a worker fetches it when none has it
+                    ops = "fr"
+                    if not replicas:
+                        fetcher = blocks.fetcher(meta.block_id)
+                        replicas, holders = [fetcher.info.addr], [fetcher.info.addr.worker_id]
                 out.blocks.append(
                     pb.BlockLocation(
                         block_id=meta.block_id,
@@ -303,12 +333,29 @@ class MasterServicer(pb_grpc.MasterServicer):
                         length=meta.length,
                         crc32c=meta.crc32c,
                         replicas=replicas,
-                        token=self.block_token(meta.block_id, "r", node.tenant, holders),
+                        token=self.block_token(meta.block_id, ops, node.tenant, holders),
                     )
                 )
             return out
 
+        await self._ready(request.path)
+        self._ufs_blocks(request)
         return await self._read(request.header, "GetLayout", apply)
+
+    def _ufs_blocks(self, request: pb.LayoutRequest) -> None:
+        """Give a bound file its block records before its first layout (a mutation, replicated
+        with the read's commit); any error is the layout's own to report."""
+        ns, blocks = self.m.leading()
+        if not ns.binds.inodes():
+            return
+        try:
+            scope = self._scope(ns)
+            node = ns.resolve(scope.inside(request.path)) if request.path else ns.get_inode(request.inode)
+            if not scope.owns(node):
+                return
+            blocks.tracked_ufs(ns.ufs_blocks(node.id))
+        except E.PCacheError:
+            return
 
     @rpc_method
     async def AllocateBlock(
@@ -391,8 +438,23 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def BlockReceived(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
-        return await self._worker_call(request.header, "BlockReceived", lambda blocks: blocks.block_received(
-            request.worker_id, request.block_id))  # fmt: skip
+        """A worker stored a copy: made by re-replication, or (``length`` set) fetched from the
+        under-store for a bound file, with its CRC32C."""
+
+        def apply(blocks: BlockManager) -> None:
+            if request.length:
+                blocks.fetched(request.worker_id, request.block_id, request.length, request.crc32c)
+            else:
+                blocks.block_received(request.worker_id, request.block_id)
+
+        return await self._worker_call(request.header, "BlockReceived", apply)
+
+    @rpc_method
+    async def UfsBlockSource(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.UfsSource:
+        """Where a worker fetches a bound file's missing block from (a worker's call)."""
+        ns, _ = self.m.leading()
+        self._check(request.header, "UfsBlockSource")
+        return ns.ufs_source(request.block_id)
 
     @rpc_method
     async def ReportBadBlock(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
@@ -540,6 +602,14 @@ class MasterServicer(pb_grpc.MasterServicer):
             return pb.Empty()
 
         return await self._mutate(request.header, "UnbindPath", pb.Empty, apply)
+
+    @rpc_method
+    async def RefreshPath(self, request: pb.PathRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
+        """List a bound directory from its store again now (a bound file: HEAD it)."""
+        ns, _ = self.m.leading()
+        self._check(request.header, "RefreshPath")
+        await self.m.ufs.refresh(self._scope(ns).inside(request.path))
+        return await self._read(request.header, "RefreshPath", lambda ns, _, scope: _stat(ns, scope, request.path))
 
     @rpc_method
     async def ListBinds(self, request: pb.ClusterStatusRequest, context: grpc.aio.ServicerContext) -> pb.BindList:

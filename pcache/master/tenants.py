@@ -242,8 +242,9 @@ def add(deltas: dict[str, list[int]], tenant: str, inodes: int = 0, nbytes: int 
 
 
 def freed_bytes(metas: Iterable[pb.BlockMeta]) -> int:
-    """The logical bytes of block records."""
-    return sum(m.length for m in metas)
+    """The logical bytes of block records charged to a quota (a bound file's blocks are cache of
+    its under-store, never charged)."""
+    return sum(m.length for m in metas if not m.ufs)
 
 
 def _stored(rec: pb.Tenant) -> bytes:

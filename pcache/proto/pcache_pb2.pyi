@@ -74,7 +74,7 @@ class WorkerAddr(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., uds_path: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev", "created", "tenant")
+    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev", "created", "tenant", "bind", "ufs_key", "etag", "seen", "listed")
     class XattrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,11 @@ class Inode(_message.Message):
     RDEV_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    BIND_FIELD_NUMBER: _ClassVar[int]
+    UFS_KEY_FIELD_NUMBER: _ClassVar[int]
+    ETAG_FIELD_NUMBER: _ClassVar[int]
+    SEEN_FIELD_NUMBER: _ClassVar[int]
+    LISTED_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: FileType
     mode: int
@@ -122,10 +127,15 @@ class Inode(_message.Message):
     rdev: int
     created: bool
     tenant: str
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ..., created: _Optional[bool] = ..., tenant: _Optional[str] = ...) -> None: ...
+    bind: int
+    ufs_key: str
+    etag: str
+    seen: float
+    listed: float
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ..., created: _Optional[bool] = ..., tenant: _Optional[str] = ..., bind: _Optional[int] = ..., ufs_key: _Optional[str] = ..., etag: _Optional[str] = ..., seen: _Optional[float] = ..., listed: _Optional[float] = ...) -> None: ...
 
 class BlockMeta(_message.Message):
-    __slots__ = ("block_id", "inode", "length", "crc32c", "replicas", "replication", "quarantined")
+    __slots__ = ("block_id", "inode", "length", "crc32c", "replicas", "replication", "quarantined", "ufs")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +143,7 @@ class BlockMeta(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    UFS_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     inode: int
     length: int
@@ -140,7 +151,8 @@ class BlockMeta(_message.Message):
     replicas: _containers.RepeatedScalarFieldContainer[str]
     replication: int
     quarantined: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, block_id: _Optional[int] = ..., inode: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., replication: _Optional[int] = ..., quarantined: _Optional[_Iterable[str]] = ...) -> None: ...
+    ufs: bool
+    def __init__(self, block_id: _Optional[int] = ..., inode: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., replication: _Optional[int] = ..., quarantined: _Optional[_Iterable[str]] = ..., ufs: _Optional[bool] = ...) -> None: ...
 
 class BlockLocation(_message.Message):
     __slots__ = ("block_id", "offset", "length", "crc32c", "replicas", "token")
@@ -800,6 +812,20 @@ class BindList(_message.Message):
     BINDS_FIELD_NUMBER: _ClassVar[int]
     binds: _containers.RepeatedCompositeFieldContainer[Bind]
     def __init__(self, binds: _Optional[_Iterable[_Union[Bind, _Mapping]]] = ...) -> None: ...
+
+class UfsSource(_message.Message):
+    __slots__ = ("uri", "key", "etag", "offset", "length")
+    URI_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ETAG_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    uri: str
+    key: str
+    etag: str
+    offset: int
+    length: int
+    def __init__(self, uri: _Optional[str] = ..., key: _Optional[str] = ..., etag: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class DataHeader(_message.Message):
     __slots__ = ("op", "block_id", "offset", "length", "crc32c", "pipeline", "token", "epoch", "error", "message", "chunk_crcs", "replicas", "write_handle", "block_length")

@@ -331,6 +331,16 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.BindList.FromString,
                 _registered_method=True)
+        self.RefreshPath = channel.unary_unary(
+                '/pcache.Master/RefreshPath',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.PathRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.Inode.FromString,
+                _registered_method=True)
+        self.UfsBlockSource = channel.unary_unary(
+                '/pcache.Master/UfsBlockSource',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.BlockReport.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.UfsSource.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -500,6 +510,19 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RefreshPath(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UfsBlockSource(self, request, context):
+        """a worker's: where a missing block comes from
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -637,6 +660,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ListBinds,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.BindList.SerializeToString,
+            ),
+            'RefreshPath': grpc.unary_unary_rpc_method_handler(
+                    servicer.RefreshPath,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.PathRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.Inode.SerializeToString,
+            ),
+            'UfsBlockSource': grpc.unary_unary_rpc_method_handler(
+                    servicer.UfsBlockSource,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.BlockReport.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.UfsSource.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1368,6 +1401,60 @@ class Master:
             '/pcache.Master/ListBinds',
             pcache_dot_proto_dot_pcache__pb2.ClusterStatusRequest.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.BindList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RefreshPath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/RefreshPath',
+            pcache_dot_proto_dot_pcache__pb2.PathRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.Inode.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UfsBlockSource(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/UfsBlockSource',
+            pcache_dot_proto_dot_pcache__pb2.BlockReport.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.UfsSource.FromString,
             options,
             channel_credentials,
             insecure,

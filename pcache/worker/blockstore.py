@@ -57,6 +57,10 @@ class BlockStore(Protocol):
         """Return a stored block's integrity record."""
         ...
 
+    def has(self, block_id: int) -> bool:
+        """Whether the block is stored here (whole: a block being written is not)."""
+        ...
+
     def read(self, block_id: int, offset: int, length: int) -> bytes:
         """Read a verified byte range of a block."""
         ...
@@ -298,6 +302,9 @@ class DiskBlockStore:
         with self._lock:
             self.used_bytes += info.length
             self._infos[info.block_id] = info
+
+    def has(self, block_id: int) -> bool:
+        return block_id in self._infos or os.path.lexists(self.block_path(block_id))
 
     def info(self, block_id: int) -> BlockInfo:
         """Return the integrity record of a stored block.

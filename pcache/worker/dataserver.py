@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from pcache.common import framing
 from pcache.common.auth import BlockGrant, BlockTokenChecker
-from pcache.common.checksum import CHUNK_SIZE
+from pcache.common.checksum import CHUNK_SIZE, crc32c
 from pcache.common.errors import (
     CorruptBlock,
     InvalidArgument,
@@ -93,6 +93,8 @@ class DataServer:
         peer_timeout: float = 2.0,
         on_lost: Callable[[int], Awaitable[None]] | None = None,
         tls: ssl.SSLContext | None = None,
+        fetch: Callable[[int], Awaitable[bytes]] | None = None,
+        on_fetched: Callable[[int, int, int], Awaitable[None]] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.tokens = BlockTokenChecker(worker_id)  # deny by default until the master's keys arrive
@@ -110,6 +112,12 @@ class DataServer:
         self._throttle_until = 0.0
         self.bandwidth_limit = bandwidth_limit  # bytes/s, 0 = unlimited
         self.tls = tls  # client side of this worker's own connections (pipelines, re-replication)
+        # a bound file's block missing here: fetch(block_id) -> its bytes from the under-store,
+        # then on_fetched(block_id, length, crc32c) tells the master; one fetch per block at a time
+        self.fetch = fetch
+        self.on_fetched = on_fetched
+        self._fetching: dict[int, asyncio.Future] = {}
+        self.fetches = 0  # blocks fetched from an under-store (tests, metrics)
 
     async def throttle(self, nbytes: int) -> None:
         """Token-bucket-free pacing: emulate a NIC of ``bandwidth_limit`` bytes/s."""
@@ -193,6 +201,8 @@ class DataServer:
         if payload_len:
             raise ProtocolError(f"{pb.DataOp.Name(header.op)} takes no payload")
         if header.op == pb.READ_BLOCK:
+            assert grant is not None
+            await self.ensure(header.block_id, grant)
             data, info = await self.read_range(header.block_id, header.offset, header.length)
             DATA_BYTES.labels("read").inc(len(data))
             await self.throttle(len(data))
@@ -330,6 +340,48 @@ class DataServer:
             framing.close_writer(down.writer)
 
     # ------------------------------------------------------------- reads --
+
+    async def ensure(self, block_id: int, grant: BlockGrant) -> None:
+        """Make sure a block the token lets this worker fetch (``f``: a bound file's) is here:
+        when it is not, fetch its bytes from the under-store and store them as an ordinary block
+        (CRC32C per chunk, written whole or not at all), shared by every reader waiting for it.
+
+        Raises:
+            NotFound, PermissionDenied, Unavailable, Timeout, StaleHandle: the fetch's error.
+            NoSpace: no room for it here.
+        """
+        if "f" not in grant.ops or self.fetch is None:
+            return
+        if await asyncio.to_thread(self.store.has, block_id):
+            return
+        running = self._fetching.get(block_id)
+        if running is None:
+            running = self._fetching[block_id] = asyncio.ensure_future(self._fetch(block_id))
+            running.add_done_callback(lambda task: self._fetching.pop(block_id, None))
+            running.add_done_callback(lambda task: task.cancelled() or task.exception())  # seen, even if unread
+        await asyncio.shield(running)
+
+    async def _fetch(self, block_id: int) -> None:
+        assert self.fetch is not None
+        data = await self.fetch(block_id)
+        crc = await asyncio.to_thread(crc32c, data) if len(data) > (1 << 20) else crc32c(data)
+        writer = await asyncio.to_thread(self.store.begin_write, block_id, len(data))
+        try:
+            for offset in range(0, len(data), CHUNK_SIZE):
+                await asyncio.to_thread(writer.write, data[offset : offset + CHUNK_SIZE])
+            await asyncio.to_thread(writer.commit, crc)
+        except BaseException:
+            writer.abort()
+            raise
+        self.fetches += 1
+        DATA_BYTES.labels("fetch").inc(len(data))
+        for index, offset in enumerate(range(0, len(data), CHUNK_SIZE)):
+            self.tier.put(block_id, index, data[offset : offset + CHUNK_SIZE])
+        if self.on_fetched is not None:
+            try:
+                await self.on_fetched(block_id, len(data), crc)
+            except PCacheError as exc:  # served anyway; the master learns of it from the next block report
+                logger.warning("cannot report fetched block %d: %s", block_id, exc)
 
     async def read_range(self, block_id: int, offset: int, length: int):
         """Verified bytes ``offset .. offset+length`` of a block, via the memory tier.

@@ -26,9 +26,12 @@ from pathlib import Path
 
 import grpc
 
+from objstore import ObjectStore, open_store
+from objstore.errors import StoreError
+from pcache.common import ufs
 from pcache.common.config import WorkerConfig, check_addresses, default_node_id, describe
 from pcache.common.credentials import check_private_path, find_token
-from pcache.common.errors import InvalidArgument, NotFound, PCacheError, PermissionDenied
+from pcache.common.errors import InvalidArgument, NotFound, PCacheError, PermissionDenied, StaleHandle
 from pcache.common.metrics import LOST_BLOCKS, serve_metrics
 from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import call, call_stamped, channel_options
@@ -97,7 +100,10 @@ class WorkerServer:
             on_lost=self.report_lost,
             bandwidth_limit=cfg.bandwidth_limit,
             tls=self.tls.client_context() if self.tls else None,
+            fetch=self.fetch_ufs_block,
+            on_fetched=self.report_fetched,
         )
+        self._ufs_stores: dict[str, ObjectStore] = {}  # bound stores, by URI (credentials of this host)
         self.checker = BlockChecker(
             self.store,
             self.report_blocks,
@@ -160,6 +166,9 @@ class WorkerServer:
             self.server.close()
         for link in self.links:
             await link.channel.close()
+        for store in self._ufs_stores.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(store.close(), 5.0)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -278,8 +287,9 @@ class WorkerServer:
             return []
         return list(reply.commands)
 
-    async def _to_leader(self, method: str, request) -> None:
-        """Send a report to the leader: the master that led last first, then the others.
+    async def _to_leader(self, method: str, request):
+        """Send a report to the leader: the master that led last first, then the others; returns
+        its answer.
 
         Raises:
             PCacheError: no master took it (the last one's error).
@@ -289,11 +299,10 @@ class WorkerServer:
         for link in order:
             request.header.CopyFrom(self._header())
             try:
-                await call(
+                return await call(
                     getattr(link.stub, method), request, timeout=RPC_TIMEOUT, target=f"master {link.address}",
                     token=self.token,
                 )  # fmt: skip
-                return
             except PCacheError as exc:
                 last = exc
         assert last is not None
@@ -327,6 +336,46 @@ class WorkerServer:
             LOST_BLOCKS.inc()
             logger.error("block %d: its file is gone; reporting it lost", block_id)
             await self.report_blocks([block_id], [])
+
+    # ----------------------------------------------------- under storage --
+
+    async def fetch_ufs_block(self, block_id: int) -> bytes:
+        """The bytes of a bound file's block, from its under-store: the master says where (object,
+        version, range); the version read must be the one listed (S3 ``If-Match``; size and mtime
+        for a store without ETags), so old and new bytes never mix.
+
+        Raises:
+            NotFound: no such block or object. StaleHandle: the object changed upstream.
+            PermissionDenied, Unavailable, Timeout: the store's answer (``worker.ufs_timeout``).
+        """
+        src: pb.UfsSource = await self._to_leader(
+            "UfsBlockSource", pb.BlockReport(worker_id=self.worker_id, block_id=block_id)
+        )
+        store = self._ufs_stores.get(src.uri)
+        if store is None:
+            try:
+                store = self._ufs_stores[src.uri] = open_store(src.uri)
+            except StoreError as exc:
+                raise ufs.translate(exc, src.uri) from exc
+        timeout = self.cfg.ufs_timeout
+        if src.etag.startswith("W/"):  # no ETag: the version is its size and mtime
+            info = await ufs.call(store.head(src.key), src.uri, timeout)
+            if ufs.version_tag(info) != src.etag:
+                raise StaleHandle(f"{src.uri}/{src.key} changed upstream since it was listed (pcache refresh)")
+            data = await ufs.call(store.get(src.key, src.offset, src.length), src.uri, timeout)
+        else:
+            data = await ufs.call(store.get(src.key, src.offset, src.length, if_match=src.etag), src.uri, timeout)
+        if len(data) != src.length:
+            raise StaleHandle(
+                f"{src.uri}/{src.key}: {len(data)} bytes at {src.offset}, not {src.length}: changed upstream"
+            )
+        return data
+
+    async def report_fetched(self, block_id: int, length: int, crc: int) -> None:
+        """Tell the master a fetched block is stored here, with its CRC32C."""
+        await self._to_leader(
+            "BlockReceived", pb.BlockReport(worker_id=self.worker_id, block_id=block_id, length=length, crc32c=crc)
+        )
 
     async def report_bad_block(self, block_id: int) -> None:
         """Tell the master a local replica failed its CRC (it deletes and re-replicates)."""

@@ -116,6 +116,7 @@ class ShortCircuitServer:
             raise ProtocolError(f"unsupported short-circuit op {header.op}")
         grant = self.data.tokens.check(header.token, header.block_id, need)  # every request, as over TCP
         if header.op == pb.SC_READ_OPEN:
+            await self.data.ensure(header.block_id, grant)
             info = await asyncio.to_thread(store.info, header.block_id)
             try:
                 fd = store.open_read(header.block_id)

@@ -360,3 +360,24 @@ def test_the_log_reaches_the_follower_on_its_stream_over_tls_or_on_grpc_when_tol
         cluster.kill(leader, signal.SIGKILL)
         assert cluster.leader(timeout=20) is not leader
         assert [pc.read_file(f"/log/{i}") for i in range(20)] == [b"%d" % i for i in range(20)]
+
+
+def test_binds_and_what_was_listed_under_them_survive_the_leaders_sigkill(make_ha, tmp_path: Path) -> None:
+    """The mount table and lazily listed entries are namespace mutations: the follower that takes
+    over has them, and answers without listing the store again (an immutable bind)."""
+    tree = tmp_path / "store"
+    (tree / "d").mkdir(parents=True)
+    (tree / "d" / "f").write_bytes(b"12345")
+    cluster = make_ha(workers=1)
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin:
+        admin.bind("/ds", f"file://{tree}", meta_ttl=-1)
+        assert admin.stat("/ds/d/f").size == 5
+        (tree / "d" / "late").write_bytes(b"x")  # not listed: the bind trusts its listing for ever
+        cluster.kill(cluster.leader(), signal.SIGKILL)
+        cluster.leader(timeout=20)
+        assert [(b.path, b.meta_ttl) for b in admin.binds()] == [("/ds", -1)]
+        assert {e.name for e in admin.listdir("/ds/d")} == {"f"}
+        with pytest.raises(E.ReadOnly):
+            admin.write_file("/ds/d/new", b"x")
+        admin.refresh("/ds/d")
+        assert {e.name for e in admin.listdir("/ds/d")} == {"f", "late"}
