@@ -47,12 +47,16 @@ def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_
     # 1: two regions and a cluster of a leader + follower pair and 3 workers with a mount
     assert s["services"]["workers"] == 3 and s["services"]["region_a"] != s["services"]["region_b"]
     assert s["services"]["masters"] == 2
-    # 2-3: the shards went local -> A -> PCache with every object CRC'd in-stream and checked
-    for rep in (s["dataset"]["upload"], s["dataset"]["to_pcache"]):
-        v = rep["verification"]
-        assert rep["state"] == "ok" and rep["copied"] == s["dataset"]["shards"] + 2  # + index.json, tokenizer.json
-        assert v["runtime"]["crc32c_in_stream"] == rep["copied"] and v["metadata"]["failed"] == 0
-        assert v["metadata"]["checked"] == rep["copied"] and not v["failures"]
+    # 2: the shards went local -> A with every object CRC'd in-stream and checked
+    rep = s["dataset"]["upload"]
+    v = rep["verification"]
+    assert rep["state"] == "ok" and rep["copied"] == s["dataset"]["shards"] + 2  # + index.json, tokenizer.json
+    assert v["runtime"]["crc32c_in_stream"] == rep["copied"] and v["metadata"]["failed"] == 0
+    assert v["metadata"]["checked"] == rep["copied"] and not v["failures"]
+    # 3: region A's dataset bound into PCache, not copied: the mount lists every object, reads through
+    bound = s["dataset"]["bind"]
+    assert bound["listed_equal"] and bound["objects"] == rep["copied"] and bound["uri"] == "s3://datasets/stdlib-tokens"
+    assert bound["bytes"] == rep["copied_bytes"]
     assert s["dataset"]["train_tokens"] > 500_000
     # 3: a byte flipped on a worker's disk was caught, never served, and repaired from the good replica
     assert s["integrity"]["served_right"] and s["integrity"]["repaired"]

@@ -91,6 +91,11 @@ MASTER_ALONE = Gauge(
 MASTER_FOLLOWER_LAG = Gauge(
     "pcache_master_follower_lag_entries", "Log entries a follower is behind the leader.", ["member"], registry=_MASTER
 )
+MASTER_UFS_CALLS = Counter(
+    "pcache_master_ufs_calls_total",
+    "Under-store requests of the master for bound directories: listed pages, HEAD checks, single-name lookups.",
+    ["op"], registry=_MASTER,
+)  # fmt: skip
 MASTER_REPL_BATCH = Histogram(
     "pcache_master_replication_batch_entries", "Log entries shipped per round trip (group commit).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096), registry=_MASTER,
@@ -98,7 +103,10 @@ MASTER_REPL_BATCH = Histogram(
 
 DATA_OPS = Counter("pcache_worker_ops_total", "Data-plane requests served.", ["op"], registry=_WORKER)
 DATA_BYTES = Counter(
-    "pcache_worker_bytes_total", "Block bytes moved by the data plane.", ["direction"], registry=_WORKER
+    "pcache_worker_bytes_total",
+    "Block bytes moved by the data plane (fetch: read from an under-store).",
+    ["direction"],
+    registry=_WORKER,
 )
 DATA_SECONDS = Histogram(
     "pcache_worker_op_seconds",

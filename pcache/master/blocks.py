@@ -146,6 +146,8 @@ class BlockManager:
             return
         self.ns.set_block_crc(block_id, crc)
         self.block_received(worker_id, block_id)
+        if len(self.live_replicas(block_id)) < self.target.get(block_id, 1):
+            self.under.add(block_id)  # copied to ``replication`` workers, as every block
 
     def freed(self, freed: Freed) -> None:
         """Blocks dropped from the namespace: delete every replica."""

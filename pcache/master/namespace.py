@@ -375,8 +375,12 @@ class Namespace:
         node = self.resolve(path)
         if node.type != pb.DIRECTORY:
             raise E.NotADirectory("not a directory", path=path)
-        prefix = b"d" + U64.pack(node.id)
-        after = _dkey(node.id, start_after) if start_after else None
+        return self.listdir_of(node.id, start_after=start_after, limit=limit)
+
+    def listdir_of(self, dir_id: int, *, start_after: str = "", limit: int = 1000) -> tuple[list[pb.Inode], bool]:
+        """As :meth:`listdir`, for directory inode ``dir_id``."""
+        prefix = b"d" + U64.pack(dir_id)
+        after = _dkey(dir_id, start_after) if start_after else None
         entries: list[pb.Inode] = []
         for key, raw in self.store.scan(prefix, after):
             if len(entries) >= limit:

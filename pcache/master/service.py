@@ -139,6 +139,23 @@ class MasterServicer(pb_grpc.MasterServicer):
             if path:
                 await self.m.ufs.ready(scope.inside(path))
 
+    async def _listing_ready(self, request: pb.ListDirRequest) -> None:
+        """Before a page of a bound directory: the path up to date, and the store listed at least
+        past that page (:meth:`UnderStores.page_ready`)."""
+        ns, _ = self.m.leading()
+        if not ns.binds.inodes():
+            return
+        path = self._scope(ns).inside(request.path)
+        await self.m.ufs.ready(path)
+        ns, _ = self.m.leading()
+        try:
+            node = ns.resolve(path)
+        except E.PCacheError:
+            return  # the listing itself says why
+        if node.type == pb.DIRECTORY:
+            limit = min(request.limit or self.m.cfg.listdir_limit, self.m.cfg.listdir_limit)
+            await self.m.ufs.page_ready(node, request.start_after, limit)
+
     async def _read(self, header: pb.RequestHeader, method: str, apply: Apply[R]) -> R:
         ns, blocks = self.m.leading()
         self._check(header, method)
@@ -262,8 +279,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             entries, truncated = ns.listdir(scope.inside(request.path), start_after=request.start_after, limit=limit)
             return pb.ListDirResponse(entries=entries, truncated=truncated)
 
-        if not request.start_after:  # a listing is brought up to date once, at its first page
-            await self._ready(request.path)
+        await self._listing_ready(request)
         return await self._read(request.header, "ListDir", apply)
 
     @rpc_method

@@ -3,9 +3,10 @@ file cache over object storage; ``../shared/DESIGN.md``, "under storage"; Alluxi
 sync, JuiceFS's and Fluid's lazy listing).
 
 A call that looks at a path under a bind first brings what it looks at up to date
-(:meth:`UnderStores.ready`): every bound directory on the way is listed from the store, one
-level (delimiter ``/``, paged), when it never was or its bind's ``meta_ttl`` passed; a file listed
-or checked longer ago than the TTL is checked with a HEAD. What a listing finds is written as
+(:meth:`UnderStores.ready`): a name a bound directory does not know (and whose listing is not
+fresh) is looked up alone in the store; a ``ListDir`` lists the level (delimiter ``/``, paged)
+when it never was or its bind's ``meta_ttl`` passed, answering each page as soon as the store
+has listed past it; a file listed or checked longer ago than the TTL is checked with a HEAD. What a listing finds is written as
 namespace mutations (replicated like any other), so the follower that takes over knows it. A
 failed listing is an error for the call and is never recorded as an empty directory; concurrent
 calls on one directory share one listing.
@@ -23,6 +24,7 @@ from objstore import ObjectStore, open_store
 from objstore import errors as S
 from pcache.common import errors as E
 from pcache.common import ufs
+from pcache.common.metrics import MASTER_UFS_CALLS
 from pcache.common.paths import normalize
 from pcache.master.binds import stale
 from pcache.proto import pcache_pb2 as pb
@@ -47,8 +49,7 @@ class UnderStores:
         self.m = master
         self._stores: dict[str, ObjectStore] = {}
         self._listing: dict[int, asyncio.Future] = {}
-        self.listings = 0  # levels listed from a store (tests, metrics)
-        self.heads = 0  # files checked with a HEAD
+        self._progress: dict[int, str] = {}  # directory inode -> the last name its running listing recorded
 
     def store(self, bind: pb.Bind) -> ObjectStore:
         """The store of ``bind`` (opened once; credentials resolve on this host)."""
@@ -66,9 +67,13 @@ class UnderStores:
                 await asyncio.wait_for(store.close(), 5.0)
         self._stores.clear()
 
-    async def ready(self, path: str) -> None:
-        """List the bound directories on the way to ``path`` (a namespace path) that need it,
-        and HEAD ``path`` itself when it is a bound file older than the TTL.
+    async def ready(self, path: str, *, listing: bool = False) -> None:
+        """Bring what a call at ``path`` (a namespace path) looks at up to date with the store:
+        each name on the way that a bound directory does not know (and whose listing is not
+        fresh) is looked up alone (HEAD of the key, else one key under ``name/``), so a ``stat`` or
+        ``open`` deep in a large bucket costs a request or two, not a listing; ``path`` itself is
+        HEAD-checked when it is a bound file older than the TTL, and listed when it is a bound
+        directory and ``listing`` (a ``ListDir``; :meth:`page_ready` answers its pages as they come).
 
         Raises:
             NotFound, PermissionDenied, Unavailable, Timeout: the store's answer (nothing is
@@ -92,32 +97,90 @@ class UnderStores:
                 if i == len(parts) and node.bind and node.type == pb.REGULAR:
                     await self._check_file(node, bind, max(node.seen, listed_at))
                 return
-            level = ns.ufs_level(node)
-            if level is None:
+            if ns.ufs_level(node) is None:
                 return  # a directory written here, not listed from the store
-            await self.listed(node)
             if i == len(parts):
+                if listing:
+                    await self.listed(node)
                 return
-            listed_at = ns.get_inode(ino).listed
             child = ns.child(ino, parts[i])
+            if child is None and stale(bind, node.listed, time.time()):
+                await self._probe(node, parts[i])
+                ns, _ = self.m.leading()
+                child = ns.child(ino, parts[i])
             if child is None:
                 return
+            listed_at = node.listed
             ino = child
+
+    def listing(self, node: pb.Inode, *, force: bool = False) -> asyncio.Future | None:
+        """The listing of the bound directory ``node`` under way: started when it never was
+        listed or its TTL passed (or ``force``); None when it is fresh or not bound."""
+        ns, _ = self.m.leading()
+        level = ns.ufs_level(node)
+        if level is None:
+            return None
+        bind, _prefix = level
+        running = self._listing.get(node.id)
+        if running is None:
+            if not force and not stale(bind, node.listed, time.time()):
+                return None
+            running = self._listing[node.id] = asyncio.ensure_future(self._list(node.id))
+            running.add_done_callback(lambda _: self._listing.pop(node.id, None))
+            running.add_done_callback(lambda task: task.cancelled() or task.exception())  # seen, even if unread
+        return running
 
     async def listed(self, node: pb.Inode, *, force: bool = False) -> None:
         """List the bound directory ``node`` from its store unless its listing is fresh."""
+        running = self.listing(node, force=force)
+        if running is not None:
+            await asyncio.shield(running)
+
+    async def page_ready(self, node: pb.Inode, start_after: str, limit: int) -> None:
+        """Wait until a page of ``node`` (``limit`` names after ``start_after``) is final: its
+        listing is done, or has recorded names past the page's last one (a store lists in key
+        order, the namespace in name order: the same order), so a client paging a huge
+        directory gets each page as soon as the store has listed that far.
+
+        Raises:
+            as :meth:`ready`.
+        """
+        running = self.listing(node)
+        while running is not None and not running.done():
+            ns, _ = self.m.leading()
+            entries, more = ns.listdir_of(node.id, start_after=start_after, limit=limit)
+            if more and entries[-1].name <= self._progress.get(node.id, ""):
+                return
+            await asyncio.wait([running], timeout=0.2)
+        if running is not None:
+            running.result()
+
+    async def _probe(self, node: pb.Inode, name: str) -> None:
+        """Look one name up in the store (a HEAD, else one key under ``name/``) and record it."""
+        if not _name_ok(name):
+            return
         ns, _ = self.m.leading()
         level = ns.ufs_level(node)
         if level is None:
             return
-        bind, _prefix = level
-        if not force and not stale(bind, node.listed, time.time()):
-            return
-        running = self._listing.get(node.id)
-        if running is None:
-            running = self._listing[node.id] = asyncio.ensure_future(self._list(node.id))
-            running.add_done_callback(lambda _: self._listing.pop(node.id, None))
-        await asyncio.shield(running)
+        bind, prefix = level
+        store = self.store(bind)
+        objects: list[tuple[str, int, str, float]] = []
+        dirs: list[str] = []
+        MASTER_UFS_CALLS.labels("lookup").inc()
+        try:
+            info = await ufs.call(store.head(prefix + name), bind.uri, self.m.cfg.ufs_timeout)
+            objects.append((name, info.size, ufs.version_tag(info), info.mtime))
+        except E.NotFound:
+            page = await ufs.call(
+                store.list_page(prefix + name + "/", delimiter="/", max_keys=1), bind.uri, self.m.cfg.ufs_timeout
+            )
+            if page.objects or page.prefixes:
+                dirs.append(name)
+        if objects or dirs:
+            ns, blocks = self.m.leading()
+            blocks.freed(ns.merge_listing(node.id, objects, dirs, time.time()))
+            await self.m.commit()
 
     async def _list(self, dir_id: int) -> None:
         started = time.time()
@@ -131,6 +194,7 @@ class UnderStores:
         after = ""
         skipped = 0
         while True:
+            MASTER_UFS_CALLS.labels("list").inc()
             page = await ufs.call(
                 store.list_page(prefix, delimiter="/", start_after=after, max_keys=PAGE),
                 bind.uri, self.m.cfg.ufs_timeout,
@@ -159,9 +223,10 @@ class UnderStores:
             if not page.truncated or not last:
                 break
             after = max(last)
+            self._progress[dir_id] = after[len(prefix) :].rstrip("/")
+        self._progress.pop(dir_id, None)
         ns, blocks = self.m.leading()
         blocks.freed(ns.finish_listing(dir_id, names, started))
-        self.listings += 1
         if skipped:
             logger.warning("%s%s: %d keys are not file names here (., .., //, over 255 bytes); not shown",
                            bind.uri, "/" + prefix if prefix else "", skipped)  # fmt: skip
@@ -171,6 +236,7 @@ class UnderStores:
         if not stale(bind, when, time.time()):
             return
         store = self.store(bind)
+        MASTER_UFS_CALLS.labels("head").inc()
         try:
             info = await ufs.call(store.head(node.ufs_key), bind.uri, self.m.cfg.ufs_timeout)
             found: tuple[int, str, float] | None = (info.size, ufs.version_tag(info), info.mtime)
@@ -178,7 +244,6 @@ class UnderStores:
             found = None
         ns, blocks = self.m.leading()
         blocks.freed(ns.ufs_checked(node.id, found, time.time()))
-        self.heads += 1
         await self.m.commit()
 
     async def refresh(self, path: str) -> None:

@@ -137,8 +137,9 @@ class BlockWriter:
             self._account(memoryview(data))
             offset += len(data)
 
-    def commit(self, expected_crc: int | None = None) -> BlockInfo:
-        """fsync, verify, and publish the block.
+    def commit(self, expected_crc: int | None = None, *, sync: bool = True) -> BlockInfo:
+        """fsync (unless ``sync`` is false or the store never does), verify, and publish the block.
+        A block copied from an under-store is published unsynced: the store keeps the original.
 
         Raises:
             CorruptBlock: the bytes do not match ``expected_crc``.
@@ -158,7 +159,7 @@ class BlockWriter:
                 META_MAGIC, 1, self.length, self.crc, len(self.chunk_crcs)
             )
             os.pwrite(self.fd, record, self.length)
-            if self.store.fsync:
+            if self.store.fsync and sync:
                 os.fsync(self.fd)
             os.close(self.fd)
             self.closed = True

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from pcache.common import framing
 from pcache.common.auth import BlockGrant, BlockTokenChecker
-from pcache.common.checksum import CHUNK_SIZE, crc32c
+from pcache.common.checksum import CHUNK_SIZE
 from pcache.common.errors import (
     CorruptBlock,
     InvalidArgument,
@@ -35,7 +35,7 @@ from pcache.common.errors import (
 )
 from pcache.common.metrics import CRC_FAILURES, DATA_BYTES, DATA_OPS, DATA_SECONDS
 from pcache.proto import pcache_pb2 as pb
-from pcache.worker.blockstore import DiskBlockStore
+from pcache.worker.blockstore import BlockInfo, BlockWriter, DiskBlockStore
 from pcache.worker.memtier import MemoryTier
 
 logger = logging.getLogger(__name__)
@@ -364,15 +364,13 @@ class DataServer:
     async def _fetch(self, block_id: int) -> None:
         assert self.fetch is not None
         data = await self.fetch(block_id)
-        crc = await asyncio.to_thread(crc32c, data) if len(data) > (1 << 20) else crc32c(data)
         writer = await asyncio.to_thread(self.store.begin_write, block_id, len(data))
         try:
-            for offset in range(0, len(data), CHUNK_SIZE):
-                await asyncio.to_thread(writer.write, data[offset : offset + CHUNK_SIZE])
-            await asyncio.to_thread(writer.commit, crc)
+            info = await asyncio.to_thread(_write_whole, writer, data)  # a copy of the store's: no fsync
         except BaseException:
             writer.abort()
             raise
+        crc = info.crc32c
         self.fetches += 1
         DATA_BYTES.labels("fetch").inc(len(data))
         for index, offset in enumerate(range(0, len(data), CHUNK_SIZE)):
@@ -495,6 +493,14 @@ class DataServer:
             if pipeline:
                 self._peer_stalled(head)
             raise
+
+
+def _write_whole(writer: BlockWriter, data: bytes) -> BlockInfo:
+    """Write a whole block from memory and publish it unsynced (a copy of an under-store's bytes)."""
+    view = memoryview(data)
+    for offset in range(0, len(data), CHUNK_SIZE):
+        writer.write(view[offset : offset + CHUNK_SIZE])
+    return writer.commit(sync=False)
 
 
 def check_pipeline(grant: BlockGrant, pipeline: Iterable[pb.WorkerAddr]) -> None:

@@ -3,6 +3,7 @@ admin's and from an attacker's side against a real master and a moto S3 server."
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import json
@@ -431,6 +432,9 @@ def test_read_through_fetches_each_block_once_for_every_concurrent_reader_and_th
     body = os.urandom(3 * BOUND_BLOCK + 12345)  # 4 blocks, the last one short
     _s3(moto_endpoint).put_object(Bucket=bucket, Key="big.bin", Body=body)
     admin.bind("/rt", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
+    assert admin.layout("/rt/big.bin").blocks[0].crc32c == 0  # block records made, nothing cached yet
+    report = admin.fsck("/rt")
+    assert (report.files, report.blocks, list(report.damaged)) == (1, 4, [])  # not cached is not missing
     with counting_gets(bucket, "big.bin") as gets:
         results: list[bytes] = []
         threads = [threading.Thread(target=lambda: results.append(admin.read_file("/rt/big.bin"))) for _ in range(8)]
@@ -446,6 +450,8 @@ def test_read_through_fetches_each_block_once_for_every_concurrent_reader_and_th
         assert admin.read_file("/rt/big.bin") == body
         assert gets.count == 4
     assert admin.stat("/rt/big.bin").blocks == 4
+    layout = admin.layout("/rt/big.bin")
+    assert all(b.crc32c for b in layout.blocks) and all(b.replicas for b in layout.blocks)  # CRCs known now
     status = admin.status()
     assert status.missing_blocks == 0 and status.corrupt_blocks == 0
     admin.unbind("/rt")
@@ -498,3 +504,61 @@ def test_with_its_store_down_a_cached_file_still_reads_and_an_uncached_one_fails
         admin.read_file("/down2/cold")
     assert time.monotonic() - t0 < 30
     admin.unbind("/down2")
+
+
+def test_a_directory_larger_than_a_page_is_listed_whole_and_in_order(admin: Client, moto_endpoint: str) -> None:
+    bucket = create_bucket(moto_endpoint)
+    s3 = _s3(moto_endpoint)
+    keys = [f"k{i:05d}" for i in range(2500)]  # three store pages, three ListDir pages
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: s3.put_object(Bucket=bucket, Key=f"p/{k}", Body=b"."), keys))
+    admin.bind("/pages", f"s3://{bucket}/p/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
+    assert admin.stat("/pages/k01234").size == 1  # one name looked up alone, before any listing
+    assert [e.name for e in admin.scandir("/pages")] == keys
+    assert [e.name for e in admin.scandir("/pages")] == keys  # from the cache
+    admin.unbind("/pages")
+
+
+@pytest.mark.slow
+def test_a_worker_killed_during_a_fetch_leaves_no_half_block_and_the_file_reads_right_afterwards(
+    make_cluster, moto_endpoint: str
+) -> None:
+    import signal
+
+    from pcache.worker.server import worker_id_for
+
+    bucket = create_bucket(moto_endpoint)
+    body = os.urandom(24 << 20)  # 3 blocks of 8 MiB
+    _s3(moto_endpoint).put_object(Bucket=bucket, Key="big", Body=body)
+    cluster = make_cluster(
+        workers=2, master_args=["--master.default_block_size=8MiB", "--master.default_replication=1"]
+    )
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token, io_timeout=5.0)) as admin:
+        admin.bind("/k", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
+        fetcher = admin.layout("/k/big").blocks[0].replicas[0].worker_id
+        index = next(
+            i for i, p in enumerate(cluster.worker_procs) if worker_id_for(str(cluster.root / f"worker-{i}")) == fetcher
+        )
+        got: list[object] = []
+        reader = threading.Thread(target=lambda: got.append(_read_or_error(admin, "/k/big")))
+        reader.start()
+        time.sleep(0.05)  # its first block's fetch is under way
+        cluster.kill(cluster.worker_procs[index], signal.SIGKILL)
+        reader.join(60)
+        assert got and (got[0] == body or isinstance(got[0], E.PCacheError)), got[:1]  # right bytes, or a clean error
+        deadline = time.monotonic() + 30  # the master counts the worker dead, the other one fetches
+        while (data := _read_or_error(admin, "/k/big")) != body and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert data == body
+        cluster.start_worker(index)  # its half-written block file is dropped at start, never served
+        cluster.wait_workers(2)
+        assert not os.listdir(cluster.root / f"worker-{index}" / "tmp")
+        assert admin.read_file("/k/big") == body
+        assert not list(admin.fsck("/k").damaged)
+
+
+def _read_or_error(pc: Client, path: str) -> bytes | E.PCacheError:
+    try:
+        return pc.read_file(path)
+    except E.PCacheError as exc:
+        return exc
