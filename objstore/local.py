@@ -36,7 +36,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from objstore.base import META_CRC32C, META_MTIME, GiB, ListPage, ObjectInfo, PartInfo, StoreLimits
-from objstore.errors import AccessDenied, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, StoreError
+from objstore.errors import (
+    AccessDenied,
+    BadURI,
+    NoSuchBucket,
+    NoSuchKey,
+    NoSuchUpload,
+    PreconditionFailed,
+    StoreError,
+)
 from objstore.tree import (
     XATTR_CRC32C,
     DirCache,
@@ -98,6 +106,13 @@ def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     while view:
         done = os.pwrite(fd, view, offset)
         view, offset = view[done:], offset + done
+
+
+def weak_etag(st: os.stat_result) -> str:
+    """The version tag of a file, which has no ETag: ``W/<size hex>-<mtime ns>`` (a weak ETag, as
+    nginx's). A rewrite that keeps both size and mtime (within the file system's mtime
+    resolution) is not told apart."""
+    return f"W/{st.st_size:x}-{st.st_mtime_ns}"
 
 
 class LocalStore:
@@ -203,6 +218,8 @@ class LocalStore:
             raise NoSuchKey("no such object", uri=f"{self.uri}/{key}") from exc
 
     async def get(self, key: str, offset: int = 0, length: int | None = None, *, if_match: str = "") -> bytes:
+        """As the contract says; ``if_match`` here is a :func:`weak_etag` (files have no ETag): the
+        file must have that size and mtime before and after the read, else PreconditionFailed."""
         path = self._path(key)
 
         def read() -> bytes:
@@ -213,8 +230,13 @@ class LocalStore:
                     raise _Link(path) from exc
                 raise
             with open(fd, "rb") as fh:
+                if if_match and weak_etag(os.fstat(fd)) != if_match:
+                    raise PreconditionFailed("the file changed since it was listed", uri=f"{self.uri}/{key}")
                 fh.seek(offset)
-                return fh.read() if length is None else fh.read(length)
+                data = fh.read() if length is None else fh.read(length)
+                if if_match and weak_etag(os.fstat(fd)) != if_match:
+                    raise PreconditionFailed("the file changed while it was read", uri=f"{self.uri}/{key}")
+                return data
 
         try:
             return await asyncio.to_thread(read)

@@ -15,15 +15,22 @@ from typing import TypeVar
 
 from objstore import ObjectInfo, ObjectStore, open_store
 from objstore import errors as S
+from objstore.base import META_MTIME
+from objstore.tree import parse_mtime_ns
 from pcache.common import errors as E
 
 T = TypeVar("T")
 
 
 def version_tag(info: ObjectInfo) -> str:
-    """What identifies one version of an object: its ETag, or size and mtime where the store has
-    none (``file://``; a weak ETag, as nginx's ``W/size-mtime``)."""
-    return info.etag or f"W/{info.size:x}-{info.mtime:.6f}"
+    """What identifies one version of an object: its ETag, or where the store has none
+    (``file://``) the weak tag of its size and mtime in ns (:func:`objstore.local.weak_etag`,
+    which ``get(..., if_match=)`` checks around the read)."""
+    if info.etag:
+        return info.etag
+    exact = info.metadata.get(META_MTIME)
+    ns = parse_mtime_ns(exact) if exact else round(info.mtime * 1e9)
+    return f"W/{info.size:x}-{ns}"
 
 
 def translate(exc: BaseException, uri: str) -> E.PCacheError:

@@ -297,6 +297,8 @@ class Namespace:
             node = self._get_inode(existing)
             if node.type == pb.DIRECTORY:
                 raise E.IsADirectory("is a directory", path=path)
+            if truncate:
+                self._check_bound_writable(node, path)
             freed = Freed([])
             # only a regular file has content to drop (a symlink's size is its target's length)
             if truncate and node.type == pb.REGULAR and (node.size or node.blocks):
@@ -410,6 +412,7 @@ class Namespace:
         if ino is None:
             raise E.NotFound("no such file or directory", path=src)
         node = self._get_inode(ino)
+        self._check_bound_writable(node, src)
         dst_parent, dst_name = self._resolve_parent(dst)
         # after the lookups, as rename(2): a missing src is ENOENT and a file src is ENOTDIR
         if dst_parts[: len(src_parts)] == src_parts and len(dst_parts) > len(src_parts):
@@ -441,6 +444,7 @@ class Namespace:
             if no_replace:
                 raise E.AlreadyExists("destination exists", path=dst)
             victim = self._get_inode(existing)
+            self._check_bound_writable(victim, dst)
             roots = self.tenants.root_inodes()
             if victim.id in roots:
                 raise E.InvalidArgument(
@@ -503,6 +507,7 @@ class Namespace:
             raise E.DirectoryNotEmpty("directory not empty", path=path)
         self.binds.check_movable(path, "delete it")
         self.binds.check_writable(path)
+        self._check_bound_writable(node, path)
         return self._remove(parent, name, node, path)
 
     def _remove(
@@ -679,11 +684,19 @@ class Namespace:
         self.allocations.reserve(block_id, inode, node.tenant, size)
         return block_id, node, size
 
-    def _check_bound_writable(self, node: pb.Inode) -> None:
-        """Refuse writing a file listed from a read-only bind (by inode: AllocateBlock, CommitFile)."""
+    def _check_bound_writable(self, node: pb.Inode, path: str | None = None) -> None:
+        """Refuse changing a file listed from an under-store (by inode: AllocateBlock, CommitFile;
+        by path: a truncating create, rename, delete). Under a ``ro`` bind nothing changes; under a
+        ``writeback`` bind, files written here may, and what the store holds stays as listed until
+        write-back can carry a change back to it.
+
+        Raises:
+            ReadOnly: ``node`` was listed from a store.
+        """
         bind = self.binds.of_inode(node.bind) if node.bind else None
-        if bind is not None and bind.mode == "ro":
-            raise E.ReadOnly(f"inode {node.id} is bound read-only to {bind.uri}")
+        if bind is not None:
+            why = "bound read-only" if bind.mode == "ro" else "listed from the under-store and read-only for now"
+            raise E.ReadOnly(f"{why}: {bind.uri}", path=path or f"inode {node.id}")
 
     def get_inode(self, inode: int) -> pb.Inode:
         """The inode numbered ``inode``.

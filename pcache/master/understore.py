@@ -38,6 +38,17 @@ PAGE = 1000  # keys per listed page
 NAME_MAX = 255  # bytes of one name
 
 
+def _key_bound(name: str) -> str:
+    """The store key a listing must have passed for every name up to ``name`` (in name order) to
+    be recorded. A directory is listed as ``dir/``, and ``/`` sorts after ``-``, ``.`` and the other
+    characters below it: ``data/`` comes after ``data.csv`` in the store, before it by name. So
+    the bound is ``name/`` cut at the first character below ``/`` (``data.csv`` -> ``data/``)."""
+    for i, ch in enumerate(name):
+        if ch < "/":
+            return name[:i] + "/"
+    return name + "/"
+
+
 def _name_ok(name: str) -> bool:
     return name not in ("", ".", "..") and "/" not in name and "\x00" not in name and len(name.encode()) <= NAME_MAX
 
@@ -49,7 +60,7 @@ class UnderStores:
         self.m = master
         self._stores: dict[str, ObjectStore] = {}
         self._listing: dict[int, asyncio.Future] = {}
-        self._progress: dict[int, str] = {}  # directory inode -> the last name its running listing recorded
+        self._progress: dict[int, str] = {}  # directory inode -> the last key its running listing recorded
 
     def store(self, bind: pb.Bind) -> ObjectStore:
         """The store of ``bind`` (opened once; credentials resolve on this host)."""
@@ -149,7 +160,7 @@ class UnderStores:
         while running is not None and not running.done():
             ns, _ = self.m.leading()
             entries, more = ns.listdir_of(node.id, start_after=start_after, limit=limit)
-            if more and entries[-1].name <= self._progress.get(node.id, ""):
+            if more and _key_bound(entries[-1].name) <= self._progress.get(node.id, ""):
                 return
             await asyncio.wait([running], timeout=0.2)
         if running is not None:
@@ -183,6 +194,12 @@ class UnderStores:
             await self.m.commit()
 
     async def _list(self, dir_id: int) -> None:
+        try:
+            await self._list_pages(dir_id)
+        finally:
+            self._progress.pop(dir_id, None)
+
+    async def _list_pages(self, dir_id: int) -> None:
         started = time.time()
         ns, _ = self.m.leading()
         level = ns.ufs_level(ns.get_inode(dir_id))
@@ -223,8 +240,7 @@ class UnderStores:
             if not page.truncated or not last:
                 break
             after = max(last)
-            self._progress[dir_id] = after[len(prefix) :].rstrip("/")
-        self._progress.pop(dir_id, None)
+            self._progress[dir_id] = after[len(prefix) :]
         ns, blocks = self.m.leading()
         blocks.freed(ns.finish_listing(dir_id, names, started))
         if skipped:

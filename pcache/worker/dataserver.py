@@ -24,6 +24,7 @@ from pcache.common import framing
 from pcache.common.auth import BlockGrant, BlockTokenChecker
 from pcache.common.checksum import CHUNK_SIZE
 from pcache.common.errors import (
+    AlreadyExists,
     CorruptBlock,
     InvalidArgument,
     NotFound,
@@ -363,8 +364,13 @@ class DataServer:
 
     async def _fetch(self, block_id: int) -> None:
         assert self.fetch is not None
+        if await asyncio.to_thread(self.store.has, block_id):
+            return  # a fetch that ended between a reader's check and its look for a running one
         data = await self.fetch(block_id)
-        writer = await asyncio.to_thread(self.store.begin_write, block_id, len(data))
+        try:
+            writer = await asyncio.to_thread(self.store.begin_write, block_id, len(data))
+        except AlreadyExists:
+            return  # stored meanwhile (a replica copied here): that copy serves
         try:
             info = await asyncio.to_thread(_write_whole, writer, data)  # a copy of the store's: no fsync
         except BaseException:

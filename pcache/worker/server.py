@@ -357,14 +357,10 @@ class WorkerServer:
                 store = self._ufs_stores[src.uri] = open_store(src.uri)
             except StoreError as exc:
                 raise ufs.translate(exc, src.uri) from exc
-        timeout = self.cfg.ufs_timeout
-        if src.etag.startswith("W/"):  # no ETag: the version is its size and mtime
-            info = await ufs.call(store.head(src.key), src.uri, timeout)
-            if ufs.version_tag(info) != src.etag:
-                raise StaleHandle(f"{src.uri}/{src.key} changed upstream since it was listed (pcache refresh)")
-            data = await ufs.call(store.get(src.key, src.offset, src.length), src.uri, timeout)
-        else:
-            data = await ufs.call(store.get(src.key, src.offset, src.length, if_match=src.etag), src.uri, timeout)
+        # only the version listed: S3 If-Match on its ETag; file:// checks size and mtime around the read
+        data = await ufs.call(
+            store.get(src.key, src.offset, src.length, if_match=src.etag), src.uri, self.cfg.ufs_timeout
+        )
         if len(data) != src.length:
             raise StaleHandle(
                 f"{src.uri}/{src.key}: {len(data)} bytes at {src.offset}, not {src.length}: changed upstream"

@@ -506,16 +506,27 @@ def test_with_its_store_down_a_cached_file_still_reads_and_an_uncached_one_fails
     admin.unbind("/down2")
 
 
+def test_the_bound_a_listing_must_pass_for_a_page_is_in_store_key_order() -> None:
+    from pcache.master.understore import _key_bound
+
+    assert _key_bound("data.csv") == "data/"  # "data/" lists after "data.csv", "data" sorts before it
+    assert _key_bound("data") == "data/" and _key_bound("a-b.c") == "a/" and _key_bound("zz") == "zz/"
+    assert sorted(["data.csv", "data/"]) == ["data.csv", "data/"] and sorted(["data", "data.csv"])[0] == "data"
+
+
 def test_a_directory_larger_than_a_page_is_listed_whole_and_in_order(admin: Client, moto_endpoint: str) -> None:
     bucket = create_bucket(moto_endpoint)
     s3 = _s3(moto_endpoint)
-    keys = [f"k{i:05d}" for i in range(2500)]  # three store pages, three ListDir pages
+    # the first store page ends at "data.csv"; the directory "data" (key "data/") comes in the
+    # second, yet sorts before "data.csv" by name: a page must not be answered without it
+    keys = [f"a{i:04d}" for i in range(999)] + ["data.csv", "data/x", "data-1"] + [f"k{i:05d}" for i in range(1500)]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: s3.put_object(Bucket=bucket, Key=f"p/{k}", Body=b"."), keys))
+    names = sorted({k.split("/")[0] for k in keys})
     admin.bind("/pages", f"s3://{bucket}/p/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
     assert admin.stat("/pages/k01234").size == 1  # one name looked up alone, before any listing
-    assert [e.name for e in admin.scandir("/pages")] == keys
-    assert [e.name for e in admin.scandir("/pages")] == keys  # from the cache
+    assert [e.name for e in admin.scandir("/pages")] == names
+    assert [e.name for e in admin.scandir("/pages")] == names  # from the cache
     admin.unbind("/pages")
 
 
@@ -562,3 +573,24 @@ def _read_or_error(pc: Client, path: str) -> bytes | E.PCacheError:
         return pc.read_file(path)
     except E.PCacheError as exc:
         return exc
+
+
+def test_under_a_writeback_bind_new_files_are_written_and_listed_objects_stay_as_the_store_has_them(
+    admin: Client, moto_endpoint: str
+) -> None:
+    bucket = create_bucket(moto_endpoint)
+    _s3(moto_endpoint).put_object(Bucket=bucket, Key="ckpt/listed", Body=b"from the store")
+    admin.bind("/wb2", f"s3://{bucket}/ckpt/?endpoint_url={moto_endpoint}", mode="writeback")
+    admin.write_file("/wb2/new", b"written here")
+    assert admin.read_file("/wb2/new") == b"written here" and admin.read_file("/wb2/listed") == b"from the store"
+    for change in (
+        lambda: admin.write_file("/wb2/listed", b"over"),
+        lambda: admin.rename("/wb2/listed", "/wb2/moved"),
+        lambda: admin.rename("/wb2/new", "/wb2/listed"),
+        lambda: admin.remove("/wb2/listed"),
+    ):
+        with pytest.raises(E.ReadOnly):
+            change()
+    admin.refresh("/wb2")  # a listing leaves what was written here alone
+    assert admin.read_file("/wb2/new") == b"written here"
+    admin.unbind("/wb2")
