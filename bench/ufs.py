@@ -11,6 +11,9 @@ cluster (2 workers) binds both. Rows:
 3. **listing**: the many-object directory listed through PCache the first time (the master lists
    S3 one level, pages of 1,000, and records the entries) and a second time (from the cache),
    against ``rclone lsf`` of the same prefix.
+4. **warm-up**: ``pcache load`` of a many-file dataset (``--files`` objects of ``--file-kib``,
+   in 10 directories) into a freshly bound directory, against ``rclone copy`` of the same prefix
+   to local disk (both at ``--transfers`` at once). Target rclone / load >= 1.5.
 
 Medians of ``--rounds`` alternating runs (a shared machine drifts; each cold round binds a fresh
 directory, so its blocks are fetched again). "Cold" is a cold cache, not a cold process: a few
@@ -18,8 +21,6 @@ tiny objects are read first so that every worker has its S3 client up (the first
 worker most of a second). The bound files have replication 1: a fetched block is not copied to a
 second worker while the next is read. The last line is ``RESULT key=value ...`` (MB/s,
 seconds). ``--quick`` runs in under two minutes.
-
-Not yet here (issue 16): ``pcache load`` against ``rclone copy`` (the warm-up command comes next).
 
 Usage::
 
@@ -65,10 +66,12 @@ def s3_client(endpoint: str, pool: int):
                         aws_secret_access_key=SECRET, config=Config(max_pool_connections=pool))  # fmt: skip
 
 
-def upload(s3, objects: int, size: int, many: int) -> None:
+def upload(s3, objects: int, size: int, many: int, files: int, file_size: int) -> None:
     s3.create_bucket(Bucket=BUCKET)
     body = os.urandom(size)
+    small = os.urandom(file_size)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: s3.put_object(Bucket=BUCKET, Key=f"ds/d{i % 10}/f-{i:06d}", Body=small), range(files)))
         list(pool.map(lambda i: s3.put_object(Bucket=BUCKET, Key=f"big/obj-{i:03d}", Body=body), range(objects)))
         list(pool.map(lambda i: s3.put_object(Bucket=BUCKET, Key=f"many/f-{i:07d}", Body=b"x"), range(many)))
         list(pool.map(lambda i: s3.put_object(Bucket=BUCKET, Key=f"warm/w-{i}", Body=b"w"), range(WARMUP)))
@@ -110,13 +113,36 @@ def list_all(pc: Client, path: str) -> tuple[int, float]:
 
 
 def rclone_lsf(endpoint: str) -> tuple[int, float]:
-    env = {**os.environ, "RCLONE_CONFIG_A_TYPE": "s3", "RCLONE_CONFIG_A_PROVIDER": "Other",
-           "RCLONE_CONFIG_A_ENDPOINT": endpoint, "RCLONE_CONFIG_A_ACCESS_KEY_ID": ACCESS,
-           "RCLONE_CONFIG_A_SECRET_ACCESS_KEY": SECRET, "RCLONE_CONFIG_A_REGION": REGION}  # fmt: skip
     t0 = time.perf_counter()
-    out = subprocess.run(["rclone", "lsf", f"A:{BUCKET}/many", "--config", "/dev/null"], env=env,
+    out = subprocess.run(["rclone", "lsf", f"A:{BUCKET}/many", "--config", "/dev/null"], env=rclone_env(endpoint),
                          capture_output=True, text=True, timeout=600, check=True).stdout  # fmt: skip
     return len(out.splitlines()), time.perf_counter() - t0
+
+
+def rclone_env(endpoint: str) -> dict[str, str]:
+    return {**os.environ, "RCLONE_CONFIG_A_TYPE": "s3", "RCLONE_CONFIG_A_PROVIDER": "Other",
+            "RCLONE_CONFIG_A_ENDPOINT": endpoint, "RCLONE_CONFIG_A_ACCESS_KEY_ID": ACCESS,
+            "RCLONE_CONFIG_A_SECRET_ACCESS_KEY": SECRET, "RCLONE_CONFIG_A_REGION": REGION}  # fmt: skip
+
+
+def rclone_copy(endpoint: str, dest: Path, transfers: int) -> float:
+    """Seconds for ``rclone copy`` of the dataset prefix to local disk."""
+    shutil.rmtree(dest, ignore_errors=True)
+    t0 = time.perf_counter()
+    subprocess.run(["rclone", "copy", f"A:{BUCKET}/ds", str(dest), "--config", "/dev/null",
+                    "--transfers", str(transfers), "--checkers", str(transfers)],
+                   env=rclone_env(endpoint), capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def pcache_load(pc: Client, path: str, files: int, file_size: int, transfers: int) -> float:
+    """Seconds for ``pcache load`` of the freshly bound dataset directory."""
+    t0 = time.perf_counter()
+    report = pc.load(path, concurrency=transfers)
+    took = time.perf_counter() - t0
+    if (report.files, report.fetched_bytes, report.failed) != (files, files * file_size, 0):
+        raise RuntimeError(f"load: {report}")
+    return took
 
 
 def main() -> int:
@@ -128,7 +154,12 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=4, help="concurrent readers / GETs")
     parser.add_argument("--block-mib", type=int, default=8, help="PCache block size of the bound files (MiB)")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds, medians kept (default 3)")
+    parser.add_argument("--files", type=int, default=None, help="dataset files to load (default 5,000; --quick 1,000)")
+    parser.add_argument("--file-kib", type=int, default=256, help="KiB per dataset file")
+    parser.add_argument("--transfers", type=int, default=16, help="rclone --transfers and pcache load -j")
     args = parser.parse_args()
+    files = args.files or (1_000 if args.quick else 5_000)
+    file_size = args.file_kib << 10
     objects = args.objects or (4 if args.quick else 8)
     size = (args.size_mib or (16 if args.quick else 64)) * MiB
     many = args.many or (10_000 if args.quick else 100_000)
@@ -143,8 +174,8 @@ def main() -> int:
     server = start_moto(root)
     try:
         s3 = s3_client(server.endpoint, args.streams * 2)
-        log(f"uploading {objects} x {size // MiB} MiB and {many:,} small objects to moto ...")
-        upload(s3, objects, size, many)
+        log(f"uploading {objects} x {size // MiB} MiB, {many:,} tiny and {files:,} x {args.file_kib} KiB objects ...")
+        upload(s3, objects, size, many, files, file_size)
         uri = f"s3://{BUCKET}/big/?endpoint_url={server.endpoint}"
         master_args = [f"--master.default_block_size={block}", "--master.default_replication=1"]
         with LocalCluster(str(root / "cluster"), workers=2, master_args=master_args) as cluster:
@@ -163,6 +194,12 @@ def main() -> int:
                 pc.bind("/many", f"s3://{BUCKET}/many/?endpoint_url={server.endpoint}", meta_ttl=-1)
                 n_first, list_first = list_all(pc, "/many")
                 n_again, list_again = list_all(pc, "/many")
+                copies, loads = [], []
+                for r in range(rounds):
+                    copies.append(rclone_copy(server.endpoint, root / "rclone-copy", args.transfers))
+                    pc.bind(f"/ds-{r}", f"s3://{BUCKET}/ds/?endpoint_url={server.endpoint}", meta_ttl=-1)
+                    loads.append(pcache_load(pc, f"/ds-{r}", files, file_size, args.transfers))
+                    log(f"round {r + 1}: rclone copy {copies[-1]:.2f} s, pcache load {loads[-1]:.2f} s")
             n_rclone, list_rclone = rclone_lsf(server.endpoint)
         if not n_first == n_again == n_rclone == many:
             raise RuntimeError(f"listed {n_first} / {n_again} / {n_rclone} of {many} objects")
@@ -182,12 +219,16 @@ def main() -> int:
     print(f"\nlisting {many:,} objects: PCache first {list_first:.2f} s, again {list_again:.2f} s; "
           f"rclone lsf {list_rclone:.2f} s (rclone/PCache first {list_rclone / list_first:.2f}, "
           f"again {list_rclone / list_again:.2f})")  # fmt: skip
+    cp, ld = statistics.median(copies), statistics.median(loads)
+    print(f"warm-up of {files:,} x {args.file_kib} KiB ({args.transfers} at once): rclone copy to disk {cp:.2f} s, "
+          f"pcache load {ld:.2f} s ({files / ld:.0f} files/s): rclone/load {cp / ld:.2f}")  # fmt: skip
     benchlib.print_result({
         "direct_mbps": benchlib.mbps(nbytes, d), "cold_mbps": benchlib.mbps(nbytes, c),
         "warm_mbps": benchlib.mbps(nbytes, w), "cold_over_direct": d / c, "warm_over_cold": c / w,
         "list_first_s": list_first, "list_again_s": list_again, "rclone_lsf_s": list_rclone,
         "rclone_over_list_first": list_rclone / list_first, "rclone_over_list_again": list_rclone / list_again,
-        "objects": objects, "listed": many,
+        "rclone_copy_s": cp, "load_s": ld, "rclone_over_load": cp / ld,
+        "objects": objects, "listed": many, "loaded_files": files,
     })  # fmt: skip
     return 0
 

@@ -1,4 +1,5 @@
-"""``pcache bind``, ``unbind``, ``binds``: directories bound to an under-store (wiring only)."""
+"""``pcache bind``, ``unbind``, ``binds``, ``refresh``, ``load``, ``free``: directories bound to an
+under-store (wiring only)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from google.protobuf.json_format import MessageToDict
 
 from pcache.cli.common import resolve_master
 from pcache.cli.tenant import admin_client
+from pcache.client.load import LoadReport
+from pcache.common.cli import EXIT_OK, EXIT_PARTIAL, human_bytes
 from pcache.common.errors import InvalidArgument
 
 EXAMPLES = """Examples:
@@ -20,6 +23,9 @@ EXAMPLES = """Examples:
   pcache bind /ckpt/run7 s3://ckpt/run7/ --mode writeback
   pcache binds
   pcache refresh /datasets/web        # list it from the store again now
+  pcache load /datasets/web           # fetch it all into the cache now, on every worker
+  pcache load --check /datasets/web   # how much of it is cached
+  pcache free /datasets/web           # evict its cached blocks (the files stay)
   pcache unbind /datasets/web
 
 Credentials are named, never given: profile= (a section of the hosts' AWS config),
@@ -103,8 +109,118 @@ def refresh_cmd(ctx: click.Context, path: str) -> None:
     click.echo(f"refreshed {path} ({'directory' if node.is_dir else f'{node.size} bytes'})")
 
 
+@click.command("load", epilog=EXAMPLES)
+@click.argument("path")
+@click.option("--metadata-only", is_flag=True, help="Only list the tree (the master keeps what the store lists).")
+@click.option("--check", is_flag=True, help="Fetch nothing: report how much is cached.")
+@click.option("--evict", is_flag=True, help="Evict instead of loading (as pcache free).")
+@click.option("-j", "--concurrency", type=click.IntRange(1, 1024), default=32, show_default=True,
+              help="Directories listed and blocks fetched at once.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.pass_context
+def load_cmd(
+    ctx: click.Context, path: str, metadata_only: bool, check: bool, evict: bool, concurrency: int, as_json: bool,
+    no_progress: bool,
+) -> int:  # fmt: skip
+    """Warm the cache: fetch every file under PATH from its under-store, spread over all workers.
+
+    Exits 1 when some file could not be loaded (the first errors are listed)."""
+    from pcache.client import Client
+
+    if evict:
+        return ctx.invoke(free_cmd, path=path, as_json=as_json)
+    with Client(master=resolve_master(ctx)) as pc, _LoadProgress(enabled=not (no_progress or as_json)) as bar:
+        report = pc.load(
+            path, metadata_only=metadata_only, check=check, concurrency=concurrency, on_progress=bar.update
+        )
+    if as_json:
+        out = {k: getattr(report, k) for k in report.__dataclass_fields__}
+        out["missing_blocks"] = report.missing_blocks
+        click.echo(json.dumps(out, indent=2))
+    else:
+        _echo_load(report, metadata_only, check)
+    return EXIT_PARTIAL if report.failed else EXIT_OK
+
+
+@click.command("free", epilog=EXAMPLES)
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def free_cmd(ctx: click.Context, path: str, as_json: bool) -> None:
+    """Evict the cached blocks of the bound files under PATH; they are fetched again when read.
+    Files written to PCache itself, and files not yet persisted, keep theirs."""
+    from pcache.client import Client
+
+    with Client(master=resolve_master(ctx)) as pc:
+        report = pc.free(path)
+    if as_json:
+        click.echo(json.dumps({"files": report.files, "blocks": report.blocks, "bytes": report.bytes}))
+    else:
+        click.echo(f"freed {report.blocks} blocks ({human_bytes(report.bytes)}) of {report.files} bound files")
+
+
+def _echo_load(report: LoadReport, metadata_only: bool, check: bool) -> None:
+    rate = report.fetched_bytes / report.seconds if report.seconds else 0.0
+    click.echo(
+        f"{report.files} files ({human_bytes(report.bytes)}) in {report.dirs} directories, {report.seconds:.1f} s"
+    )
+    if not metadata_only:
+        cached = 100.0 * report.cached_bytes / report.bytes if report.bytes else 100.0
+        click.echo(f"cached before: {report.cached_blocks} of {report.blocks} blocks ({cached:.1f}% of the bytes)")
+        if not check:
+            click.echo(
+                f"fetched: {report.fetched_blocks} blocks, {human_bytes(report.fetched_bytes)} ({human_bytes(rate)}/s)"
+            )
+    if report.failed:
+        click.echo(f"failed: {report.failed} (first {len(report.errors)} below)", err=True)
+        for where, error in report.errors:
+            click.echo(f"  {where}: {error}", err=True)
+
+
+class _LoadProgress:
+    """A rich progress bar of a load on stderr: files, bytes (of the total found so far), rate, ETA."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        console = Console(stderr=True)
+        self.bar = Progress(
+            TextColumn("[bold]load"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TextColumn("{task.fields[files]} files"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not (enabled and console.is_terminal),
+        )
+        self.task = self.bar.add_task("load", total=None, files=0)
+
+    def __enter__(self) -> _LoadProgress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def update(self, report: LoadReport) -> None:
+        done = report.cached_bytes + report.fetched_bytes
+        self.bar.update(self.task, completed=done, total=report.bytes or None, files=report.files)
+
+
 def _ttl(seconds: float) -> str:
     return "immutable" if seconds < 0 else f"{seconds:g} s"
 
 
-COMMANDS = [bind_cmd, unbind_cmd, binds_cmd, refresh_cmd]
+COMMANDS = [bind_cmd, unbind_cmd, binds_cmd, refresh_cmd, load_cmd, free_cmd]

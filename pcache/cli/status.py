@@ -50,6 +50,11 @@ def status(ctx: click.Context, as_json: bool) -> int:
             f"under-replicated {st.under_replicated_blocks}  missing {st.missing_blocks}  corrupt {st.corrupt_blocks}"
             f"  damaged files {st.damaged_files}" + ("  (pcache fsck names them)" if st.damaged_files else "")
         )
+        if st.cached_bound_blocks or st.evicted_blocks:
+            click.echo(
+                f"bound files: {st.cached_bound_blocks} blocks cached, {st.evicted_blocks} evicted"
+                f" ({st.evicted_bytes} bytes) since this master leads"
+            )
         click.echo(
             f"{'worker':<14} {'address':<22} {'node':<16} {'state':<6} {'used':>12} {'free':>14} {'inflight':>8} {'tier hit':>8}"
         )

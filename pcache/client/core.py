@@ -18,7 +18,7 @@ import posixpath
 import stat as stat_mod
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from cachetools import TTLCache
@@ -27,6 +27,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from pcache.client import tree
 from pcache.client.data import DataClient
 from pcache.client.file import PCacheFile, View, parse_mode
+from pcache.client.load import LoadReport, free, load
 from pcache.client.master import MasterClient
 from pcache.client.salvage import SalvageResult, salvage
 from pcache.common.config import ClientConfig, default_node_id
@@ -431,6 +432,32 @@ class PCacheClient:
             PermissionDenied, Unavailable, Timeout: the store's answer.
         """
         return FileStat.from_inode(path, await self.master.refresh(path))
+
+    async def load(
+        self,
+        path: str,
+        *,
+        metadata_only: bool = False,
+        check: bool = False,
+        concurrency: int = 32,
+        on_progress: Callable[[LoadReport], None] | None = None,
+    ) -> LoadReport:
+        """Bring the files under ``path`` into the cache (``pcache load``); see :func:`pcache.client.load.load`.
+
+        Raises:
+            NotFound: no such path. PermissionDenied, Unavailable.
+        """
+        return await load(
+            self, path, metadata_only=metadata_only, check=check, concurrency=concurrency, on_progress=on_progress
+        )
+
+    async def free(self, path: str) -> pb.FreeReport:
+        """Evict the cached blocks of the bound files under ``path`` (``pcache free``).
+
+        Raises:
+            NotFound: no such path. PermissionDenied: outside the caller's tenant.
+        """
+        return await free(self, path)
 
     async def binds(self) -> list[pb.Bind]:
         """The bound directories: every one for an admin, a tenant's own (in its view) else."""

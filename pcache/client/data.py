@@ -240,10 +240,20 @@ class DataClient:
     # ------------------------------------------------------------- reads --
 
     async def read(
-        self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str, crc: int = 0
+        self,
+        addr: pb.WorkerAddr,
+        block_id: int,
+        offset: int,
+        length: int,
+        token: str,
+        crc: int = 0,
+        *,
+        first_byte: float | None = None,
     ) -> bytes:
         """Read ``length`` bytes at ``offset`` of a block from one worker (TCP), with the block's
         ``token`` (from its location); ``crc``: the committed CRC32C of the whole block (0: unknown).
+        ``first_byte``: seconds to wait for the answer to start (default ``stall_timeout``; longer
+        for a block the worker fetches from an under-store first).
 
         Raises:
             Unavailable, Timeout: the worker is gone or stalled.
@@ -260,7 +270,7 @@ class DataClient:
         try:
             hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
             await framing.write_frame(conn[1], hdr, timeout=self.cfg.stall_timeout)
-            reply, plen = await framing.read_header(conn[0], self.cfg.stall_timeout)  # first byte
+            reply, plen = await framing.read_header(conn[0], first_byte or self.cfg.stall_timeout)  # first byte
             data = await framing.read_exactly(conn[0], plen, self.cfg.stall_timeout) if plen else b""
             ok = True
             self.health.answered(addr.worker_id, time.monotonic() - started)

@@ -65,6 +65,7 @@ class Slot:
     replicas: list[str] = field(default_factory=list)
     locations: list[pb.WorkerAddr] = field(default_factory=list)
     token: str = ""  # block token for the block at its locations (from the master)
+    uncached: bool = False  # a bound file's block the worker fetches from the under-store first
     data: bytearray | None = None
     pending: asyncio.Task | None = None
 
@@ -439,15 +440,24 @@ class PCacheFile:
                 data.detach(task)
 
     def _read_task(self, addr: pb.WorkerAddr, slot: Slot, offset: int, length: int) -> asyncio.Task:
-        return asyncio.ensure_future(self._read_one(addr, slot.block_id, offset, length, slot.token, slot.crc))
+        # an uncached block's first byte waits for the worker's fetch from the under-store
+        wait = self.cfg.fetch_timeout if slot.uncached else None
+        return asyncio.ensure_future(self._read_one(addr, slot.block_id, offset, length, slot.token, slot.crc, wait))
 
     async def _read_one(
-        self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str, crc: int
+        self,
+        addr: pb.WorkerAddr,
+        block_id: int,
+        offset: int,
+        length: int,
+        token: str,
+        crc: int,
+        first_byte: float | None = None,
     ) -> bytes:
         data = self.service.data
         if not data.can_short_circuit(addr):
             try:
-                return await data.read(addr, block_id, offset, length, token, crc)
+                return await data.read(addr, block_id, offset, length, token, crc, first_byte=first_byte)
             except WrongBlock:  # the worker's own checks passed: only the client saw it
                 await self._report_bad(addr.worker_id, block_id)
                 raise
@@ -787,7 +797,7 @@ class _CommitGate:
 
 def _slots(layout: pb.FileLayout) -> list[Slot]:
     return [
-        Slot(b.block_id, b.length, b.crc32c, [r.worker_id for r in b.replicas], list(b.replicas), b.token)
+        Slot(b.block_id, b.length, b.crc32c, [r.worker_id for r in b.replicas], list(b.replicas), b.token, b.uncached)
         for b in layout.blocks
     ]
 

@@ -401,6 +401,9 @@ class MasterClient:
     async def refresh(self, path: str) -> pb.Inode:
         return await self._call("RefreshPath", pb.PathRequest(header=self.header(), path=path))
 
+    async def free(self, path: str) -> pb.FreeReport:
+        return await self._call("FreePath", pb.PathRequest(header=self.header(), path=path))
+
     async def list_binds(self) -> list[pb.Bind]:
         return list((await self._call("ListBinds", pb.ClusterStatusRequest(header=self.header()))).binds)
 

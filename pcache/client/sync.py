@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from pcache.client.core import FileStat, PCacheClient
 from pcache.client.file import PCacheFile
+from pcache.client.load import LoadReport
 from pcache.common.config import ClientConfig
 from pcache.common.errors import CorruptBlock, PCacheError, Unavailable
 from pcache.proto import pcache_pb2 as pb
@@ -202,6 +203,13 @@ class Client:
 
     def binds(self) -> list[pb.Bind]:
         return self._run(self.aio.binds())
+
+    def load(self, path: str, **kwargs) -> LoadReport:
+        """See :meth:`PCacheClient.load` (``on_progress`` runs on the client's loop thread)."""
+        return self._run(self.aio.load(path, **kwargs))
+
+    def free(self, path: str) -> pb.FreeReport:
+        return self._run(self.aio.free(path))
 
     def issue_token(self, name: str, ttl: float = 0.0) -> str:
         return self._run(self.aio.issue_token(name, ttl))

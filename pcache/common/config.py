@@ -61,6 +61,11 @@ class MasterConfig:
     """Seconds an allocated but uncommitted block may live before workers drop it."""
     ufs_timeout: float = 30.0
     """Seconds one under-store call of the master may take (a bind's check, a listing page)."""
+    cache_high_watermark: float = 0.9
+    """Fraction of a worker's (or the cluster's) capacity above which clean blocks of bound files
+    are evicted, least recently used first."""
+    cache_low_watermark: float = 0.8
+    """Fraction eviction brings a worker (or the cluster) down to."""
     metrics_port: int = -1
     """Prometheus metrics HTTP port; -1 disables, 0 picks a free one."""
     log_level: str = "INFO"
@@ -170,6 +175,9 @@ class ClientConfig:
     """Seconds to open a data-plane connection."""
     io_timeout: float = 10.0
     """Seconds a data-plane request may take in all."""
+    fetch_timeout: float = 75.0
+    """Seconds a read of a bound file's uncached block waits for the worker to fetch it from the
+    under-store (more than the worker's ``ufs_timeout``)."""
     stall_timeout: float = 2.0
     """Seconds a worker may go without progress (the first byte of a reply, accepting a write)
     before this request goes to another replica and the worker becomes a suspect."""
@@ -341,6 +349,8 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("master", "replication_check_interval"): (0.01, 3600),
     ("master", "listdir_limit"): (1, 100_000),
     ("master", "ufs_timeout"): (0.1, 3600),
+    ("master", "cache_high_watermark"): (0.05, 1.0),
+    ("master", "cache_low_watermark"): (0.0, 1.0),
     ("master", "lease_ttl"): (2, 60),
     ("master", "ack_timeout"): (0.1, 600),
     ("master", "commit_timeout"): (0.5, 3600),
@@ -360,6 +370,7 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("client", "connect_timeout"): (0.05, 3600),
     ("client", "io_timeout"): (0.1, 3600),
     ("client", "stall_timeout"): (0.05, 3600),
+    ("client", "fetch_timeout"): (0.1, 3600),
     ("client", "suspect_seconds"): (0, 86400),
     ("client", "nospace_wait"): (0, 3600),
     ("client", "metadata_ttl"): (0, 3600),

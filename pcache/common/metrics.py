@@ -66,6 +66,14 @@ MASTER_BAD_REPLICAS = Counter(
 MASTER_LOST_REPLICAS = Counter(
     "pcache_master_lost_replicas_total", "Replicas whose block file a worker found gone.", registry=_MASTER
 )
+MASTER_EVICTED_BLOCKS = Counter(
+    "pcache_master_evicted_blocks_total",
+    "Clean blocks of bound files evicted from the cache (every copy) under capacity pressure.",
+    registry=_MASTER,
+)
+MASTER_EVICTED_BYTES = Counter(
+    "pcache_master_evicted_bytes_total", "Bytes of the blocks evicted (one copy's length each).", registry=_MASTER
+)
 TENANT_USAGE = Gauge(
     "pcache_tenant_usage",
     "Per tenant: used_bytes, reserved_bytes (open writers), quota_bytes, used_inodes, quota_inodes (quota 0: none).",

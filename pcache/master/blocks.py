@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from pcache.common import errors as E
 from pcache.common.layout import HOLE
-from pcache.common.metrics import MASTER_BAD_REPLICAS, MASTER_LOST_REPLICAS
+from pcache.common.metrics import (
+    MASTER_BAD_REPLICAS,
+    MASTER_EVICTED_BLOCKS,
+    MASTER_EVICTED_BYTES,
+    MASTER_LOST_REPLICAS,
+)
 from pcache.master.namespace import Freed, Namespace
 from pcache.master.registry import WorkerRegistry, WorkerState
 from pcache.proto import pcache_pb2 as pb
@@ -23,13 +30,40 @@ from pcache.proto import pcache_pb2 as pb
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Watermarks:
+    """When clean blocks of bound files are evicted: a worker, or the cluster as a whole, filled
+    above ``high`` (a fraction of its capacity) is brought down to ``low`` (Alluxio's
+    ``alluxio.worker.tieredstore.level0.watermark.{high,low}.ratio``). ``settle`` seconds: how long
+    an eviction takes to show in the workers' heartbeats (none evicted again from them meanwhile).
+    """
+
+    high: float = 0.9
+    low: float = 0.8
+    settle: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.low <= self.high <= 1:
+            raise E.InvalidArgument(
+                f"cache watermarks must be 0 <= low <= high <= 1, got low {self.low:g}, high {self.high:g}"
+            )
+
+
 class BlockManager:
     """Replica bookkeeping for committed blocks."""
 
-    def __init__(self, ns: Namespace, registry: WorkerRegistry, *, replication_timeout: float) -> None:
+    def __init__(
+        self,
+        ns: Namespace,
+        registry: WorkerRegistry,
+        *,
+        replication_timeout: float,
+        watermarks: Watermarks | None = None,
+    ) -> None:
         self.ns = ns
         self.registry = registry
         self.replication_timeout = replication_timeout
+        self.watermarks = watermarks or Watermarks()
         self.locations: dict[int, set[str]] = {}
         self.target: dict[int, int] = {}
         self.by_worker: dict[str, set[int]] = {}
@@ -42,10 +76,18 @@ class BlockManager:
         self.corrupt: dict[int, set[str]] = {}  # block -> workers told to delete a bad copy
         # bound files' blocks: with no copy they are not missing, only not cached (fetched on a read)
         self.ufs: set[int] = set()
+        # bound files' blocks with a copy in the cache, least recently used first: what eviction
+        # takes (a block is clean: the under-store has its bytes); a layout moves a file's to the end
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.lengths: dict[int, int] = {}  # block -> bytes, for the blocks in ``lru``
+        self.evicted_blocks = self.evicted_bytes = 0
+        self._settling: dict[str, float] = {}  # worker -> time.monotonic() its evictions show by
         for meta in ns.iter_blocks():
             self._track(meta.block_id, set(meta.replicas), meta.replication or 1)
             if meta.ufs:
                 self.ufs.add(meta.block_id)
+                if meta.replicas:
+                    self._cached(meta.block_id, meta.length)
             if meta.quarantined:
                 self.quarantined[meta.block_id] = set(meta.quarantined)
         # until workers report in, every replica is unconfirmed
@@ -85,6 +127,8 @@ class BlockManager:
         block_id, node, size = self.ns.allocate_block(inode, size)
         count = max(1, min(node.replication or 1, len(alive)))
         targets = self.registry.choose(count, size=size, client_node=client_node, exclude=list(exclude))
+        if not targets and self.make_room(size, count):  # a full cache: clean blocks make way
+            targets = self.registry.choose(count, size=size, client_node=client_node, exclude=list(exclude))
         if not targets:
             self.ns.allocations.forget(block_id)
             raise E.NoSpace(f"no worker has {size} bytes free for a new block")
@@ -146,6 +190,7 @@ class BlockManager:
             return
         self.ns.set_block_crc(block_id, crc)
         self.block_received(worker_id, block_id)
+        self._cached(block_id, length)
         if len(self.live_replicas(block_id)) < self.target.get(block_id, 1):
             self.under.add(block_id)  # copied to ``replication`` workers, as every block
 
@@ -153,6 +198,7 @@ class BlockManager:
         """Blocks dropped from the namespace: delete every replica."""
         for meta in freed.blocks:
             self.ufs.discard(meta.block_id)
+            self._uncached(meta.block_id)
             replicas = self.locations.pop(meta.block_id, set(meta.replicas))
             self.target.pop(meta.block_id, None)
             self.under.discard(meta.block_id)
@@ -174,6 +220,9 @@ class BlockManager:
                     self.locations[block_id].add(worker_id)
                     self.by_worker.setdefault(worker_id, set()).add(block_id)
                     self._persist(block_id)
+                    if block_id in self.ufs and block_id not in self.lru:
+                        meta = self.ns.get_block(block_id)
+                        self._cached(block_id, meta.length if meta else 0)
                 self._check(block_id)
             elif block_id not in self.ns.allocations:
                 self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
@@ -244,6 +293,148 @@ class BlockManager:
             self.corrupt.setdefault(block_id, set()).add(wid)
             self._command(wid, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
         self._persist(block_id)
+
+    # --------------------------------------------------------- eviction --
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """A reader asked for these blocks' layout: they become the most recently used."""
+        for block_id in block_ids:
+            if block_id in self.lru:
+                self.lru.move_to_end(block_id)
+
+    def _cached(self, block_id: int, length: int) -> None:
+        self.lru[block_id] = None
+        self.lru.move_to_end(block_id)
+        self.lengths[block_id] = length
+
+    def _uncached(self, block_id: int) -> None:
+        self.lru.pop(block_id, None)
+        self.lengths.pop(block_id, None)
+
+    def evictable(self) -> int:
+        """Blocks of bound files with a copy in the cache (clean: evicted under pressure)."""
+        return len(self.lru)
+
+    def _evict(self, block_id: int, *, tell: bool = True, skip: str = "") -> dict[str, int]:
+        """Forget every copy of a clean block (a read fetches it again) and queue their DELETEs
+        (``tell``; none to ``skip``, which deletes its own). Returns bytes freed per worker."""
+        length = self.lengths.get(block_id, 0)
+        holders = self.locations.get(block_id, set())
+        freed = dict.fromkeys(holders, length)
+        for wid in holders:
+            self.by_worker.get(wid, set()).discard(block_id)
+            if tell and wid != skip:
+                self._command(wid, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
+        self.locations[block_id] = set()
+        self.under.discard(block_id)
+        self.inflight.pop(block_id, None)
+        self._uncached(block_id)
+        self._persist(block_id)
+        self.evicted_blocks += 1
+        self.evicted_bytes += length
+        MASTER_EVICTED_BLOCKS.inc()
+        MASTER_EVICTED_BYTES.inc(length)
+        return freed
+
+    def evict_block(self, block_id: int) -> int | None:
+        """Evict a cached clean block now (``pcache free``); returns its bytes, None when it is
+        not one (not a bound file's, not cached, or not yet persisted)."""
+        if block_id not in self.lru:
+            return None
+        length = self.lengths.get(block_id, 0)
+        self._evict(block_id)
+        return length
+
+    def evict(self) -> int:
+        """One pass of eviction under capacity pressure; returns the blocks evicted.
+
+        Every live worker filled above the high watermark, and the cluster as a whole when its
+        sum is, is brought down to the low one by evicting clean blocks of bound files, least
+        recently used first (all copies of a block go together: a block is cached or not, never
+        re-replicated after an eviction). Blocks of files not yet persisted are never in the
+        LRU list, so they are never evicted. Workers evicted from wait ``settle`` seconds for
+        their heartbeats to show it.
+        """
+        mark = self.watermarks
+        now = time.monotonic()
+        alive = [
+            w for w in self.registry.alive() if w.info.capacity_bytes and self._settling.get(w.worker_id, 0) <= now
+        ]
+        if not self.lru or not alive:
+            return 0
+        used = {w.worker_id: w.info.capacity_bytes - w.info.free_bytes for w in alive}
+        need = {
+            w.worker_id: used[w.worker_id] - int(mark.low * w.info.capacity_bytes)
+            for w in alive
+            if used[w.worker_id] > mark.high * w.info.capacity_bytes
+        }
+        capacity = sum(w.info.capacity_bytes for w in alive)
+        total = sum(used.values())
+        cluster_need = total - int(mark.low * capacity) if total > mark.high * capacity else 0
+        if not need and cluster_need <= 0:
+            return 0
+        count = 0
+        for block_id in list(self.lru):
+            if cluster_need <= 0 and not any(n > 0 for n in need.values()):
+                break
+            holders = self.locations.get(block_id, set())
+            if cluster_need <= 0 and not any(need.get(w, 0) > 0 for w in holders):
+                continue
+            for wid, nbytes in self._evict(block_id).items():
+                cluster_need -= nbytes
+                if wid in need:
+                    need[wid] -= nbytes
+                self._settling[wid] = now + mark.settle
+            count += 1
+        if count:
+            logger.info("evicted %d clean blocks of bound files (cache above its high watermark)", count)
+        return count
+
+    def release_space(self, worker_id: str, nbytes: int, keep: int) -> tuple[list[int], int]:
+        """Make ``nbytes`` of room on a worker that must store a block (``keep``) now: the DELETEs
+        still queued for it, then its least recently used clean blocks, all copies of each.
+        Returns the blocks it is to delete itself and their bytes (short when too little here is
+        clean: the worker's write then fails with NoSpace, as before).
+        """
+        state = self.registry.workers.get(worker_id)
+        evict: list[int] = []
+        if state is not None:  # already forgotten, only waiting for its next heartbeat
+            queued = [c for c in state.commands if c.kind == pb.WorkerCommand.DELETE]
+            state.commands = [c for c in state.commands if c.kind != pb.WorkerCommand.DELETE]
+            evict = [c.block_id for c in queued]
+        freed = 0
+        for block_id in list(self.lru):
+            if freed >= nbytes:
+                break
+            if block_id == keep or worker_id not in self.locations.get(block_id, ()):
+                continue
+            freed += self._evict(block_id, skip=worker_id).get(worker_id, 0)
+            evict.append(block_id)
+        return evict, freed
+
+    def make_room(self, size: int, count: int) -> int:
+        """No worker has ``size`` bytes free for a new block: evict least recently used clean blocks
+        until ``count`` workers will have (their DELETEs reach them with the next heartbeats, and a
+        write that comes first asks for them itself, :meth:`release_space`). Returns bytes evicted."""
+        alive = {w.worker_id: w for w in self.registry.alive() if not w.info.draining}
+        short = {wid: size - w.free for wid, w in alive.items() if w.free < size}
+        roomy = len(alive) - len(short)
+        evicted = 0
+        for block_id in list(self.lru):
+            if roomy >= count:
+                break
+            if not any(w in short for w in self.locations.get(block_id, ())):
+                continue
+            for wid, nbytes in self._evict(block_id).items():
+                evicted += nbytes
+                if wid in alive:
+                    alive[wid].release(nbytes, self.watermarks.settle)
+                if wid in short:
+                    short[wid] -= nbytes
+                    if short[wid] <= 0:
+                        del short[wid]
+                        roomy += 1
+        return evicted
 
     # ------------------------------------------------------------- work --
 

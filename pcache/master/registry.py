@@ -28,6 +28,8 @@ class WorkerState:
     commands: list[pb.WorkerCommand] = field(default_factory=list)
     assigned: int = 0  # blocks placed since its last heartbeat
     reserved: int = 0  # bytes placed since its last heartbeat
+    releasing: int = 0  # bytes of evicted blocks it is told to delete, not yet seen in its heartbeats
+    releasing_until: float = 0.0  # time.monotonic() after which its heartbeats show them freed
 
     @property
     def worker_id(self) -> str:
@@ -35,7 +37,15 @@ class WorkerState:
 
     @property
     def free(self) -> int:
-        return max(0, self.info.free_bytes - self.reserved)
+        releasing = self.releasing if time.monotonic() < self.releasing_until else 0
+        return max(0, self.info.free_bytes + releasing - self.reserved)
+
+    def release(self, nbytes: int, settle: float) -> None:
+        """Count ``nbytes`` of evicted blocks as free for ``settle`` seconds (until its heartbeats
+        report them freed): placement may aim a block at room being made."""
+        now = time.monotonic()
+        self.releasing = (self.releasing if now < self.releasing_until else 0) + nbytes
+        self.releasing_until = now + settle
 
     def load(self) -> float:
         """Load score: in-flight requests plus blocks already sent its way."""

@@ -46,7 +46,7 @@ from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import channel_options
 from pcache.common.tls import load_optional
 from pcache.master import fsck, logstream
-from pcache.master.blocks import BlockManager
+from pcache.master.blocks import BlockManager, Watermarks
 from pcache.master.dedup import ReplyCache
 from pcache.master.metastore import MetaStore, open_metastore
 from pcache.master.namespace import Namespace
@@ -205,7 +205,14 @@ class MasterServer:
             allocation_grace=self.cfg.orphan_grace,
             default_tenant=self.cfg.default_tenant,
         )
-        self.blocks = BlockManager(self.ns, self.registry, replication_timeout=self.cfg.replication_timeout)
+        self.blocks = BlockManager(
+            self.ns,
+            self.registry,
+            replication_timeout=self.cfg.replication_timeout,
+            watermarks=Watermarks(
+                self.cfg.cache_high_watermark, self.cfg.cache_low_watermark, 3 * self.cfg.heartbeat_interval + 1.0
+            ),
+        )
         self.blocks.confirm_known()  # workers that already heartbeat here confirm their replicas now
         self._led_since = time.monotonic()
         MASTER_IS_LEADER.set(1)
@@ -418,6 +425,7 @@ class MasterServer:
             issued = blocks.schedule()
             if issued:
                 logger.info("issued %d re-replications", issued)
+            blocks.evict()
         expired = ns.allocations.expire()
         if expired:
             logger.info("%d block allocations expired without a commit (master.orphan_grace)", len(expired))

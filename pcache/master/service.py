@@ -61,13 +61,14 @@ MASTER_SCOPES: dict[str, frozenset[str]] = {
     ),  # fmt: skip
     "ReportBadBlock": frozenset({"tenant", "admin", "worker"}),  # a client or a worker found a bad replica
     **dict.fromkeys(
-        ("RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks", "UfsBlockSource"), frozenset({"worker"})
+        ("RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks", "UfsBlockSource", "ReleaseSpace"),
+        frozenset({"worker"}),
     ),
     "Fsck": _CLIENT,
     **dict.fromkeys(("CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken"), frozenset({"admin"})),
     # the under-store is read with the hosts' credentials: only an admin aims them (pcache.master.binds)
     **dict.fromkeys(("BindPath", "UnbindPath"), frozenset({"admin"})),
-    **dict.fromkeys(("ListBinds", "RefreshPath"), _CLIENT),
+    **dict.fromkeys(("ListBinds", "RefreshPath", "FreePath"), _CLIENT),
 }
 
 # the verified claims of the call being served (set by ``authorize``; each RPC runs in its own task)
@@ -336,12 +337,14 @@ class MasterServicer(pb_grpc.MasterServicer):
                 holders = [a.worker_id for a in replicas] + [
                     w.worker_id for w in blocks.quarantined_live(meta.block_id)
                 ]
-                ops = "r"
+                ops, uncached = "r", False
                 if meta.block_id in blocks.ufs:  # a bound file's: a worker fetches it when none has it
                     ops = "fr"
+                    blocks.touch((meta.block_id,))  # the most recently used: evicted last
                     if not replicas:
                         fetcher = blocks.fetcher(meta.block_id)
                         replicas, holders = [fetcher.info.addr], [fetcher.info.addr.worker_id]
+                        uncached = True
                 out.blocks.append(
                     pb.BlockLocation(
                         block_id=meta.block_id,
@@ -350,6 +353,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                         crc32c=meta.crc32c,
                         replicas=replicas,
                         token=self.block_token(meta.block_id, ops, node.tenant, holders),
+                        uncached=uncached,
                     )
                 )
             return out
@@ -473,6 +477,17 @@ class MasterServicer(pb_grpc.MasterServicer):
         return ns.ufs_source(request.block_id)
 
     @rpc_method
+    async def ReleaseSpace(self, request: pb.SpaceRequest, context: grpc.aio.ServicerContext) -> pb.SpaceResponse:
+        """A worker out of room for a block it must store: evict clean blocks it holds (a worker's
+        call; :meth:`BlockManager.release_space`). Answered once the eviction is replicated."""
+        _, blocks = self.m.leading()
+        self._check(request.header, "ReleaseSpace")
+        with RPC_SECONDS.labels("ReleaseSpace").time():
+            evict, freed = blocks.release_space(request.worker_id, request.bytes, request.block_id)
+            await self.m.commit()
+        return pb.SpaceResponse(evict=evict, bytes=freed)
+
+    @rpc_method
     async def ReportBadBlock(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
         claims = _CALLER.get()
         if claims is None or claims.scope != "worker":  # a client: only a block of its own tenant's
@@ -544,6 +559,8 @@ class MasterServicer(pb_grpc.MasterServicer):
             status.missing_blocks = blocks.missing()
             status.corrupt_blocks = blocks.corrupt_blocks()
             status.damaged_files = fsck.damaged_files(ns, blocks)
+            status.cached_bound_blocks = blocks.evictable()
+            status.evicted_blocks, status.evicted_bytes = blocks.evicted_blocks, blocks.evicted_bytes
         return status
 
     # ------------------------------------------------------------ tenants --
@@ -626,6 +643,26 @@ class MasterServicer(pb_grpc.MasterServicer):
         self._check(request.header, "RefreshPath")
         await self.m.ufs.refresh(self._scope(ns).inside(request.path))
         return await self._read(request.header, "RefreshPath", lambda ns, _, scope: _stat(ns, scope, request.path))
+
+    @rpc_method
+    async def FreePath(self, request: pb.PathRequest, context: grpc.aio.ServicerContext) -> pb.FreeReport:
+        """Evict every cached block of the bound files under a path (``pcache free``); the files
+        stay, and are fetched again when read. Files not bound, or not yet persisted, keep theirs."""
+
+        def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.FreeReport:
+            report = pb.FreeReport()
+            for _, node in ns.walk(scope.inside(request.path)):
+                if not scope.owns(node) or not node.bind:
+                    continue
+                report.files += 1
+                for block_id in node.blocks:
+                    nbytes = blocks.evict_block(block_id)
+                    if nbytes is not None:
+                        report.blocks += 1
+                        report.bytes += nbytes
+            return report
+
+        return await self._read(request.header, "FreePath", apply)
 
     @rpc_method
     async def ListBinds(self, request: pb.ClusterStatusRequest, context: grpc.aio.ServicerContext) -> pb.BindList:

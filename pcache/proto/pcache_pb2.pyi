@@ -155,20 +155,22 @@ class BlockMeta(_message.Message):
     def __init__(self, block_id: _Optional[int] = ..., inode: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., replication: _Optional[int] = ..., quarantined: _Optional[_Iterable[str]] = ..., ufs: _Optional[bool] = ...) -> None: ...
 
 class BlockLocation(_message.Message):
-    __slots__ = ("block_id", "offset", "length", "crc32c", "replicas", "token")
+    __slots__ = ("block_id", "offset", "length", "crc32c", "replicas", "token", "uncached")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    UNCACHED_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     offset: int
     length: int
     crc32c: int
     replicas: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
     token: str
-    def __init__(self, block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., token: _Optional[str] = ...) -> None: ...
+    uncached: bool
+    def __init__(self, block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., token: _Optional[str] = ..., uncached: _Optional[bool] = ...) -> None: ...
 
 class PathRequest(_message.Message):
     __slots__ = ("header", "path")
@@ -494,7 +496,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., any_master: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size", "corrupt_blocks", "damaged_files", "master", "tenants")
+    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size", "corrupt_blocks", "damaged_files", "master", "tenants", "cached_bound_blocks", "evicted_blocks", "evicted_bytes")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     UNDER_REPLICATED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -507,6 +509,9 @@ class ClusterStatus(_message.Message):
     DAMAGED_FILES_FIELD_NUMBER: _ClassVar[int]
     MASTER_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BOUND_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     under_replicated_blocks: int
@@ -519,7 +524,10 @@ class ClusterStatus(_message.Message):
     damaged_files: int
     master: MasterRole
     tenants: _containers.RepeatedCompositeFieldContainer[Tenant]
-    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., damaged_files: _Optional[int] = ..., master: _Optional[_Union[MasterRole, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ...) -> None: ...
+    cached_bound_blocks: int
+    evicted_blocks: int
+    evicted_bytes: int
+    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., damaged_files: _Optional[int] = ..., master: _Optional[_Union[MasterRole, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ..., cached_bound_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., evicted_bytes: _Optional[int] = ...) -> None: ...
 
 class Tenant(_message.Message):
     __slots__ = ("name", "root", "quota_bytes", "quota_inodes", "used_bytes", "used_inodes", "reserved_bytes", "root_inode", "created")
@@ -812,6 +820,36 @@ class BindList(_message.Message):
     BINDS_FIELD_NUMBER: _ClassVar[int]
     binds: _containers.RepeatedCompositeFieldContainer[Bind]
     def __init__(self, binds: _Optional[_Iterable[_Union[Bind, _Mapping]]] = ...) -> None: ...
+
+class FreeReport(_message.Message):
+    __slots__ = ("files", "blocks", "bytes")
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    files: int
+    blocks: int
+    bytes: int
+    def __init__(self, files: _Optional[int] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class SpaceRequest(_message.Message):
+    __slots__ = ("header", "worker_id", "bytes", "block_id")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    worker_id: str
+    bytes: int
+    block_id: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., bytes: _Optional[int] = ..., block_id: _Optional[int] = ...) -> None: ...
+
+class SpaceResponse(_message.Message):
+    __slots__ = ("evict", "bytes")
+    EVICT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    evict: _containers.RepeatedScalarFieldContainer[int]
+    bytes: int
+    def __init__(self, evict: _Optional[_Iterable[int]] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class UfsSource(_message.Message):
     __slots__ = ("uri", "key", "etag", "offset", "length")

@@ -336,10 +336,20 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.PathRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.Inode.FromString,
                 _registered_method=True)
+        self.FreePath = channel.unary_unary(
+                '/pcache.Master/FreePath',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.PathRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.FreeReport.FromString,
+                _registered_method=True)
         self.UfsBlockSource = channel.unary_unary(
                 '/pcache.Master/UfsBlockSource',
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.BlockReport.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.UfsSource.FromString,
+                _registered_method=True)
+        self.ReleaseSpace = channel.unary_unary(
+                '/pcache.Master/ReleaseSpace',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.SpaceRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.SpaceResponse.FromString,
                 _registered_method=True)
 
 
@@ -516,8 +526,22 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FreePath(self, request, context):
+        """evict the cached blocks of bound files under a path
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def UfsBlockSource(self, request, context):
         """a worker's: where a missing block comes from
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseSpace(self, request, context):
+        """a worker's: evict clean blocks to make room
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -666,10 +690,20 @@ def add_MasterServicer_to_server(servicer, server):
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.PathRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.Inode.SerializeToString,
             ),
+            'FreePath': grpc.unary_unary_rpc_method_handler(
+                    servicer.FreePath,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.PathRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.FreeReport.SerializeToString,
+            ),
             'UfsBlockSource': grpc.unary_unary_rpc_method_handler(
                     servicer.UfsBlockSource,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.BlockReport.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.UfsSource.SerializeToString,
+            ),
+            'ReleaseSpace': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseSpace,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.SpaceRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.SpaceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1439,6 +1473,33 @@ class Master:
             _registered_method=True)
 
     @staticmethod
+    def FreePath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/FreePath',
+            pcache_dot_proto_dot_pcache__pb2.PathRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.FreeReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def UfsBlockSource(request,
             target,
             options=(),
@@ -1455,6 +1516,33 @@ class Master:
             '/pcache.Master/UfsBlockSource',
             pcache_dot_proto_dot_pcache__pb2.BlockReport.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.UfsSource.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseSpace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/ReleaseSpace',
+            pcache_dot_proto_dot_pcache__pb2.SpaceRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.SpaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,6 +27,7 @@ from pcache.common.errors import (
     AlreadyExists,
     CorruptBlock,
     InvalidArgument,
+    NoSpace,
     NotFound,
     PCacheError,
     PermissionDenied,
@@ -96,6 +97,7 @@ class DataServer:
         tls: ssl.SSLContext | None = None,
         fetch: Callable[[int], Awaitable[bytes]] | None = None,
         on_fetched: Callable[[int, int, int], Awaitable[None]] | None = None,
+        release_space: Callable[[int, int], Awaitable[list[int]]] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.tokens = BlockTokenChecker(worker_id)  # deny by default until the master's keys arrive
@@ -119,6 +121,8 @@ class DataServer:
         self.on_fetched = on_fetched
         self._fetching: dict[int, asyncio.Future] = {}
         self.fetches = 0  # blocks fetched from an under-store (tests, metrics)
+        # out of room: release_space(block_id, bytes) -> clean blocks the master evicted from here
+        self.release_space = release_space
 
     async def throttle(self, nbytes: int) -> None:
         """Token-bucket-free pacing: emulate a NIC of ``bandwidth_limit`` bytes/s."""
@@ -229,6 +233,30 @@ class DataServer:
 
     # ------------------------------------------------------------ writes --
 
+    async def begin_write(self, block_id: int, length: int) -> BlockWriter:
+        """Reserve room for a block of ``length`` bytes and start writing it; when the disk (or the
+        worker's capacity) is full, the master first evicts clean blocks of bound files held here
+        (``release_space``), which this worker deletes, and the reservation is tried once more.
+
+        Raises:
+            NoSpace: still no room (nothing here is clean). AlreadyExists: the block is here.
+        """
+        try:
+            return await asyncio.to_thread(self.store.begin_write, block_id, length)
+        except NoSpace:
+            if self.release_space is None:
+                raise
+            try:
+                evict = await self.release_space(block_id, length)
+            except PCacheError as exc:
+                logger.warning("block %d: no room, and the master could not evict: %s", block_id, exc)
+                raise NoSpace(f"block {block_id}: no room here ({exc})") from exc
+            for victim in evict:
+                await self.delete(victim)
+            if evict:
+                logger.info("block %d: evicted %d clean blocks to make room", block_id, len(evict))
+        return await asyncio.to_thread(self.store.begin_write, block_id, length)
+
     async def receive_block(self, header: pb.DataHeader, payload_len: int, reader: asyncio.StreamReader) -> list[str]:
         """Store a block arriving on ``reader`` and forward it down the pipeline.
 
@@ -236,7 +264,7 @@ class DataServer:
         acknowledged without it) and skipped by later pipelines for ``STALLED_PEER_SECONDS``.
         """
         block_id = header.block_id
-        writer = await asyncio.to_thread(self.store.begin_write, block_id, payload_len)
+        writer = await self.begin_write(block_id, payload_len)
         downstream = await self._open_downstream(header, payload_len)
         staged: list[bytes] = []
         try:
@@ -368,7 +396,7 @@ class DataServer:
             return  # a fetch that ended between a reader's check and its look for a running one
         data = await self.fetch(block_id)
         try:
-            writer = await asyncio.to_thread(self.store.begin_write, block_id, len(data))
+            writer = await self.begin_write(block_id, len(data))
         except AlreadyExists:
             return  # stored meanwhile (a replica copied here): that copy serves
         try:

@@ -102,6 +102,7 @@ class WorkerServer:
             tls=self.tls.client_context() if self.tls else None,
             fetch=self.fetch_ufs_block,
             on_fetched=self.report_fetched,
+            release_space=self.release_space,
         )
         self._ufs_stores: dict[str, ObjectStore] = {}  # bound stores, by URI (credentials of this host)
         self.checker = BlockChecker(
@@ -372,6 +373,14 @@ class WorkerServer:
         await self._to_leader(
             "BlockReceived", pb.BlockReport(worker_id=self.worker_id, block_id=block_id, length=length, crc32c=crc)
         )
+
+    async def release_space(self, block_id: int, nbytes: int) -> list[int]:
+        """Ask the master to evict ``nbytes`` of clean blocks held here, for ``block_id``; returns
+        the blocks to delete (the master forgot these copies already)."""
+        reply: pb.SpaceResponse = await self._to_leader(
+            "ReleaseSpace", pb.SpaceRequest(worker_id=self.worker_id, bytes=nbytes, block_id=block_id)
+        )
+        return list(reply.evict)
 
     async def report_bad_block(self, block_id: int) -> None:
         """Tell the master a local replica failed its CRC (it deletes and re-replicates)."""

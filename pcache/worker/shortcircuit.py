@@ -133,7 +133,7 @@ class ShortCircuitServer:
             return reply, fd
         if header.op == pb.SC_WRITE_OPEN:
             grant.check_write_length(header.length)
-            writer = await asyncio.to_thread(store.begin_write, header.block_id, header.length)
+            writer = await self.data.begin_write(header.block_id, header.length)
             handle = uuid.uuid4().hex
             writes[handle] = writer
             return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id, write_handle=handle), writer.fd

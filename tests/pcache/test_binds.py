@@ -25,6 +25,7 @@ from pcache.master.binds import IMMUTABLE
 from pcache.master.metastore import open_metastore
 from pcache.master.namespace import Namespace
 from pcache.proto import pcache_pb2 as pb
+from pcache.worker.blockstore import block_file
 from tests.conftest import create_bucket
 
 BLOCK = 4096
@@ -263,6 +264,25 @@ def test_the_cli_binds_lists_and_unbinds_and_never_prints_a_secret(cluster: Loca
     entry = next(b for b in listed if b["path"] == "/cli-ds")
     assert (entry["uri"], entry["mode"], entry["meta_ttl"]) == (uri, "ro", -1.0)
     assert "/cli-ds" in pcache("binds").stdout
+    _s3(moto_endpoint).put_object(Bucket=bucket, Key="ds/a/x.bin", Body=os.urandom(BOUND_BLOCK + 5))
+    _s3(moto_endpoint).put_object(Bucket=bucket, Key="ds/y.txt", Body=b"y")
+    env["PCACHE_TOKEN"] = cluster.admin_token
+    loaded = pcache("load", "--json", "/cli-ds")
+    assert loaded.returncode == 0, loaded.stderr
+    report = json.loads(loaded.stdout)
+    assert (report["files"], report["dirs"], report["blocks"], report["fetched_blocks"], report["failed"]) == (
+        2,
+        2,
+        3,
+        3,
+        0,
+    )
+    checked = pcache("load", "--check", "/cli-ds")
+    assert checked.returncode == 0 and "cached before: 3 of 3 blocks (100.0% of the bytes)" in checked.stdout
+    freed = pcache("free", "/cli-ds/a")
+    assert freed.returncode == 0 and "freed 2 blocks (256.0 KiB) of 1 bound files" in freed.stdout, freed.stdout
+    missing = pcache("load", "/cli-ds/nope")
+    assert missing.returncode != 0 and "nope" in missing.stderr
     bad = pcache("bind", "/cli-x", f"s3://AKIAX:{SECRET}@{bucket}/")
     assert bad.returncode != 0 and SECRET not in bad.stdout + bad.stderr and "by reference" in bad.stderr
     assert pcache("bind", "/cli-y", uri, "--meta-ttl", "-3").returncode != 0
@@ -594,3 +614,95 @@ def test_under_a_writeback_bind_new_files_are_written_and_listed_objects_stay_as
     admin.refresh("/wb2")  # a listing leaves what was written here alone
     assert admin.read_file("/wb2/new") == b"written here"
     admin.unbind("/wb2")
+
+
+def test_a_dataset_twice_the_cache_reads_right_twice_by_evicting_clean_blocks_and_never_unpersisted_ones(
+    make_cluster, moto_endpoint: str
+) -> None:
+    block = 256 << 10
+    cluster = make_cluster(
+        workers=2,
+        master_args=[f"--master.default_block_size={block}", "--master.default_replication=1"],
+        worker_args=[f"--worker.capacity_bytes={2 << 20}"],  # 4 MiB of cache in all
+    )
+    bucket = create_bucket(moto_endpoint)
+    s3 = _s3(moto_endpoint)
+    dataset = {f"part-{i:02d}": os.urandom(2 * block + 1000) for i in range(12)}  # ~6.1 MiB: 36 blocks
+    for key, body in dataset.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    # over TCP, as a reader on another node (a same-host reader's cached descriptor of an evicted
+    # block file still reads its bytes, and would hide the fetches)
+    cfg = ClientConfig(master=cluster.master_address, token=cluster.admin_token, short_circuit=False)
+    with Client(cfg) as admin:
+        own = os.urandom(3 * block)  # written here, in no bound path: never evicted
+        admin.write_file("/own.bin", own)
+        admin.bind("/ds", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
+        for _ in range(2):
+            for key, body in dataset.items():
+                assert admin.read_file(f"/ds/{key}") == body
+        status = admin.status()
+        size = sum(map(len, dataset.values()))
+        assert status.evicted_bytes >= 2 * size - (4 << 20)  # read twice, 4 MiB held at most
+        assert status.evicted_blocks >= status.evicted_bytes // block
+        assert 0 < status.cached_bound_blocks < 36
+        assert admin.read_file("/own.bin") == own
+        assert all(b.replicas for b in admin.layout("/own.bin").blocks)
+        assert all(w.info.used_bytes <= 2 << 20 for w in status.workers)
+        # a full cache still takes new files: clean blocks make way for them
+        more = os.urandom(6 * block)
+        admin.write_file("/more.bin", more)
+        assert admin.read_file("/more.bin") == more and admin.read_file("/own.bin") == own
+        assert not list(admin.fsck("/").damaged)
+
+
+@pytest.mark.slow
+def test_load_caches_ten_thousand_small_objects_and_large_ones_and_reports_them_right(
+    cluster: LocalCluster, admin: Client, tmp_path: Path
+) -> None:
+    src = tmp_path / "bucket"  # a file:// store: moto would take minutes for 10,000 objects
+    small = {f"shard-{i // 100:03d}/{i:05d}.json": b"%d" % i * (1 + i % 7) for i in range(10_000)}
+    large = {f"weights/part-{i}.bin": os.urandom(4 * BOUND_BLOCK + 17 * i) for i in range(3)}
+    objects = {**small, **large}
+    for key, body in objects.items():
+        (src / key).parent.mkdir(parents=True, exist_ok=True)
+        (src / key).write_bytes(body)
+    admin.bind("/warm", f"file://{src}/", meta_ttl=IMMUTABLE)
+    size = sum(map(len, objects.values()))
+    blocks = len(small) + sum(-(-len(b) // BOUND_BLOCK) for b in large.values())
+
+    meta = admin.load("/warm", metadata_only=True)
+    assert (meta.files, meta.dirs, meta.bytes, meta.failed) == (len(objects), 102, size, 0)
+    assert meta.blocks == meta.fetched_blocks == 0
+    before = admin.load("/warm/weights", check=True)
+    assert (before.blocks, before.cached_blocks, before.fetched_blocks) == (blocks - len(small), 0, 0)
+
+    seen: list[int] = []
+    report = admin.load("/warm", concurrency=16, on_progress=lambda r: seen.append(r.fetched_blocks))
+    assert (report.files, report.bytes, report.blocks, report.failed) == (len(objects), size, blocks, 0)
+    assert (report.cached_blocks, report.fetched_blocks, report.fetched_bytes) == (0, blocks, size)
+    assert seen and seen == sorted(seen) and seen[-1] == blocks  # progress only grows, and ends complete
+
+    after = admin.load("/warm", check=True)
+    assert (after.cached_blocks, after.cached_bytes, after.missing_blocks) == (blocks, size, 0)
+    holders = {
+        w for key in large for b in admin.layout(f"/warm/{key}").blocks for w in (r.worker_id for r in b.replicas)
+    }
+    assert len(holders) == 2  # the fetches were spread over both workers
+    src.rename(tmp_path / "gone")  # everything reads from the cache now
+    for key in ("shard-000/00000.json", "shard-099/09999.json", *large):
+        assert admin.read_file(f"/warm/{key}") == objects[key]
+
+    ids = [b.block_id for key in large for b in admin.layout(f"/warm/{key}").blocks]
+    freed = admin.free("/warm/weights")
+    assert (freed.files, freed.blocks, freed.bytes) == (3, blocks - len(small), sum(map(len, large.values())))
+    deadline = time.monotonic() + 10  # the workers delete them with their next heartbeat
+    while any(os.path.exists(block_file(str(cluster.root / f"worker-{i}"), b)) for i in range(2) for b in ids):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    again = admin.load("/warm/weights", check=True)
+    assert again.cached_blocks == 0 and again.missing_blocks == blocks - len(small)
+    (tmp_path / "gone").rename(src)
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as fresh:
+        assert fresh.read_file("/warm/weights/part-1.bin") == large["weights/part-1.bin"]  # fetched again
+    assert admin.load("/warm/weights", check=True).cached_blocks == 5  # part-1.bin: 4 blocks and 17 bytes
+    admin.unbind("/warm")

@@ -1,0 +1,213 @@
+"""Warm-up of bound paths: ``pcache load`` and ``pcache free`` (Fluid's DataLoad, ``juicefs warmup``).
+
+A load runs in two overlapping phases:
+
+* **metadata**: the tree under the path is walked through the master, ``concurrency``
+  directories at a time; the master lists each bound directory's level of the under-store
+  once (paged, with the ``/`` delimiter: lazy metadata) and keeps what it saw, so a load
+  with ``metadata_only`` leaves every stat and listing answered from the cache;
+* **data**: every file found is looked up (its layout makes its block records), and each
+  block not in the cache is sent, as a zero-length read, to the worker the master names for
+  it. The master spreads a file's blocks over every live worker (block id modulo the
+  workers), so a load fetches on all of them at once; each worker fetches its byte range
+  with one ranged GET, stores it as an ordinary block (CRC32C, replicated as configured) and
+  shares the fetch with readers asking meanwhile. At most ``concurrency`` fetches run at once.
+
+The listing goes through the master rather than straight to the store: the store is read
+with the hosts' credentials, which a user running ``pcache load`` may not hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pcache.common.errors import PCacheError
+from pcache.common.layout import HOLE
+from pcache.common.paths import normalize
+from pcache.proto import pcache_pb2 as pb
+
+if TYPE_CHECKING:
+    from pcache.client.core import PCacheClient
+
+
+@dataclass
+class LoadReport:
+    """What a load (or a ``check``) found and did. Sizes in bytes, time in seconds."""
+
+    files: int = 0  # regular files found
+    dirs: int = 0  # directories listed
+    bytes: int = 0  # bytes of the files found
+    blocks: int = 0  # their blocks (holes not counted)
+    cached_blocks: int = 0  # blocks already in the cache when looked at
+    cached_bytes: int = 0
+    fetched_blocks: int = 0  # blocks this load had the workers fetch
+    fetched_bytes: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (path, error), first ``MAX_ERRORS``
+    failed: int = 0  # files or directories that failed in all
+    seconds: float = 0.0
+
+    MAX_ERRORS = 50
+
+    @property
+    def missing_blocks(self) -> int:
+        """Blocks neither cached before nor fetched now (a ``check``, or failures)."""
+        return self.blocks - self.cached_blocks - self.fetched_blocks
+
+    def fail(self, path: str, exc: BaseException) -> None:
+        self.failed += 1
+        if len(self.errors) < self.MAX_ERRORS:
+            self.errors.append((path, str(exc)))
+
+
+Progress = Callable[[LoadReport], None]
+
+
+async def load(
+    client: PCacheClient,
+    path: str,
+    *,
+    metadata_only: bool = False,
+    check: bool = False,
+    concurrency: int = 32,
+    on_progress: Progress | None = None,
+) -> LoadReport:
+    """Bring the files under ``path`` (a directory or one file) into the cache.
+
+    Args:
+        metadata_only: only walk the tree (the master lists each bound level and keeps it).
+        check: fetch nothing; count what is cached (``cached_blocks`` of ``blocks``).
+        concurrency: directories listed, and blocks fetched, at once (each at most).
+        on_progress: called with the report as it grows (from the event loop: keep it short).
+
+    Returns the report; a file or directory that fails is counted in ``failed`` (with the first
+    errors in ``errors``) and the load goes on.
+
+    Raises:
+        NotFound: no such path. PermissionDenied, Unavailable: the master's answer for the path itself.
+    """
+    started = time.monotonic()
+    report = LoadReport()
+    path = normalize(path)
+    top = await client.stat(path)
+    fetch_slots = asyncio.Semaphore(concurrency)
+    dirs: asyncio.Queue[str] = asyncio.Queue()
+    files: asyncio.Queue[str] = asyncio.Queue()
+    tick = _Ticker(report, on_progress)
+
+    async def walk_dirs() -> None:
+        while True:
+            where = await dirs.get()
+            try:
+                async for entry in client.scandir(where):
+                    if entry.is_dir:
+                        dirs.put_nowait(entry.path)
+                    elif entry.is_file:
+                        report.files += 1
+                        report.bytes += entry.size
+                        if not metadata_only:
+                            files.put_nowait(entry.path)
+                report.dirs += 1
+            except PCacheError as exc:
+                report.fail(where, exc)
+            finally:
+                dirs.task_done()
+                tick()
+
+    async def load_files() -> None:
+        while True:
+            name = await files.get()
+            try:
+                await _load_file(client, name, report, check, fetch_slots, tick)
+            except PCacheError as exc:
+                report.fail(name, exc)
+            finally:
+                files.task_done()
+                tick()
+
+    if top.is_dir:
+        dirs.put_nowait(path)
+    else:
+        report.files, report.bytes = 1, top.size
+        if not metadata_only:
+            files.put_nowait(path)
+    tasks = [asyncio.ensure_future(walk_dirs()) for _ in range(concurrency)]
+    tasks += [asyncio.ensure_future(load_files()) for _ in range(concurrency)]
+    try:
+        await dirs.join()  # every directory listed: no more files come
+        await files.join()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    report.seconds = time.monotonic() - started
+    tick(force=True)
+    return report
+
+
+async def _load_file(
+    client: PCacheClient,
+    path: str,
+    report: LoadReport,
+    check: bool,
+    slots: asyncio.Semaphore,
+    tick: Callable[[], None],
+) -> None:
+    layout = await client.layout(path)
+    blocks = [b for b in layout.blocks if b.block_id != HOLE]
+    report.blocks += len(blocks)
+
+    async def one(loc: pb.BlockLocation) -> None:
+        if not loc.uncached:
+            report.cached_blocks += 1
+            report.cached_bytes += loc.length
+            return
+        if check:
+            return
+        async with slots:
+            # a zero-length read: the worker fetches the block first (shared with any reader's)
+            await client.data.read(loc.replicas[0], loc.block_id, 0, 0, loc.token, first_byte=client.cfg.fetch_timeout)
+        report.fetched_blocks += 1
+        report.fetched_bytes += loc.length
+        tick()
+
+    results = await asyncio.gather(*(one(b) for b in blocks), return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    for exc in failures:
+        if not isinstance(exc, PCacheError):
+            raise exc
+    if failures:
+        raise failures[0]
+
+
+async def free(client: PCacheClient, path: str) -> pb.FreeReport:
+    """Evict the cached blocks of every bound file under ``path`` (the files stay, and are
+    fetched again when read); files not bound, or not yet persisted, keep their blocks.
+
+    Raises:
+        NotFound: no such path. PermissionDenied: outside the caller's tenant.
+    """
+    return await client.master.free(normalize(path))
+
+
+class _Ticker:
+    """Calls ``on_progress`` at most ten times a second (and once at the end)."""
+
+    def __init__(self, report: LoadReport, on_progress: Progress | None) -> None:
+        self.report = report
+        self.on_progress = on_progress
+        self.last = 0.0
+
+    def __call__(self, force: bool = False) -> None:
+        if self.on_progress is None:
+            return
+        now = time.monotonic()
+        if force or now - self.last >= 0.1:
+            self.last = now
+            self.on_progress(self.report)
+
+
+__all__ = ["LoadReport", "free", "load"]
