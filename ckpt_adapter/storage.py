@@ -91,15 +91,37 @@ class PCacheStorageWriter(_FileSystemWriter):
         path: checkpoint directory URI.
         thread_count: parallel shard writers per rank.
         overwrite: allow replacing an existing checkpoint at ``path``.
+        wait_persisted: seconds the coordinator's ``finish`` waits for the checkpoint to be in
+            object storage when ``path`` is under a write-back bind (``pcache bind --mode
+            writeback``; the shards are uploaded in the background as they close, ``.metadata``
+            last); 0 (default) returns once it is committed in PCache.
 
     PCache fsyncs every block before a file's close returns, so torch's own
     ``sync_files`` (an ``os.sync()`` here) is off.
+
+    Raises (``finish``):
+        pcache.common.errors.Unavailable: an upload keeps failing. Timeout: not persisted in time.
     """
 
-    def __init__(self, path: str | os.PathLike, *, thread_count: int = 1, overwrite: bool = True, **kwargs: Any):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        thread_count: int = 1,
+        overwrite: bool = True,
+        wait_persisted: float = 0.0,
+        **kwargs: Any,
+    ):
         super().__init__(path, sync_files=False, thread_count=thread_count, overwrite=overwrite, **kwargs)
         self.fs = PCacheFileSystem()
         self.path = self.fs.init_path(path)
+        self.wait_persisted = wait_persisted
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        super().finish(metadata, results)
+        if self.wait_persisted:
+            master, p = split_uri(self.path)
+            client_for(master).wait_persisted(p, timeout=self.wait_persisted)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:

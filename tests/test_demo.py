@@ -43,7 +43,7 @@ def leftovers(work_dir: str) -> list[str]:
 def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_at: int) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert s["status"] == 0 and s["checks"] and all(s["checks"].values()), s["checks"]
-    assert len(s["checks"]) == 16  # 14, and 2 for the leader master's SIGKILL
+    assert len(s["checks"]) == 17  # 15, and 2 for the leader master's SIGKILL
     # 1: two regions and a cluster of a leader + follower pair and 3 workers with a mount
     assert s["services"]["workers"] == 3 and s["services"]["region_a"] != s["services"]["region_b"]
     assert s["services"]["masters"] == 2
@@ -57,6 +57,9 @@ def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_
     bound = s["dataset"]["bind"]
     assert bound["listed_equal"] and bound["objects"] == rep["copied"] and bound["uri"] == "s3://datasets/stdlib-tokens"
     assert bound["bytes"] == rep["copied_bytes"]
+    load = bound["load"]  # pcache load: the whole dataset fetched by the workers, nothing failed
+    assert load["files"] == bound["objects"] and load["bytes"] == bound["bytes"] and load["failed"] == 0
+    assert load["fetched_blocks"] == load["blocks"] > 0 and load["fetched_bytes"] == bound["bytes"]
     assert s["dataset"]["train_tokens"] > 500_000
     # 3: a byte flipped on a worker's disk was caught, never served, and repaired from the good replica
     assert s["integrity"]["served_right"] and s["integrity"]["repaired"]

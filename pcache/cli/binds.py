@@ -26,6 +26,7 @@ EXAMPLES = """Examples:
   pcache load /datasets/web           # fetch it all into the cache now, on every worker
   pcache load --check /datasets/web   # how much of it is cached
   pcache free /datasets/web           # evict its cached blocks (the files stay)
+  pcache persist --wait /ckpt/run7/step-1000   # block until a write-back directory is in its store
   pcache unbind /datasets/web
 
 Credentials are named, never given: profile= (a section of the hosts' AWS config),
@@ -160,6 +161,39 @@ def free_cmd(ctx: click.Context, path: str, as_json: bool) -> None:
         click.echo(f"freed {report.blocks} blocks ({human_bytes(report.bytes)}) of {report.files} bound files")
 
 
+@click.command("persist", epilog=EXAMPLES)
+@click.argument("path")
+@click.option("--wait", is_flag=True, help="Block until every file under PATH is in its store.")
+@click.option("--timeout", type=float, default=3600.0, show_default=True, help="Seconds --wait waits at most.")
+@click.pass_context
+def persist_cmd(ctx: click.Context, path: str, wait: bool, timeout: float) -> int:
+    """Write-back state of the files under PATH (a write-back bind): pending, done, failed.
+
+    Exits 1 when a file's upload keeps failing (or --wait timed out)."""
+    from pcache.client import Client
+    from pcache.common.errors import Timeout, Unavailable
+
+    with Client(master=resolve_master(ctx)) as pc:
+        if wait:
+            try:
+                count = pc.wait_persisted(path, timeout=timeout)
+            except (Timeout, Unavailable) as exc:
+                click.echo(f"pcache: {exc}", err=True)
+                return EXIT_PARTIAL
+            click.echo(f"{count} files under {path} are in their store")
+            return EXIT_OK
+        counts: dict[str, int] = {}
+        failed = []
+        for st in pc.walk_files(path):
+            counts[st.persist or "not write-back"] = counts.get(st.persist or "not write-back", 0) + 1
+            if st.persist == "failed":
+                failed.append(st)
+    click.echo("  ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no files")
+    for st in failed[:20]:
+        click.echo(f"  {st.path}: {st.persist_error}", err=True)
+    return EXIT_PARTIAL if failed else EXIT_OK
+
+
 def _echo_load(report: LoadReport, metadata_only: bool, check: bool) -> None:
     rate = report.fetched_bytes / report.seconds if report.seconds else 0.0
     click.echo(
@@ -223,4 +257,4 @@ def _ttl(seconds: float) -> str:
     return "immutable" if seconds < 0 else f"{seconds:g} s"
 
 
-COMMANDS = [bind_cmd, unbind_cmd, binds_cmd, refresh_cmd, load_cmd, free_cmd]
+COMMANDS = [bind_cmd, unbind_cmd, binds_cmd, refresh_cmd, load_cmd, free_cmd, persist_cmd]

@@ -12,6 +12,7 @@ target is dead or full.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import posixpath
@@ -66,6 +67,9 @@ KIND_NAMES = {
 }
 
 
+PERSIST_NAMES = {pb.PERSIST_PENDING: "pending", pb.PERSIST_DONE: "done", pb.PERSIST_FAILED: "failed"}
+
+
 @dataclass(frozen=True)
 class FileStat:
     """What ``stat`` returns: sizes in bytes, times in seconds since the epoch."""
@@ -88,6 +92,8 @@ class FileStat:
     gid: int = 0
     rdev: int = 0
     etag: str = ""  # listed from a bound under-store: the object's ETag when last listed or checked
+    persist: str = ""  # under a write-back bind: "pending", "done" or "failed" ("" elsewhere)
+    persist_error: str = ""  # the last failed upload's error
 
     @property
     def is_dir(self) -> bool:
@@ -119,6 +125,8 @@ class FileStat:
             gid=node.gid,
             rdev=node.rdev,
             etag=node.etag,
+            persist=PERSIST_NAMES.get(node.persist, ""),
+            persist_error=node.persist_error,
         )
 
 
@@ -459,6 +467,50 @@ class PCacheClient:
         """
         return await free(self, path)
 
+    async def wait_persisted(self, path: str, *, timeout: float = 600.0, poll: float = 0.2) -> int:
+        """Block until every file at or under ``path`` in a write-back bind is in its store
+        (``pcache persist --wait``); returns how many files were looked at.
+
+        Raises:
+            Unavailable: a file's upload keeps failing (``persist: failed``, its error named).
+            Timeout: still pending after ``timeout`` seconds. NotFound: no such path.
+        """
+        deadline = time.monotonic() + timeout
+        waiting = [s async for s in self.files_under(path)]
+        count = len(waiting)
+        while True:
+            failed = [s for s in waiting if s.persist == "failed"]
+            if failed:
+                raise Unavailable(f"write-back of {failed[0].path} keeps failing: {failed[0].persist_error}")
+            waiting = [s for s in waiting if s.persist == "pending"]
+            if not waiting:
+                return count
+            if time.monotonic() > deadline:
+                raise Timeout(
+                    f"{len(waiting)} files under {path} not persisted after {timeout:g} s ({waiting[0].path} ...)"
+                )
+            await asyncio.sleep(poll)
+            fresh = []
+            for st in waiting:
+                self.invalidate(st.path)
+                with contextlib.suppress(NotFound):  # deleted meanwhile: nothing to wait for
+                    fresh.append(await self.stat(st.path))
+            waiting = fresh
+
+    async def files_under(self, path: str) -> AsyncIterator[FileStat]:
+        self.invalidate(path)
+        top = await self.stat(path)
+        if not top.is_dir:
+            yield top
+            return
+        stack = [top.path]
+        while stack:
+            async for entry in self.scandir(stack.pop()):
+                if entry.is_dir:
+                    stack.append(entry.path)
+                elif entry.is_file:
+                    yield entry
+
     async def binds(self) -> list[pb.Bind]:
         """The bound directories: every one for an admin, a tenant's own (in its view) else."""
         return await self.master.list_binds()
@@ -526,7 +578,9 @@ class PCacheClient:
                     del node.blocks[:]
                     node.size = 0
                     f = PCacheFile(self, path, mode, pb.FileLayout(inode=node))  # empty: no layout RPC
-                    f.dirty = had_content  # even with nothing written, close() commits the truncation
+                    # even with nothing written, close() commits the truncation, and under a
+                    # write-back bind the close itself (the file is uploaded once it is closed)
+                    f.dirty = had_content or node.persist != pb.PERSIST_NONE
                     return f
                 if node.type == pb.SYMLINK:
                     path = _link_target(path, node.symlink_target)
@@ -620,8 +674,9 @@ class PCacheClient:
         """
         self.invalidate(path)
         return await self.master.commit_file(
-            inode, size, blocks, time.time(), base_version=view.version, base_blocks=view.blocks, replace=view.replace
-        )
+            inode, size, blocks, time.time(), base_version=view.version, base_blocks=view.blocks, replace=view.replace,
+            path=normalize(path),
+        )  # fmt: skip
 
     async def layout_of(self, inode: int) -> pb.FileLayout:
         """The committed layout of ``inode`` (always asked of the master: no cache)."""

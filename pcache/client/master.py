@@ -347,9 +347,11 @@ class MasterClient:
         base_version: int = 0,
         base_blocks: list[int] | None = None,
         replace: bool = False,
+        path: str = "",
     ) -> pb.Inode:
         request = pb.CommitFileRequest(
             header=self.header(),
+            path=path,
             inode=inode,
             size=size,
             blocks=blocks,

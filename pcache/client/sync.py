@@ -211,6 +211,18 @@ class Client:
     def free(self, path: str) -> pb.FreeReport:
         return self._run(self.aio.free(path))
 
+    def walk_files(self, path: str) -> list[FileStat]:
+        """Every regular file at or under ``path`` (with its write-back state)."""
+
+        async def collect() -> list[FileStat]:
+            return [st async for st in self.aio.files_under(path)]
+
+        return self._run(collect())
+
+    def wait_persisted(self, path: str, *, timeout: float = 600.0) -> int:
+        """See :meth:`PCacheClient.wait_persisted`."""
+        return self._run(self.aio.wait_persisted(path, timeout=timeout))
+
     def issue_token(self, name: str, ttl: float = 0.0) -> str:
         return self._run(self.aio.issue_token(name, ttl))
 

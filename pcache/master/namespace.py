@@ -31,6 +31,7 @@ from pcache.master.allocations import Allocations
 from pcache.master.binds import IMMUTABLE, MODES, Binds, check_uri
 from pcache.master.metastore import MetaStore
 from pcache.master.tenants import Tenants, add, freed_bytes
+from pcache.master.writeback import PersistQueue
 from pcache.proto import pcache_pb2 as pb
 
 ROOT = 1
@@ -106,6 +107,7 @@ class Namespace:
             self.store.write([(_ikey(ROOT), root.SerializeToString())])
         self.tenants = Tenants(store)
         self.binds = Binds(store)
+        self.persist = PersistQueue(store)  # write-back steps of writeback binds (pcache.master.writeback)
         if default_tenant and default_tenant not in self.tenants and not self.tenants.deleted(default_tenant):
             self.create_tenant(default_tenant)  # made at the first start; an admin's delete stands
 
@@ -329,6 +331,8 @@ class Namespace:
         )
         node.name = name
         node.created = True
+        if kind == pb.REGULAR and self.writeback_target(path) is not None:
+            node.persist = pb.PERSIST_PENDING  # in the reply only: its close uploads it (the commit queues it)
         return node, Freed([])
 
     def symlink(self, path: str, target: str, *, uid: int = 0, gid: int = 0) -> pb.Inode:
@@ -436,7 +440,10 @@ class Namespace:
                 path=dst,
             )
         now = time.time()
-        puts: list[tuple[bytes, bytes]] = []
+        puts, moved = self._writeback_moves(src, dst)  # before the move: walks what is at src
+        if node.id in moved:
+            node.persist, node.persist_error = moved.pop(node.id).persist, ""
+        puts += [self.inode_record(n) for n in moved.values()]
         deletes: list[bytes] = [_dkey(src_parent.id, src_name)]
         freed = Freed([])
         existing = self._lookup(dst_parent.id, dst_name)
@@ -458,6 +465,7 @@ class Namespace:
             elif node.type == pb.DIRECTORY:
                 raise E.NotADirectory("destination is not a directory", path=dst)
             deletes.append(_ikey(victim.id))
+            puts += self.persist.cancel(victim.id)  # its object is replaced by the moved file's, or stays
             freed = self._collect_blocks([victim], deletes)
             puts += self.tenants.charge({victim.tenant: [-1, -freed_bytes(freed.blocks)]})
         node.ctime = now
@@ -508,7 +516,8 @@ class Namespace:
         self.binds.check_movable(path, "delete it")
         self.binds.check_writable(path)
         self._check_bound_writable(node, path)
-        return self._remove(parent, name, node, path)
+        gone, _ = self._writeback_moves(path, "")  # uploads canceled, persisted objects deleted in order
+        return self._remove(parent, name, node, path, extra=gone)
 
     def _remove(
         self,
@@ -520,8 +529,11 @@ class Namespace:
         drop_tenant: str = "",
         key_ids: Iterable[str] = (),
         drop_bind: str = "",
+        extra: list[tuple[bytes, bytes]] | None = None,
     ) -> Freed:
-        """Delete ``node`` (the entry ``name`` of ``parent``) and everything under it, in one batch.
+        """Delete ``node`` (the entry ``name`` of ``parent``) and everything under it, in one batch
+        (with the ``extra`` entries). Uploads of files removed are canceled (an unbind leaves the
+        store as it is).
 
         Raises:
             InvalidArgument: a tenant's root is among them (unless ``drop_tenant``: that tenant is
@@ -557,7 +569,10 @@ class Namespace:
         writing: list[int] = []
         if drop_tenant:
             deltas.pop(drop_tenant, None)  # its record goes: not charged
-        puts = [(_ikey(parent.id), self._touch(parent, time.time())), *self.tenants.charge(deltas)]
+        puts = [(_ikey(parent.id), self._touch(parent, time.time())), *self.tenants.charge(deltas), *(extra or [])]
+        for victim in victims:
+            if victim.id in self.persist.by_inode:
+                puts += self.persist.cancel(victim.id)
         if drop_bind:
             deletes.append(self.binds.key(drop_bind))
         if drop_tenant:
@@ -1054,8 +1069,12 @@ class Namespace:
         base_version: int = 0,
         base_blocks: list[int] | None = None,
         replace: bool = True,
+        path: str = "",
     ) -> tuple[pb.Inode, Freed]:
         """Make a writer's new block list the file's content (close-to-open).
+
+        Under a ``writeback`` bind (``path``, the file's path as the writer opened it, names its
+        object) the new version is queued for upload and the file shows ``persist: pending``.
 
         Each block must be either already the file's, or allocated for this
         inode and not yet committed. A block may be shorter than its place in
@@ -1094,7 +1113,78 @@ class Namespace:
                 )
             blocks, size = self._merge(node, blocks, size, list(base_blocks or []))
         self._check_extents(node, blocks, size)
-        return node, self._replace_blocks(node, blocks, size, mtime or time.time())
+        extra = self._queue_upload(node, path, node.version + 1) if path and self._lookup_path(path) == node.id else []
+        return node, self._replace_blocks(node, blocks, size, mtime or time.time(), extra)
+
+    # --------------------------------------------------------- write-back --
+
+    def writeback_target(self, path: str) -> tuple[pb.Bind, str] | None:
+        """The ``writeback`` bind a path is inside of, and the path's key relative to it; None
+        when it is in none (or is the bind point itself)."""
+        bind = self.binds.covering(path)
+        if bind is None or bind.mode != "writeback":
+            return None
+        path = normalize(path)
+        if path == bind.path:
+            return None
+        return bind, path[len(bind.path) :].lstrip("/")
+
+    def _queue_upload(self, node: pb.Inode, path: str, version: int) -> list[tuple[bytes, bytes]]:
+        """Under a ``writeback`` bind: batch entries queueing the upload of ``version`` of the file
+        at ``path`` (an older version's upload is canceled: superseded), and ``node`` marked
+        pending (its record is written by the caller's batch). Nothing elsewhere."""
+        target = self.writeback_target(path)
+        if target is None or node.bind:
+            return []
+        bind, key = target
+        puts = self.persist.cancel(node.id)
+        node.persist, node.persist_error = pb.PERSIST_PENDING, ""
+        task = pb.PersistTask(kind=pb.PersistTask.UPLOAD, inode=node.id, version=version, bind=bind.inode, key=key)
+        return puts + self.persist.new(task)
+
+    def _lookup_path(self, path: str) -> int | None:
+        try:
+            return self.resolve(path).id
+        except E.PCacheError:
+            return None
+
+    def _writeback_moves(self, src: str, dst: str) -> tuple[list[tuple[bytes, bytes]], dict[int, pb.Inode]]:
+        """Write-back steps for moving (``dst``) or deleting (``dst`` empty) what is at ``src``:
+        every file's pending upload is canceled, its object under ``src`` deleted when it was
+        (or may have been) persisted, and its content uploaded under ``dst``. Returns the batch
+        entries and the files whose inode records change (persist state), by inode."""
+        old, new = self.writeback_target(src), (self.writeback_target(dst) if dst else None)
+        if old is None and new is None:
+            return [], {}
+        puts: list[tuple[bytes, bytes]] = []
+        changed: dict[int, pb.Inode] = {}
+        base = normalize(src)
+        for file_path, node in list(self.walk(src)):
+            if node.bind:  # listed from the store: stays as the store has it
+                continue
+            rel = file_path[len(base) :]
+            had = node.persist != pb.PERSIST_NONE
+            puts += self.persist.cancel(node.id)
+            if new is not None:  # the new object first, then the old one goes (S3 has no rename)
+                node.persist, node.persist_error = pb.PERSIST_PENDING, ""
+                puts += self.persist.new(
+                    pb.PersistTask(
+                        kind=pb.PersistTask.UPLOAD, inode=node.id, version=node.version, bind=new[0].inode,
+                        key=new[1] + rel,
+                    )
+                )  # fmt: skip
+            else:
+                node.persist, node.persist_error = pb.PERSIST_NONE, ""
+            if old is not None and had:
+                puts += self.persist.new(
+                    pb.PersistTask(kind=pb.PersistTask.DELETE, bind=old[0].inode, key=old[1] + rel)
+                )
+            changed[node.id] = node
+        return puts, changed
+
+    def inode_record(self, node: pb.Inode) -> tuple[bytes, bytes]:
+        """The batch entry storing ``node``."""
+        return _ikey(node.id), _record(node)
 
     def _merge(
         self, node: pb.Inode, blocks: list[pb.CommittedBlock], size: int, base: list[int]
@@ -1141,9 +1231,16 @@ class Namespace:
                     f"block {index} of {blk.length} bytes is longer than its place in a {size} byte file"
                 )
 
-    def _replace_blocks(self, node: pb.Inode, blocks: list[pb.CommittedBlock], size: int, mtime: float) -> Freed:
+    def _replace_blocks(
+        self,
+        node: pb.Inode,
+        blocks: list[pb.CommittedBlock],
+        size: int,
+        mtime: float,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> Freed:
         current = set(node.blocks)
-        puts: list[tuple[bytes, bytes]] = []
+        puts: list[tuple[bytes, bytes]] = list(extra or [])
         added = 0
         for blk in blocks:
             if blk.block_id == HOLE:

@@ -60,6 +60,7 @@ from pcache.master.replication import (
 )
 from pcache.master.service import MASTER_SCOPES, MasterServicer
 from pcache.master.understore import UnderStores
+from pcache.master.writeback import Persister
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 
@@ -121,6 +122,7 @@ class MasterServer:
         self.blocks: BlockManager | None = None
         self.replies = ReplyCache(self.store)
         self.ufs = UnderStores(self)
+        self.persister = Persister(self)  # write-back uploads (runs while this master leads)
         self.shipper: LogShipper | None = None
         self.guard = Guard(self.keys.tokens, MASTER_SCOPES)
         self.servicer = MasterServicer(self)
@@ -487,9 +489,11 @@ async def serve(cfg: MasterConfig, *, ready_file: str | None = None) -> None:
     if ready_file:
         write_ready_file(ready_file, f"{cfg.advertise_host or cfg.host}:{port}")
     upkeep = asyncio.create_task(master.upkeep())
+    persist = asyncio.create_task(master.persister.run())
     await wait_for_stop_signal()
     logger.info("master stopping")
-    upkeep.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await upkeep
+    for task in (upkeep, persist):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     await master.stop()

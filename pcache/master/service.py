@@ -61,7 +61,15 @@ MASTER_SCOPES: dict[str, frozenset[str]] = {
     ),  # fmt: skip
     "ReportBadBlock": frozenset({"tenant", "admin", "worker"}),  # a client or a worker found a bad replica
     **dict.fromkeys(
-        ("RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks", "UfsBlockSource", "ReleaseSpace"),
+        (
+            "RegisterWorker",
+            "Heartbeat",
+            "BlockReceived",
+            "ReportBlocks",
+            "UfsBlockSource",
+            "ReleaseSpace",
+            "ReportPersist",
+        ),
         frozenset({"worker"}),
     ),
     "Fsck": _CLIENT,
@@ -411,7 +419,10 @@ class MasterServicer(pb_grpc.MasterServicer):
                 base_version=request.base_version,
                 base_blocks=list(request.base_blocks),
                 replace=request.replace,
+                path=scope.inside(request.path) if request.path else "",
             )
+            if node.persist == pb.PERSIST_PENDING:
+                self.m.persister.wake.set()
             blocks.committed(committed, node.replication or 1)
             blocks.freed(freed)
             return node
@@ -486,6 +497,11 @@ class MasterServicer(pb_grpc.MasterServicer):
             evict, freed = blocks.release_space(request.worker_id, request.bytes, request.block_id)
             await self.m.commit()
         return pb.SpaceResponse(evict=evict, bytes=freed)
+
+    @rpc_method
+    async def ReportPersist(self, request: pb.PersistReport, context: grpc.aio.ServicerContext) -> pb.Empty:
+        """A worker staged (or failed) a write-back upload it was told to make (a worker's call)."""
+        return await self._worker_call(request.header, "ReportPersist", lambda _: self.m.persister.staged(request))
 
     @rpc_method
     async def ReportBadBlock(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:

@@ -18,6 +18,13 @@ class FileType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BLOCK_DEVICE: _ClassVar[FileType]
     SOCKET: _ClassVar[FileType]
 
+class PersistState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PERSIST_NONE: _ClassVar[PersistState]
+    PERSIST_PENDING: _ClassVar[PersistState]
+    PERSIST_DONE: _ClassVar[PersistState]
+    PERSIST_FAILED: _ClassVar[PersistState]
+
 class DataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DATA_OP_UNSPECIFIED: _ClassVar[DataOp]
@@ -38,6 +45,10 @@ FIFO: FileType
 CHAR_DEVICE: FileType
 BLOCK_DEVICE: FileType
 SOCKET: FileType
+PERSIST_NONE: PersistState
+PERSIST_PENDING: PersistState
+PERSIST_DONE: PersistState
+PERSIST_FAILED: PersistState
 DATA_OP_UNSPECIFIED: DataOp
 WRITE_BLOCK: DataOp
 READ_BLOCK: DataOp
@@ -74,7 +85,7 @@ class WorkerAddr(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., uds_path: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev", "created", "tenant", "bind", "ufs_key", "etag", "seen", "listed")
+    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev", "created", "tenant", "bind", "ufs_key", "etag", "seen", "listed", "persist", "persist_error")
     class XattrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +118,8 @@ class Inode(_message.Message):
     ETAG_FIELD_NUMBER: _ClassVar[int]
     SEEN_FIELD_NUMBER: _ClassVar[int]
     LISTED_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_ERROR_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: FileType
     mode: int
@@ -132,7 +145,79 @@ class Inode(_message.Message):
     etag: str
     seen: float
     listed: float
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ..., created: _Optional[bool] = ..., tenant: _Optional[str] = ..., bind: _Optional[int] = ..., ufs_key: _Optional[str] = ..., etag: _Optional[str] = ..., seen: _Optional[float] = ..., listed: _Optional[float] = ...) -> None: ...
+    persist: PersistState
+    persist_error: str
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ..., created: _Optional[bool] = ..., tenant: _Optional[str] = ..., bind: _Optional[int] = ..., ufs_key: _Optional[str] = ..., etag: _Optional[str] = ..., seen: _Optional[float] = ..., listed: _Optional[float] = ..., persist: _Optional[_Union[PersistState, str]] = ..., persist_error: _Optional[str] = ...) -> None: ...
+
+class PersistTask(_message.Message):
+    __slots__ = ("seq", "kind", "inode", "version", "bind", "key", "upload_id", "parts", "staged", "size", "crc32c", "attempts", "error", "canceled", "uri")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        UPLOAD: _ClassVar[PersistTask.Kind]
+        DELETE: _ClassVar[PersistTask.Kind]
+    UPLOAD: PersistTask.Kind
+    DELETE: PersistTask.Kind
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CANCELED_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    kind: PersistTask.Kind
+    inode: int
+    version: int
+    bind: int
+    key: str
+    upload_id: str
+    parts: _containers.RepeatedCompositeFieldContainer[PartDone]
+    staged: bool
+    size: int
+    crc32c: int
+    attempts: int
+    error: str
+    canceled: bool
+    uri: str
+    def __init__(self, seq: _Optional[int] = ..., kind: _Optional[_Union[PersistTask.Kind, str]] = ..., inode: _Optional[int] = ..., version: _Optional[int] = ..., bind: _Optional[int] = ..., key: _Optional[str] = ..., upload_id: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[PartDone, _Mapping]]] = ..., staged: _Optional[bool] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., attempts: _Optional[int] = ..., error: _Optional[str] = ..., canceled: _Optional[bool] = ..., uri: _Optional[str] = ...) -> None: ...
+
+class PartDone(_message.Message):
+    __slots__ = ("number", "etag", "size")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    ETAG_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    number: int
+    etag: str
+    size: int
+    def __init__(self, number: _Optional[int] = ..., etag: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+
+class PersistReport(_message.Message):
+    __slots__ = ("header", "worker_id", "task", "upload_id", "parts", "size", "crc32c", "error")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    worker_id: str
+    task: int
+    upload_id: str
+    parts: _containers.RepeatedCompositeFieldContainer[PartDone]
+    size: int
+    crc32c: int
+    error: str
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., task: _Optional[int] = ..., upload_id: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[PartDone, _Mapping]]] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class BlockMeta(_message.Message):
     __slots__ = ("block_id", "inode", "length", "crc32c", "replicas", "replication", "quarantined", "ufs")
@@ -358,7 +443,7 @@ class CommittedBlock(_message.Message):
     def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitFileRequest(_message.Message):
-    __slots__ = ("header", "inode", "size", "blocks", "mtime", "base_version", "base_blocks", "replace")
+    __slots__ = ("header", "inode", "size", "blocks", "mtime", "base_version", "base_blocks", "replace", "path")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -367,6 +452,7 @@ class CommitFileRequest(_message.Message):
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     BASE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     inode: int
     size: int
@@ -375,7 +461,8 @@ class CommitFileRequest(_message.Message):
     base_version: int
     base_blocks: _containers.RepeatedScalarFieldContainer[int]
     replace: bool
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ..., mtime: _Optional[float] = ..., base_version: _Optional[int] = ..., base_blocks: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ...) -> None: ...
+    path: str
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ..., mtime: _Optional[float] = ..., base_version: _Optional[int] = ..., base_blocks: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., path: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("addr", "capacity_bytes", "used_bytes", "free_bytes", "inflight", "block_count", "mem_tier_bytes", "mem_tier_hit_ratio", "draining", "metrics_addr")
@@ -432,22 +519,36 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
-    __slots__ = ("kind", "block_id", "targets")
+    __slots__ = ("kind", "block_id", "targets", "task", "uri", "key", "upload_id", "part_size", "blocks")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[WorkerCommand.Kind]
         DELETE: _ClassVar[WorkerCommand.Kind]
         REPLICATE: _ClassVar[WorkerCommand.Kind]
+        PERSIST: _ClassVar[WorkerCommand.Kind]
     KIND_UNSPECIFIED: WorkerCommand.Kind
     DELETE: WorkerCommand.Kind
     REPLICATE: WorkerCommand.Kind
+    PERSIST: WorkerCommand.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    PART_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
     kind: WorkerCommand.Kind
     block_id: int
     targets: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
-    def __init__(self, kind: _Optional[_Union[WorkerCommand.Kind, str]] = ..., block_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ...) -> None: ...
+    task: int
+    uri: str
+    key: str
+    upload_id: str
+    part_size: int
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockLocation]
+    def __init__(self, kind: _Optional[_Union[WorkerCommand.Kind, str]] = ..., block_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., task: _Optional[int] = ..., uri: _Optional[str] = ..., key: _Optional[str] = ..., upload_id: _Optional[str] = ..., part_size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockLocation, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("epoch", "reregister", "commands", "leader", "block_keys")

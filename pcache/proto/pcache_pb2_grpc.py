@@ -351,6 +351,11 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.SpaceRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.SpaceResponse.FromString,
                 _registered_method=True)
+        self.ReportPersist = channel.unary_unary(
+                '/pcache.Master/ReportPersist',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.PersistReport.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -547,6 +552,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportPersist(self, request, context):
+        """a worker's: a write-back upload staged or failed
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -704,6 +716,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReleaseSpace,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.SpaceRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.SpaceResponse.SerializeToString,
+            ),
+            'ReportPersist': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportPersist,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.PersistReport.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1543,6 +1560,33 @@ class Master:
             '/pcache.Master/ReleaseSpace',
             pcache_dot_proto_dot_pcache__pb2.SpaceRequest.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.SpaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportPersist(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/ReportPersist',
+            pcache_dot_proto_dot_pcache__pb2.PersistReport.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

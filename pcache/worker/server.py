@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -28,10 +29,21 @@ import grpc
 
 from objstore import ObjectStore, open_store
 from objstore.errors import StoreError
+from pcache.client.data import DataClient
 from pcache.common import ufs
-from pcache.common.config import WorkerConfig, check_addresses, default_node_id, describe
+from pcache.common.checksum import crc32c
+from pcache.common.config import ClientConfig, WorkerConfig, check_addresses, default_node_id, describe
 from pcache.common.credentials import check_private_path, find_token
-from pcache.common.errors import InvalidArgument, NotFound, PCacheError, PermissionDenied, StaleHandle
+from pcache.common.errors import (
+    CorruptBlock,
+    InvalidArgument,
+    NotFound,
+    PCacheError,
+    PermissionDenied,
+    StaleHandle,
+    Unavailable,
+)
+from pcache.common.layout import HOLE
 from pcache.common.metrics import LOST_BLOCKS, serve_metrics
 from pcache.common.process import wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import call, call_stamped, channel_options
@@ -49,6 +61,7 @@ logger = logging.getLogger(__name__)
 
 RPC_TIMEOUT = 5.0
 MAX_PARALLEL_REPLICATIONS = 4
+MAX_PARALLEL_PERSISTS = 4  # write-back uploads at once (each holds up to one part in memory)
 
 
 def worker_id_for(data_dir: str) -> str:
@@ -128,6 +141,8 @@ class WorkerServer:
         self.links: list[MasterLink] = []
         self._tasks: set[asyncio.Task] = set()
         self._repl_slots = asyncio.Semaphore(MAX_PARALLEL_REPLICATIONS)
+        self._persist_slots = asyncio.Semaphore(MAX_PARALLEL_PERSISTS)
+        self._peers: DataClient | None = None  # reads other workers' blocks for write-back
 
     # --------------------------------------------------------- lifecycle --
 
@@ -314,6 +329,9 @@ class WorkerServer:
         try:
             if cmd.kind == pb.WorkerCommand.DELETE:
                 await self.data.delete(cmd.block_id)
+            elif cmd.kind == pb.WorkerCommand.PERSIST:
+                async with self._persist_slots:
+                    await self.persist(cmd)
             elif cmd.kind == pb.WorkerCommand.REPLICATE:
                 async with self._repl_slots:
                     stored = await self.data.replicate(cmd.block_id, list(cmd.targets))
@@ -352,12 +370,7 @@ class WorkerServer:
         src: pb.UfsSource = await self._to_leader(
             "UfsBlockSource", pb.BlockReport(worker_id=self.worker_id, block_id=block_id)
         )
-        store = self._ufs_stores.get(src.uri)
-        if store is None:
-            try:
-                store = self._ufs_stores[src.uri] = open_store(src.uri)
-            except StoreError as exc:
-                raise ufs.translate(exc, src.uri) from exc
+        store = self._ufs_store(src.uri)
         # only the version listed: S3 If-Match on its ETag; file:// checks size and mtime around the read
         data = await ufs.call(
             store.get(src.key, src.offset, src.length, if_match=src.etag), src.uri, self.cfg.ufs_timeout
@@ -381,6 +394,86 @@ class WorkerServer:
             "ReleaseSpace", pb.SpaceRequest(worker_id=self.worker_id, bytes=nbytes, block_id=block_id)
         )
         return list(reply.evict)
+
+    # ------------------------------------------------------- write-back --
+
+    async def persist(self, cmd: pb.WorkerCommand) -> None:
+        """Upload a file for write-back (``PERSIST``): its blocks, in order, as the parts of the
+        multipart upload the master started (parts of ``part_size`` bytes, the last one shorter);
+        each block's CRC32C checked as it is read, each part's ETag compared with its MD5 where
+        the store's ETag is one; then report the parts (or the error) to the master, which
+        completes the upload when the file's turn comes. Never raises."""
+        report = pb.PersistReport(worker_id=self.worker_id, task=cmd.task, upload_id=cmd.upload_id)
+        try:
+            store = self._ufs_store(cmd.uri)
+            buf = bytearray()
+            crc = size = 0
+            for loc in cmd.blocks:
+                data = await self._block_bytes(loc)
+                crc = crc32c(data, crc)
+                size += len(data)
+                buf += data
+                while len(buf) >= cmd.part_size:
+                    await self._upload_part(store, cmd, report, bytes(buf[: cmd.part_size]))
+                    del buf[: cmd.part_size]
+            if buf or not report.parts:
+                await self._upload_part(store, cmd, report, bytes(buf))
+            report.size, report.crc32c = size, crc
+        except PCacheError as exc:
+            logger.warning("write-back of %s/%s failed: %s", cmd.uri, cmd.key, exc)
+            report.error = str(exc) or type(exc).__name__
+        try:
+            await self._to_leader("ReportPersist", report)
+        except PCacheError as exc:  # the master asks again after its stage timeout
+            logger.warning("cannot report write-back of %s: %s", cmd.key, exc)
+
+    async def _block_bytes(self, loc: pb.BlockLocation) -> bytes:
+        """A file's block for write-back: zeros for a hole, else from this worker's disk or a replica."""
+        if loc.block_id == HOLE:
+            return bytes(loc.length)
+        data: bytes | None = None
+        if await asyncio.to_thread(self.store.has, loc.block_id):
+            with contextlib.suppress(NotFound, CorruptBlock):
+                data, _ = await self.data.read_range(loc.block_id, 0, loc.length)
+        if data is None:
+            if self._peers is None:
+                self._peers = DataClient(ClientConfig(
+                    master=self.masters[0], tls_dir=self.cfg.tls_dir, io_timeout=self.cfg.io_timeout, short_circuit=False
+                ))  # fmt: skip
+            errors = []
+            for addr in loc.replicas:
+                if addr.worker_id == self.worker_id:
+                    continue
+                try:
+                    data = await self._peers.read(addr, loc.block_id, 0, loc.length, loc.token, loc.crc32c)
+                    break
+                except PCacheError as exc:
+                    errors.append(f"{addr.worker_id}: {exc}")
+            if data is None:
+                raise Unavailable(f"block {loc.block_id}: no replica readable ({'; '.join(errors) or 'none live'})")
+        if loc.crc32c and crc32c(data) != loc.crc32c:
+            raise CorruptBlock(f"block {loc.block_id}: CRC32C differs from the committed one")
+        return data
+
+    async def _upload_part(
+        self, store: ObjectStore, cmd: pb.WorkerCommand, report: pb.PersistReport, data: bytes
+    ) -> None:
+        number = len(report.parts) + 1
+        part = await ufs.call(store.upload_part(cmd.key, cmd.upload_id, number, data), cmd.uri, self.cfg.ufs_timeout)
+        etag = part.etag.strip('"')
+        md5_etag = len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
+        if md5_etag and hashlib.md5(data, usedforsecurity=False).hexdigest() != etag.lower():
+            raise CorruptBlock(f"{cmd.uri}/{cmd.key}: part {number} arrived damaged (ETag {etag})")
+        report.parts.append(pb.PartDone(number=number, etag=etag, size=len(data)))
+
+    def _ufs_store(self, uri: str) -> ObjectStore:
+        store = self._ufs_stores.get(uri)
+        if store is None:
+            try:
+                store = self._ufs_stores[uri] = open_store(uri)
+            except StoreError as exc:
+                raise ufs.translate(exc, uri) from exc
+        return store
 
     async def report_bad_block(self, block_id: int) -> None:
         """Tell the master a local replica failed its CRC (it deletes and re-replicates)."""

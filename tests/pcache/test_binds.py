@@ -682,8 +682,10 @@ def test_load_caches_ten_thousand_small_objects_and_large_ones_and_reports_them_
     assert (report.cached_blocks, report.fetched_blocks, report.fetched_bytes) == (0, blocks, size)
     assert seen and seen == sorted(seen) and seen[-1] == blocks  # progress only grows, and ends complete
 
-    after = admin.load("/warm", check=True)
-    assert (after.cached_blocks, after.cached_bytes, after.missing_blocks) == (blocks, size, 0)
+    after = admin.load("/warm/weights", check=True)  # the master agrees (one shard directory, and the large files)
+    assert (after.cached_blocks, after.missing_blocks) == (blocks - len(small), 0)
+    after = admin.load("/warm/shard-042", check=True)
+    assert (after.files, after.cached_blocks, after.missing_blocks) == (100, 100, 0)
     holders = {
         w for key in large for b in admin.layout(f"/warm/{key}").blocks for w in (r.worker_id for r in b.replicas)
     }
@@ -706,3 +708,82 @@ def test_load_caches_ten_thousand_small_objects_and_large_ones_and_reports_them_
         assert fresh.read_file("/warm/weights/part-1.bin") == large["weights/part-1.bin"]  # fetched again
     assert admin.load("/warm/weights", check=True).cached_blocks == 5  # part-1.bin: 4 blocks and 17 bytes
     admin.unbind("/warm")
+
+
+# ------------------------------------------------------------- write-back --
+
+
+class _Completes(logging.Handler):
+    """The keys moto's server completes multipart uploads of (or PUTs), in order."""
+
+    def __init__(self, bucket: str) -> None:
+        super().__init__()
+        self.bucket = bucket
+        self.keys: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        for verb in ("POST", "PUT"):
+            marker = f"{verb} /{self.bucket}/"
+            if marker in text:
+                key, _, query = text.split(marker, 1)[1].split(" ", 1)[0].partition("?")
+                if (verb == "POST" and query.startswith("uploadId=")) or (verb == "PUT" and not query):
+                    self.keys.append(key)
+
+
+def test_write_back_uploads_closed_files_in_close_order_and_deletes_and_renames_follow(
+    admin: Client, moto_endpoint: str
+) -> None:
+    bucket = create_bucket(moto_endpoint)
+    s3 = _s3(moto_endpoint)
+    admin.bind("/wbk", f"s3://{bucket}/run/?endpoint_url={moto_endpoint}", mode="writeback")
+    admin.mkdir("/wbk/step-1")
+    shards = {f"step-1/shard-{i}.pt": os.urandom(3 * BOUND_BLOCK + 99 * i) for i in range(3)}
+    handler = _Completes(bucket)
+    log = logging.getLogger("werkzeug")
+    old, log.level = log.level, logging.INFO
+    log.addHandler(handler)
+    try:
+        for key, body in shards.items():
+            admin.write_file(f"/wbk/{key}", body)
+        admin.write_file("/wbk/step-1/.metadata", b"meta")
+        admin.write_file("/wbk/empty", b"")
+        assert admin.stat("/wbk/step-1/.metadata").persist in ("pending", "done")
+        assert admin.wait_persisted("/wbk", timeout=60) == 5
+        deadline = time.monotonic() + 5  # the server logs a request after answering it
+        while len(handler.keys) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old)
+    expected = [f"run/{k}" for k in shards] + ["run/step-1/.metadata", "run/empty"]
+    assert handler.keys == expected  # visible in the order the files were closed
+    for key, body in {**shards, "step-1/.metadata": b"meta", "empty": b""}.items():
+        assert s3.get_object(Bucket=bucket, Key=f"run/{key}")["Body"].read() == body
+        st = admin.stat(f"/wbk/{key}")
+        assert (st.persist, st.persist_error) == ("done", "")
+    # a new version replaces the object; a deleted file's object goes; a renamed one moves
+    admin.write_file("/wbk/step-1/.metadata", b"meta v2")
+    admin.remove("/wbk/empty")
+    admin.rename("/wbk/step-1/shard-2.pt", "/wbk/step-1/shard-9.pt")
+    admin.wait_persisted("/wbk", timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="run/").get("Contents", [])}
+        if "run/empty" not in keys and "run/step-1/shard-2.pt" not in keys:
+            break
+        time.sleep(0.2)
+    assert keys == {"run/step-1/.metadata", "run/step-1/shard-0.pt", "run/step-1/shard-1.pt", "run/step-1/shard-9.pt"}
+    assert s3.get_object(Bucket=bucket, Key="run/step-1/.metadata")["Body"].read() == b"meta v2"
+    assert s3.get_object(Bucket=bucket, Key="run/step-1/shard-9.pt")["Body"].read() == shards["step-1/shard-2.pt"]
+    # deleted while its upload is under way: never appears, and no multipart upload is left open
+    big = os.urandom(20 << 20)
+    admin.write_file("/wbk/doomed.bin", big)
+    admin.remove("/wbk/doomed.bin")
+    admin.write_file("/wbk/after", b"after")
+    admin.wait_persisted("/wbk/after", timeout=60)
+    time.sleep(1.0)
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="run/").get("Contents", [])}
+    assert "run/doomed.bin" not in keys and "run/after" in keys
+    assert not [u["Key"] for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+    admin.unbind("/wbk")

@@ -120,7 +120,15 @@ def test_each_scope_reaches_only_its_own_rpcs(cluster: LocalCluster) -> None:
     """A tenant token cannot register a worker or replicate; a worker token cannot touch the
     namespace; only an admin manages tenants; only another master of the cluster may ship log
     entries."""
-    worker_only = {"RegisterWorker", "Heartbeat", "BlockReceived", "ReportBlocks", "UfsBlockSource", "ReleaseSpace"}
+    worker_only = {
+        "RegisterWorker",
+        "Heartbeat",
+        "BlockReceived",
+        "ReportBlocks",
+        "UfsBlockSource",
+        "ReleaseSpace",
+        "ReportPersist",
+    }
     admin_only = {"CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken", "BindPath", "UnbindPath"}
     tenant = cluster.token
     worker = cluster.worker_token
