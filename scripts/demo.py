@@ -730,7 +730,10 @@ def main() -> int:
     stages = [
         ("start region A, region B and a PCache cluster with its FUSE mount", demo.start_services),
         ("build token shards from the stdlib sources, upload them to region A", demo.dataset_to_region_a),
-        ("bind region A's dataset into PCache, read the shards through the mount", demo.dataset_to_pcache),
+        (
+            "bind region A's dataset into PCache, warm it (pcache load), read it through the mount",
+            demo.dataset_to_pcache,
+        ),
         ("train 2 ranks reading through the mount, async checkpoints into PCache", demo.train_with_a_kill),
     ]
     t_all = time.monotonic()
