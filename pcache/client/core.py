@@ -662,7 +662,16 @@ class PCacheClient:
                 pass  # only the suspects have room: better them than nothing
         return await self.master.allocate_block(inode, size, self.node_id, exclude)
 
-    async def commit(self, path: str, inode: int, size: int, blocks: list[pb.CommittedBlock], view: View) -> pb.Inode:
+    async def commit(
+        self,
+        path: str,
+        inode: int,
+        size: int,
+        blocks: list[pb.CommittedBlock],
+        view: View,
+        *,
+        closing: bool = False,
+    ) -> pb.Inode:
         """Publish a file's new block list (called by :meth:`PCacheFile.fsync`); returns the committed inode.
 
         ``view`` is the commit the writer's view starts from; the master merges the blocks it
@@ -675,7 +684,7 @@ class PCacheClient:
         self.invalidate(path)
         return await self.master.commit_file(
             inode, size, blocks, time.time(), base_version=view.version, base_blocks=view.blocks, replace=view.replace,
-            path=normalize(path),
+            path=normalize(path), closing=closing,
         )  # fmt: skip
 
     async def layout_of(self, inode: int) -> pb.FileLayout:

@@ -104,8 +104,11 @@ class FileService(Protocol):
         the block token that reads it there)."""
         ...
 
-    async def commit(self, path: str, inode: int, size: int, blocks: list[pb.CommittedBlock], view: View) -> pb.Inode:
-        """Publish the file's block list (merged with other writers' commits since ``view``)."""
+    async def commit(
+        self, path: str, inode: int, size: int, blocks: list[pb.CommittedBlock], view: View, *, closing: bool = False
+    ) -> pb.Inode:
+        """Publish the file's block list (merged with other writers' commits since ``view``);
+        ``closing``: the writer's close."""
         ...
 
     async def discard_created(self, path: str, inode: int) -> None:
@@ -501,7 +504,8 @@ class PCacheFile:
         fresh = {b.block_id: b for b in layout.blocks}
         for slot in self.slots:
             if slot.block_id in fresh:
-                slot.locations, slot.token = list(fresh[slot.block_id].replicas), fresh[slot.block_id].token
+                loc = fresh[slot.block_id]
+                slot.locations, slot.token, slot.uncached = list(loc.replicas), loc.token, loc.uncached
         return layout
 
     # ------------------------------------------------------------ writes --
@@ -663,7 +667,7 @@ class PCacheFile:
         async with self._gate.exclusive():
             await self._fsync_locked()
 
-    async def _fsync_locked(self) -> None:
+    async def _fsync_locked(self, *, closing: bool = False) -> None:
         if not self.dirty:
             return
         await self._pad_slots()
@@ -679,7 +683,12 @@ class PCacheFile:
             for s in self.slots
         ]
         node = await self.service.commit(
-            self.path, self.inode, self.size, blocks, View(self.version, self.base_blocks, self.replace)
+            self.path,
+            self.inode,
+            self.size,
+            blocks,
+            View(self.version, self.base_blocks, self.replace),
+            closing=closing,
         )
         self.dirty = False
         self.replace = False
@@ -714,7 +723,9 @@ class PCacheFile:
             return
         try:
             if self.writable and self._error is None:
-                await self.fsync()
+                self._check(want_write=True)
+                async with self._gate.exclusive():
+                    await self._fsync_locked(closing=True)  # the close: write-back uploads this version
         except BaseException:
             await self._discard_if_created()
             raise

@@ -111,7 +111,7 @@ async def load(
                         if not metadata_only:
                             files.put_nowait(entry.path)
                 report.dirs += 1
-            except PCacheError as exc:
+            except Exception as exc:  # counted, never fatal: a dead walker would leave join() waiting
                 report.fail(where, exc)
             finally:
                 dirs.task_done()
@@ -122,7 +122,7 @@ async def load(
             name = await files.get()
             try:
                 await _load_file(client, name, report, check, fetch_slots, tick)
-            except PCacheError as exc:
+            except Exception as exc:  # as above
                 report.fail(name, exc)
             finally:
                 files.task_done()

@@ -348,10 +348,12 @@ class MasterClient:
         base_blocks: list[int] | None = None,
         replace: bool = False,
         path: str = "",
+        closing: bool = False,
     ) -> pb.Inode:
         request = pb.CommitFileRequest(
             header=self.header(),
             path=path,
+            closing=closing,
             inode=inode,
             size=size,
             blocks=blocks,

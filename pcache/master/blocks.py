@@ -258,6 +258,9 @@ class BlockManager:
         self.by_worker.setdefault(worker_id, set()).add(block_id)
         self.inflight.pop(block_id, None)
         self._persist(block_id)
+        if block_id in self.ufs and block_id not in self.lru:  # a copy landing after an eviction
+            meta = self.ns.get_block(block_id)
+            self._cached(block_id, meta.length if meta else 0)
         self._check(block_id)
 
     def bad_block(self, worker_id: str, block_id: int) -> None:

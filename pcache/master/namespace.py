@@ -440,10 +440,7 @@ class Namespace:
                 path=dst,
             )
         now = time.time()
-        puts, moved = self._writeback_moves(src, dst)  # before the move: walks what is at src
-        if node.id in moved:
-            node.persist, node.persist_error = moved.pop(node.id).persist, ""
-        puts += [self.inode_record(n) for n in moved.values()]
+        puts: list[tuple[bytes, bytes]] = []
         deletes: list[bytes] = [_dkey(src_parent.id, src_name)]
         freed = Freed([])
         existing = self._lookup(dst_parent.id, dst_name)
@@ -468,6 +465,10 @@ class Namespace:
             puts += self.persist.cancel(victim.id)  # its object is replaced by the moved file's, or stays
             freed = self._collect_blocks([victim], deletes)
             puts += self.tenants.charge({victim.tenant: [-1, -freed_bytes(freed.blocks)]})
+        moves, moved = self._writeback_moves(src, dst)  # after every check; walks what is still at src
+        if node.id in moved:
+            node.persist, node.persist_error = moved.pop(node.id).persist, ""
+        puts += moves + [self.inode_record(n) for n in moved.values()]
         node.ctime = now
         puts.append((_ikey(node.id), node.SerializeToString()))
         puts.append((_dkey(dst_parent.id, dst_name), U64.pack(node.id)))
@@ -891,6 +892,8 @@ class Namespace:
         mode = 0o644 if bind.mode == "writeback" else 0o444
         entries = [(name, True, 0, "", now) for name in prefixes] + [(n, False, z, e, m) for n, z, e, m in objects]
         for name, is_dir, size, etag, mtime in entries:
+            if not is_dir and self.persist.deleting(bind.inode, prefix + name):
+                continue  # its file was deleted or moved here: the object goes with its DELETE step
             existing = self._lookup(dir_id, name)
             if existing is not None:
                 node = self._get_inode(existing)
@@ -1070,11 +1073,14 @@ class Namespace:
         base_blocks: list[int] | None = None,
         replace: bool = True,
         path: str = "",
+        closing: bool = True,
     ) -> tuple[pb.Inode, Freed]:
         """Make a writer's new block list the file's content (close-to-open).
 
         Under a ``writeback`` bind (``path``, the file's path as the writer opened it, names its
-        object) the new version is queued for upload and the file shows ``persist: pending``.
+        object; the key of its last queued upload when it was renamed while open) the version a
+        writer's close (``closing``) commits is queued for upload and the file shows
+        ``persist: pending``; an fsync's is not (a half-written file never reaches the store).
 
         Each block must be either already the file's, or allocated for this
         inode and not yet committed. A block may be shorter than its place in
@@ -1113,7 +1119,11 @@ class Namespace:
                 )
             blocks, size = self._merge(node, blocks, size, list(base_blocks or []))
         self._check_extents(node, blocks, size)
-        extra = self._queue_upload(node, path, node.version + 1) if path and self._lookup_path(path) == node.id else []
+        extra: list[tuple[bytes, bytes]] = []
+        if closing and path and self._lookup_path(path) == node.id:
+            extra = self._queue_upload(node, path, node.version + 1)
+        elif closing and node.id in self.persist.by_inode:  # moved while open: where its move queued it
+            extra = self.persist.requeue(node, node.version + 1)
         return node, self._replace_blocks(node, blocks, size, mtime or time.time(), extra)
 
     # --------------------------------------------------------- write-back --

@@ -123,6 +123,9 @@ class MasterServer:
         self.replies = ReplyCache(self.store)
         self.ufs = UnderStores(self)
         self.persister = Persister(self)  # write-back uploads (runs while this master leads)
+        self.watermarks = Watermarks(  # checked at start: a bad pair is refused before leading
+            cfg.cache_high_watermark, cfg.cache_low_watermark, 3 * cfg.heartbeat_interval + 1.0
+        )
         self.shipper: LogShipper | None = None
         self.guard = Guard(self.keys.tokens, MASTER_SCOPES)
         self.servicer = MasterServicer(self)
@@ -211,9 +214,7 @@ class MasterServer:
             self.ns,
             self.registry,
             replication_timeout=self.cfg.replication_timeout,
-            watermarks=Watermarks(
-                self.cfg.cache_high_watermark, self.cfg.cache_low_watermark, 3 * self.cfg.heartbeat_interval + 1.0
-            ),
+            watermarks=self.watermarks,
         )
         self.blocks.confirm_known()  # workers that already heartbeat here confirm their replicas now
         self._led_since = time.monotonic()

@@ -420,6 +420,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                 base_blocks=list(request.base_blocks),
                 replace=request.replace,
                 path=scope.inside(request.path) if request.path else "",
+                closing=request.closing,
             )
             if node.persist == pb.PERSIST_PENDING:
                 self.m.persister.wake.set()
@@ -438,8 +439,12 @@ class MasterServicer(pb_grpc.MasterServicer):
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterResponse:
         self._check(request.header, "RegisterWorker")
+        known = self.m.registry.workers.get(request.info.addr.worker_id)
+        restarted = known is not None and known.info.started != request.info.started
         state = self.m.registry.register(request.info)
         leading = self.m.is_leading()
+        if restarted:  # what it was doing is lost: its write-back uploads start again
+            self.m.persister.worker_restarted(state.worker_id)
         if leading:
             _, blocks = self.m.leading()
             blocks.worker_registered(state.worker_id, list(request.blocks))

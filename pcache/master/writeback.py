@@ -54,6 +54,7 @@ PREFIX = b"p"
 SEQ_KEY = b"cpersist"
 U64 = struct.Struct(">Q")
 PART_SIZE = 8 << 20  # bytes: at least S3's 5 MiB for every part but the last
+MAX_PARTS = 10_000  # S3's most parts of one upload
 WINDOW = 8  # uploads staged at once
 FAILED_AFTER = 5  # attempts before a file shows persist: failed
 MAX_BACKOFF = 60.0  # seconds between retries, at most
@@ -73,9 +74,21 @@ class PersistQueue:
         self._next = U64.unpack(raw)[0] if raw else 1
         # inode -> seqs of its steps not done (kept in memory: a delete or rename cancels them)
         self.by_inode: dict[int, set[int]] = {}
+        # (bind, key) -> DELETE steps not done: a listing meanwhile must not bring the object back
+        self._deletes: dict[tuple[int, str], int] = {}
         for task in self.tasks():
-            if task.inode:
-                self.by_inode.setdefault(task.inode, set()).add(task.seq)
+            self._index(task)
+
+    def _index(self, task: pb.PersistTask) -> None:
+        if task.inode:
+            self.by_inode.setdefault(task.inode, set()).add(task.seq)
+        if task.kind == pb.PersistTask.DELETE:
+            where = (task.bind, task.key)
+            self._deletes[where] = self._deletes.get(where, 0) + 1
+
+    def deleting(self, bind: int, key: str) -> bool:
+        """Whether an object of ``bind`` is waiting for its DELETE step."""
+        return (bind, key) in self._deletes
 
     def tasks(self) -> Iterator[pb.PersistTask]:
         """Every step not done, oldest first."""
@@ -90,19 +103,36 @@ class PersistQueue:
         """Batch entries adding ``task`` at the end of the queue (its ``seq`` is set here)."""
         task.seq = self._next
         self._next += 1
-        if task.inode:
-            self.by_inode.setdefault(task.inode, set()).add(task.seq)
+        self._index(task)
         return [(SEQ_KEY, U64.pack(self._next)), (_key(task.seq), task.SerializeToString())]
 
     def cancel(self, inode: int) -> list[tuple[bytes, bytes]]:
-        """Batch entries canceling every step of ``inode`` (its file was deleted or moved)."""
+        """Batch entries canceling every step of ``inode`` (its file was deleted, moved or
+        written again). The index keeps them until they are done: a caller that fails after
+        this writes nothing, and the steps stay as they were."""
         puts = []
-        for seq in self.by_inode.pop(inode, set()):
+        for seq in self.by_inode.get(inode, set()):
             task = self.get(seq)
             if task is not None and not task.canceled:
                 task.canceled = True
                 puts.append((_key(seq), task.SerializeToString()))
         return puts
+
+    def requeue(self, node: pb.Inode, version: int) -> list[tuple[bytes, bytes]]:
+        """Batch entries queueing ``version`` of a file renamed while it was open, under the key
+        its newest upload step has (the rename's); none when it has none."""
+        latest = None
+        for seq in sorted(self.by_inode.get(node.id, set())):
+            task = self.get(seq)
+            if task is not None and task.kind == pb.PersistTask.UPLOAD:
+                latest = task
+        if latest is None:
+            return []
+        puts = self.cancel(node.id)
+        node.persist, node.persist_error = pb.PERSIST_PENDING, ""
+        return puts + self.new(
+            pb.PersistTask(kind=pb.PersistTask.UPLOAD, inode=node.id, version=version, bind=latest.bind, key=latest.key)
+        )
 
     def put(self, task: pb.PersistTask) -> None:
         self.store.write([(_key(task.seq), task.SerializeToString())])
@@ -114,6 +144,11 @@ class PersistQueue:
             seqs.discard(task.seq)
             if not seqs:
                 self.by_inode.pop(task.inode, None)
+        where = (task.bind, task.key)
+        if task.kind == pb.PersistTask.DELETE and where in self._deletes:
+            self._deletes[where] -= 1
+            if not self._deletes[where]:
+                del self._deletes[where]
         self.store.write(list(extra), [_key(task.seq)])
 
     def pending(self) -> int:
@@ -129,6 +164,7 @@ class Persister:
         self.retry_at: dict[int, float] = {}  # seq -> time.monotonic() of its next attempt
         self.wake = asyncio.Event()
         self.uploaded = self.deleted = 0  # objects completed and deleted since this master leads
+        self._tasks: set[asyncio.Future] = set()  # aborts of stray uploads under way
 
     async def run(self) -> None:
         """Until cancelled: one pass whenever woken (a commit, a report) or every half second."""
@@ -156,11 +192,12 @@ class Persister:
             task = ns.persist.get(seq)  # as it is now: a report may have staged it during this pass
             if task is None:
                 continue
+            ready = self.retry_at.get(task.seq, 0.0) <= now
             if task.canceled:
-                await self._cancel(task)
+                if ready:
+                    await self._cancel(task)
                 continue
             head = task.bind not in blocked
-            ready = self.retry_at.get(task.seq, 0.0) <= now
             if task.kind == pb.PersistTask.DELETE:
                 if head and ready and await self._delete(task):
                     continue
@@ -221,7 +258,10 @@ class Persister:
                 ns.persist.put(task)
                 await self.m.commit()
                 return False
-            upload_id = await ufs.call(store.create_multipart(task.key, node.size, PART_SIZE, {}), bind.uri, timeout)
+            # one part size for the store and the worker: at least S3's minimum, a block, and few
+            # enough parts for S3's 10,000
+            part_size = max(PART_SIZE, node.block_size, -(-node.size // MAX_PARTS))
+            upload_id = await ufs.call(store.create_multipart(task.key, node.size, part_size, {}), bind.uri, timeout)
         except E.PCacheError as exc:
             await self._failed(task, str(exc))
             return False
@@ -261,7 +301,7 @@ class Persister:
                 return False
             worker = alive[task.seq % len(alive)]
         task.upload_id, task.uri = upload_id, bind.uri
-        task.staged = False
+        task.staged, task.size = False, node.size  # the size the upload must have
         ns.persist.put(task)
         await self.m.commit()  # the upload id is known to the follower before any part is sent
         worker.commands.append(
@@ -271,8 +311,10 @@ class Persister:
                 uri=bind.uri,
                 key=task.key,
                 upload_id=upload_id,
-                part_size=max(PART_SIZE, node.block_size),
+                part_size=part_size,
                 blocks=locations,
+                file_size=node.size,
+                block_size=node.block_size,
             )
         )
         self.staging[task.seq] = (worker.worker_id, time.monotonic())
@@ -299,10 +341,8 @@ class Persister:
             await self._failed(task, str(exc), restart=True)
             return False
         now = ns.persist.get(task.seq)
-        if now is None or now.canceled:  # deleted or moved while completing: it must not stay
-            with contextlib.suppress(E.PCacheError):
-                await ufs.call(store.delete([task.key]), bind.uri, timeout)
-            if now is not None:
+        if now is None or now.canceled:  # superseded, deleted or moved while completing: what
+            if now is not None:  # canceled it queued what comes next (a newer upload, a DELETE)
                 ns.persist.done(now)
             await self.m.commit()
             return True
@@ -338,17 +378,40 @@ class Persister:
 
     async def _cancel(self, task: pb.PersistTask) -> None:
         ns, _ = self.m.leading()
-        if task.upload_id:  # its bind may be gone (unbound): the URI it started with
-            with contextlib.suppress(E.PCacheError):
-                store = self.m.ufs.store(pb.Bind(uri=task.uri)) if task.uri else self._store(task)[1]
-                await ufs.call(store.abort_multipart(task.key, task.upload_id), task.uri, self.m.cfg.ufs_timeout)
+        # its bind may be gone (unbound): aborted at the URI it started with, and kept until it is
+        if task.upload_id and task.uri and not await self._abort(task.uri, task.key, task.upload_id):
+            self.retry_at[task.seq] = time.monotonic() + MAX_BACKOFF / 4
+            return
         self.staging.pop(task.seq, None)
         self.retry_at.pop(task.seq, None)
         ns.persist.done(task)
         await self.m.commit()
 
+    async def _abort(self, uri: str, key: str, upload_id: str) -> bool:
+        """Abort a multipart upload; True when it is gone (aborted, or never there)."""
+        try:
+            store = self.m.ufs.store(pb.Bind(uri=uri))
+            await ufs.call(store.abort_multipart(key, upload_id), uri, self.m.cfg.ufs_timeout)
+        except E.NotFound:
+            return True
+        except E.PCacheError as exc:
+            logger.warning("cannot abort the upload of %s/%s yet: %s", uri, key, exc)
+            return False
+        return True
+
+    def worker_restarted(self, worker_id: str) -> None:
+        """A worker registered again (restarted): the uploads it was staging are started anew."""
+        for seq, (wid, _) in list(self.staging.items()):
+            if wid == worker_id:
+                del self.staging[seq]
+                self.wake.set()
+
     async def _failed(self, task: pb.PersistTask, error: str, *, restart: bool = False) -> None:
         """Count a failed attempt, show it on the file, and retry later (from the start)."""
+        self._record_failure(task, error, restart=restart)
+        await self.m.commit()
+
+    def _record_failure(self, task: pb.PersistTask, error: str, *, restart: bool = False) -> None:
         ns, _ = self.m.leading()
         now = ns.persist.get(task.seq)
         if now is None:
@@ -374,25 +437,31 @@ class Persister:
         logger.warning(
             "write-back of %s failed (attempt %d, again in %.0f s): %s", task.key, task.attempts, delay, error
         )
-        await self.m.commit()
 
     def staged(self, report: pb.PersistReport) -> None:
-        """A worker's report on a PERSIST command (``ReportPersist``)."""
+        """A worker's report on a PERSIST command (``ReportPersist``; the caller commits)."""
         ns, _ = self.m.leading()
         task = ns.persist.get(report.task)
-        self.staging.pop(report.task, None)
-        if task is None or task.upload_id != report.upload_id:  # an old attempt's: ignored
+        if task is None or task.canceled or task.upload_id != report.upload_id:
+            if report.upload_id and report.uri:  # an upload no step owns any more: never left open
+                self._spawn(self._abort(report.uri, report.key, report.upload_id))
+            if task is not None and task.upload_id == report.upload_id:
+                self.staging.pop(report.task, None)
             return
-        if report.error:
-            self.wake.set()
-            asyncio.ensure_future(self._failed_later(task, report.error))
+        self.staging.pop(report.task, None)
+        self.wake.set()
+        error = report.error
+        if not error and (report.size != task.size or sum(p.size for p in report.parts) != task.size):
+            error = f"the worker uploaded {report.size} bytes, the file has {task.size}"
+        if error:
+            self._record_failure(task, error, restart=True)
             return
         del task.parts[:]
         task.parts.extend(report.parts)
-        task.size, task.crc32c, task.staged = report.size, report.crc32c, True
+        task.crc32c, task.staged = report.crc32c, True
         ns.persist.put(task)
-        self.wake.set()
 
-    async def _failed_later(self, task: pb.PersistTask, error: str) -> None:
-        with contextlib.suppress(E.PCacheError):
-            await self._failed(task, error, restart=True)
+    def _spawn(self, aw) -> None:
+        fut = asyncio.ensure_future(aw)
+        self._tasks.add(fut)
+        fut.add_done_callback(self._tasks.discard)

@@ -200,7 +200,7 @@ class PartDone(_message.Message):
     def __init__(self, number: _Optional[int] = ..., etag: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
 
 class PersistReport(_message.Message):
-    __slots__ = ("header", "worker_id", "task", "upload_id", "parts", "size", "crc32c", "error")
+    __slots__ = ("header", "worker_id", "task", "upload_id", "parts", "size", "crc32c", "error", "uri", "key")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,8 @@ class PersistReport(_message.Message):
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     worker_id: str
     task: int
@@ -217,7 +219,9 @@ class PersistReport(_message.Message):
     size: int
     crc32c: int
     error: str
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., task: _Optional[int] = ..., upload_id: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[PartDone, _Mapping]]] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    uri: str
+    key: str
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., task: _Optional[int] = ..., upload_id: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[PartDone, _Mapping]]] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., error: _Optional[str] = ..., uri: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class BlockMeta(_message.Message):
     __slots__ = ("block_id", "inode", "length", "crc32c", "replicas", "replication", "quarantined", "ufs")
@@ -443,7 +447,7 @@ class CommittedBlock(_message.Message):
     def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitFileRequest(_message.Message):
-    __slots__ = ("header", "inode", "size", "blocks", "mtime", "base_version", "base_blocks", "replace", "path")
+    __slots__ = ("header", "inode", "size", "blocks", "mtime", "base_version", "base_blocks", "replace", "path", "closing")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -453,6 +457,7 @@ class CommitFileRequest(_message.Message):
     BASE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    CLOSING_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     inode: int
     size: int
@@ -462,10 +467,11 @@ class CommitFileRequest(_message.Message):
     base_blocks: _containers.RepeatedScalarFieldContainer[int]
     replace: bool
     path: str
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ..., mtime: _Optional[float] = ..., base_version: _Optional[int] = ..., base_blocks: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., path: _Optional[str] = ...) -> None: ...
+    closing: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ..., mtime: _Optional[float] = ..., base_version: _Optional[int] = ..., base_blocks: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., path: _Optional[str] = ..., closing: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("addr", "capacity_bytes", "used_bytes", "free_bytes", "inflight", "block_count", "mem_tier_bytes", "mem_tier_hit_ratio", "draining", "metrics_addr")
+    __slots__ = ("addr", "capacity_bytes", "used_bytes", "free_bytes", "inflight", "block_count", "mem_tier_bytes", "mem_tier_hit_ratio", "draining", "metrics_addr", "started")
     ADDR_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -476,6 +482,7 @@ class WorkerInfo(_message.Message):
     MEM_TIER_HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDR_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
     addr: WorkerAddr
     capacity_bytes: int
     used_bytes: int
@@ -486,7 +493,8 @@ class WorkerInfo(_message.Message):
     mem_tier_hit_ratio: float
     draining: bool
     metrics_addr: str
-    def __init__(self, addr: _Optional[_Union[WorkerAddr, _Mapping]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., inflight: _Optional[int] = ..., block_count: _Optional[int] = ..., mem_tier_bytes: _Optional[int] = ..., mem_tier_hit_ratio: _Optional[float] = ..., draining: _Optional[bool] = ..., metrics_addr: _Optional[str] = ...) -> None: ...
+    started: float
+    def __init__(self, addr: _Optional[_Union[WorkerAddr, _Mapping]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., inflight: _Optional[int] = ..., block_count: _Optional[int] = ..., mem_tier_bytes: _Optional[int] = ..., mem_tier_hit_ratio: _Optional[float] = ..., draining: _Optional[bool] = ..., metrics_addr: _Optional[str] = ..., started: _Optional[float] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("header", "info", "blocks")
@@ -519,7 +527,7 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
-    __slots__ = ("kind", "block_id", "targets", "task", "uri", "key", "upload_id", "part_size", "blocks")
+    __slots__ = ("kind", "block_id", "targets", "task", "uri", "key", "upload_id", "part_size", "blocks", "file_size", "block_size")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[WorkerCommand.Kind]
@@ -539,6 +547,8 @@ class WorkerCommand(_message.Message):
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
     PART_SIZE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    FILE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     kind: WorkerCommand.Kind
     block_id: int
     targets: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
@@ -548,7 +558,9 @@ class WorkerCommand(_message.Message):
     upload_id: str
     part_size: int
     blocks: _containers.RepeatedCompositeFieldContainer[BlockLocation]
-    def __init__(self, kind: _Optional[_Union[WorkerCommand.Kind, str]] = ..., block_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., task: _Optional[int] = ..., uri: _Optional[str] = ..., key: _Optional[str] = ..., upload_id: _Optional[str] = ..., part_size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockLocation, _Mapping]]] = ...) -> None: ...
+    file_size: int
+    block_size: int
+    def __init__(self, kind: _Optional[_Union[WorkerCommand.Kind, str]] = ..., block_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., task: _Optional[int] = ..., uri: _Optional[str] = ..., key: _Optional[str] = ..., upload_id: _Optional[str] = ..., part_size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockLocation, _Mapping]]] = ..., file_size: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("epoch", "reregister", "commands", "leader", "block_keys")

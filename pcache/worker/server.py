@@ -96,6 +96,7 @@ class WorkerServer:
         except PermissionError:
             logger.warning("cannot make %s 0700 (not its owner): other users may list its block files", cfg.data_dir)
         self.cfg = cfg
+        self.started = time.time()
         self.worker_id = worker_id_for(cfg.data_dir)
         self.node_id = cfg.node_id or default_node_id()
         self.store = DiskBlockStore(
@@ -204,6 +205,7 @@ class WorkerServer:
                 uds_path=self.uds_path,
                 node_id=self.node_id,
             ),
+            started=self.started,
             capacity_bytes=self.store.capacity_bytes,
             used_bytes=self.store.used_bytes,
             free_bytes=self.store.free_bytes,
@@ -403,13 +405,18 @@ class WorkerServer:
         each block's CRC32C checked as it is read, each part's ETag compared with its MD5 where
         the store's ETag is one; then report the parts (or the error) to the master, which
         completes the upload when the file's turn comes. Never raises."""
-        report = pb.PersistReport(worker_id=self.worker_id, task=cmd.task, upload_id=cmd.upload_id)
+        report = pb.PersistReport(
+            worker_id=self.worker_id, task=cmd.task, upload_id=cmd.upload_id, uri=cmd.uri, key=cmd.key
+        )
         try:
             store = self._ufs_store(cmd.uri)
             buf = bytearray()
             crc = size = 0
             for loc in cmd.blocks:
                 data = await self._block_bytes(loc)
+                place = min(cmd.block_size, cmd.file_size - loc.offset) if cmd.block_size else len(data)
+                if len(data) < place:  # a block shorter than its place in the file: zeros follow
+                    data += bytes(place - len(data))
                 crc = crc32c(data, crc)
                 size += len(data)
                 buf += data
@@ -461,9 +468,16 @@ class WorkerServer:
         number = len(report.parts) + 1
         part = await ufs.call(store.upload_part(cmd.key, cmd.upload_id, number, data), cmd.uri, self.cfg.ufs_timeout)
         etag = part.etag.strip('"')
+        # the store's checksum: a plain S3 part's ETag is its MD5 (an SSE-KMS bucket's is not:
+        # bind it with checksum=crc32 and S3 checks a CRC32 of each part itself instead)
         md5_etag = len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
+        if getattr(store, "checksum", "") == "crc32":
+            md5_etag = False
         if md5_etag and hashlib.md5(data, usedforsecurity=False).hexdigest() != etag.lower():
-            raise CorruptBlock(f"{cmd.uri}/{cmd.key}: part {number} arrived damaged (ETag {etag})")
+            raise CorruptBlock(
+                f"{cmd.uri}/{cmd.key}: part {number}'s ETag {etag} is not the MD5 of what was sent (damaged in"
+                " transit; an SSE-KMS bucket needs checksum=crc32 in the bind's URI)"
+            )
         report.parts.append(pb.PartDone(number=number, etag=etag, size=len(data)))
 
     def _ufs_store(self, uri: str) -> ObjectStore:

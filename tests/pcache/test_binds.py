@@ -776,6 +776,24 @@ def test_write_back_uploads_closed_files_in_close_order_and_deletes_and_renames_
     assert keys == {"run/step-1/.metadata", "run/step-1/shard-0.pt", "run/step-1/shard-1.pt", "run/step-1/shard-9.pt"}
     assert s3.get_object(Bucket=bucket, Key="run/step-1/.metadata")["Body"].read() == b"meta v2"
     assert s3.get_object(Bucket=bucket, Key="run/step-1/shard-9.pt")["Body"].read() == shards["step-1/shard-2.pt"]
+    # a block shorter than its place (a sparse write) uploads with its zeros; a file renamed while
+    # open is uploaded under its new name when it is closed; an fsync alone uploads nothing
+    admin.write_file("/wbk/sparse", b"0123456789")
+    with admin.open("/wbk/sparse", "r+b") as f:
+        f.seek(2 * BOUND_BLOCK + 5)
+        f.write(b"x")
+    sparse = b"0123456789" + bytes(2 * BOUND_BLOCK + 5 - 10) + b"x"
+    assert admin.read_file("/wbk/sparse") == sparse
+    f = admin.open("/wbk/moving", "wb")
+    f.write(b"first half ")
+    f.flush()
+    f.fsync()
+    admin.rename("/wbk/moving", "/wbk/moved")
+    f.write(b"second half")
+    f.close()
+    admin.wait_persisted("/wbk", timeout=60)
+    assert s3.get_object(Bucket=bucket, Key="run/sparse")["Body"].read() == sparse
+    assert s3.get_object(Bucket=bucket, Key="run/moved")["Body"].read() == b"first half second half"
     # deleted while its upload is under way: never appears, and no multipart upload is left open
     big = os.urandom(20 << 20)
     admin.write_file("/wbk/doomed.bin", big)
@@ -784,6 +802,6 @@ def test_write_back_uploads_closed_files_in_close_order_and_deletes_and_renames_
     admin.wait_persisted("/wbk/after", timeout=60)
     time.sleep(1.0)
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="run/").get("Contents", [])}
-    assert "run/doomed.bin" not in keys and "run/after" in keys
+    assert "run/doomed.bin" not in keys and "run/after" in keys and "run/moving" not in keys
     assert not [u["Key"] for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
     admin.unbind("/wbk")
