@@ -129,6 +129,8 @@ def load_cmd(
     Exits 1 when some file could not be loaded (the first errors are listed)."""
     from pcache.client import Client
 
+    if sum((metadata_only, check, evict)) > 1:
+        raise click.UsageError("--metadata-only, --check and --evict exclude each other")
     if evict:
         return ctx.invoke(free_cmd, path=path, as_json=as_json)
     with Client(master=resolve_master(ctx)) as pc, _LoadProgress(enabled=not (no_progress or as_json)) as bar:
@@ -180,7 +182,10 @@ def persist_cmd(ctx: click.Context, path: str, wait: bool, timeout: float) -> in
             except (Timeout, Unavailable) as exc:
                 click.echo(f"pcache: {exc}", err=True)
                 return EXIT_PARTIAL
-            click.echo(f"{count} files under {path} are in their store")
+            if not any(st.persist for st in pc.walk_files(path)):
+                click.echo(f"no file under {path} is in a write-back bind: nothing to wait for")
+            else:
+                click.echo(f"{count} files under {path} are in their store")
             return EXIT_OK
         counts: dict[str, int] = {}
         failed = []

@@ -283,6 +283,10 @@ def test_the_cli_binds_lists_and_unbinds_and_never_prints_a_secret(cluster: Loca
     assert freed.returncode == 0 and "freed 2 blocks (256.0 KiB) of 1 bound files" in freed.stdout, freed.stdout
     missing = pcache("load", "/cli-ds/nope")
     assert missing.returncode != 0 and "nope" in missing.stderr
+    both = pcache("load", "--check", "--metadata-only", "/cli-ds")
+    assert both.returncode != 0 and "exclude each other" in both.stderr
+    unbound = pcache("persist", "--wait", "/cli-ds")
+    assert unbound.returncode == 0 and "nothing to wait for" in unbound.stdout, unbound.stdout + unbound.stderr
     bad = pcache("bind", "/cli-x", f"s3://AKIAX:{SECRET}@{bucket}/")
     assert bad.returncode != 0 and SECRET not in bad.stdout + bad.stderr and "by reference" in bad.stderr
     assert pcache("bind", "/cli-y", uri, "--meta-ttl", "-3").returncode != 0
