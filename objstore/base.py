@@ -30,6 +30,12 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
+def object_uri(store_uri: str, key: str) -> str:
+    """The URI naming object ``key`` of the store at ``store_uri`` (one ``/`` between them),
+    for messages."""
+    return f"{store_uri.rstrip('/')}/{key}"
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """One object: ``size`` in bytes, ``mtime`` in seconds since the epoch.

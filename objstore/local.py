@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from objstore.base import META_CRC32C, META_MTIME, GiB, ListPage, ObjectInfo, PartInfo, StoreLimits
+from objstore.base import META_CRC32C, META_MTIME, GiB, ListPage, ObjectInfo, PartInfo, StoreLimits, object_uri
 from objstore.errors import (
     AccessDenied,
     BadURI,
@@ -215,7 +215,7 @@ class LocalStore:
         try:
             return await asyncio.to_thread(stat)
         except _GONE as exc:
-            raise NoSuchKey("no such object", uri=f"{self.uri}/{key}") from exc
+            raise NoSuchKey("no such object", uri=object_uri(self.uri, key)) from exc
 
     async def get(self, key: str, offset: int = 0, length: int | None = None, *, if_match: str = "") -> bytes:
         """As the contract says; ``if_match`` here is a :func:`weak_etag` (files have no ETag): the
@@ -231,17 +231,17 @@ class LocalStore:
                 raise
             with open(fd, "rb") as fh:
                 if if_match and weak_etag(os.fstat(fd)) != if_match:
-                    raise PreconditionFailed("the file changed since it was listed", uri=f"{self.uri}/{key}")
+                    raise PreconditionFailed("the file changed since it was listed", uri=object_uri(self.uri, key))
                 fh.seek(offset)
                 data = fh.read() if length is None else fh.read(length)
                 if if_match and weak_etag(os.fstat(fd)) != if_match:
-                    raise PreconditionFailed("the file changed while it was read", uri=f"{self.uri}/{key}")
+                    raise PreconditionFailed("the file changed while it was read", uri=object_uri(self.uri, key))
                 return data
 
         try:
             return await asyncio.to_thread(read)
         except _GONE as exc:
-            raise NoSuchKey("no such object", uri=f"{self.uri}/{key}") from exc
+            raise NoSuchKey("no such object", uri=object_uri(self.uri, key)) from exc
 
     def _apply_metadata(self, fd: int, metadata: dict[str, str] | None) -> None:
         """Set the mtime (atime too, as rclone) and the CRC32C xattr of an open file."""
@@ -301,7 +301,9 @@ class LocalStore:
 
     async def create_multipart(self, key: str, size: int, part_size: int, metadata: dict[str, str]) -> str:
         if size < 0 or part_size < 1:
-            raise StoreError(f"bad multipart upload: {size} bytes in parts of {part_size}", uri=f"{self.uri}/{key}")
+            raise StoreError(
+                f"bad multipart upload: {size} bytes in parts of {part_size}", uri=object_uri(self.uri, key)
+            )
         upload = _Upload(new_token(), size, part_size, dict(metadata))
         path, tmp = self._path(key), self._temp_path(key, upload.token)
 
@@ -318,7 +320,7 @@ class LocalStore:
         return upload.encode()
 
     async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> PartInfo:
-        uri = f"{self.uri}/{key}"
+        uri = object_uri(self.uri, key)
         upload = _Upload.decode(upload_id, uri)
         offset, length = part_range(upload.size, upload.part_size, number)
         if number < 1 or len(data) != length or not length:
@@ -340,7 +342,7 @@ class LocalStore:
         return PartInfo(number, len(data))
 
     async def complete_multipart(self, key: str, upload_id: str, parts: list[PartInfo]) -> ObjectInfo:
-        uri = f"{self.uri}/{key}"
+        uri = object_uri(self.uri, key)
         upload = _Upload.decode(upload_id, uri)
         check_parts(upload.size, upload.part_size, parts, uri)
         path, tmp = self._path(key), self._temp_path(key, upload.token)
@@ -362,7 +364,7 @@ class LocalStore:
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:
         try:
-            upload = _Upload.decode(upload_id, f"{self.uri}/{key}")
+            upload = _Upload.decode(upload_id, object_uri(self.uri, key))
         except NoSuchUpload:
             return
         await asyncio.to_thread(_unlink, self._temp_path(key, upload.token))

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from objstore import ObjectInfo, ObjectStore, open_store
 from objstore import errors as S
@@ -31,6 +32,20 @@ def version_tag(info: ObjectInfo) -> str:
     exact = info.metadata.get(META_MTIME)
     ns = parse_mtime_ns(exact) if exact else round(info.mtime * 1e9)
     return f"W/{info.size:x}-{ns}"
+
+
+def bucket_root(uri: str) -> tuple[str, str]:
+    """``(root URI, key prefix)`` of a bind's URI: binds of one bucket with the same options
+    share one store (one connection pool and credential cache on a worker, however many
+    directories of the bucket are bound); its keys are the prefix + the bound file's key.
+    ``file://`` URIs are their own root."""
+    if not uri.startswith(("s3://", "oss://")):
+        return uri, ""
+    parsed = urlsplit(uri)
+    prefix = parsed.path.lstrip("/")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    return urlunsplit((parsed.scheme, parsed.netloc, "/", parsed.query, "")), prefix
 
 
 def translate(exc: BaseException, uri: str) -> E.PCacheError:

@@ -189,7 +189,8 @@ class BlockManager:
             self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
             return
         self.ns.set_block_crc(block_id, crc)
-        self.block_received(worker_id, block_id)
+        self._add_replica(worker_id, block_id)
+        self._check(block_id)
         self._cached(block_id, length)
         if len(self.live_replicas(block_id)) < self.target.get(block_id, 1):
             self.under.add(block_id)  # copied to ``replication`` workers, as every block
@@ -250,18 +251,22 @@ class BlockManager:
         logger.warning("worker %s is dead; %d blocks under-replicated", worker_id, len(self.under))
 
     def block_received(self, worker_id: str, block_id: int) -> None:
-        """A worker stored a copy made by re-replication."""
-        if block_id not in self.locations:
+        """A worker stored a copy made by re-replication. A copy of a bound file's block that
+        was evicted meanwhile (no copy left: the REPLICATE was sent before the eviction or
+        ``pcache free``) is deleted: only a fetch brings an evicted block back
+        (:meth:`fetched`)."""
+        if block_id not in self.locations or (block_id in self.ufs and not self.locations[block_id]):
+            self.inflight.pop(block_id, None)
             self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
             return
+        self._add_replica(worker_id, block_id)
+        self._check(block_id)
+
+    def _add_replica(self, worker_id: str, block_id: int) -> None:
         self.locations[block_id].add(worker_id)
         self.by_worker.setdefault(worker_id, set()).add(block_id)
         self.inflight.pop(block_id, None)
         self._persist(block_id)
-        if block_id in self.ufs and block_id not in self.lru:  # a copy landing after an eviction
-            meta = self.ns.get_block(block_id)
-            self._cached(block_id, meta.length if meta else 0)
-        self._check(block_id)
 
     def bad_block(self, worker_id: str, block_id: int) -> None:
         """A replica failed its CRC: quarantine it (out of service, kept) and re-replicate from a

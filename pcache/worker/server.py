@@ -372,10 +372,10 @@ class WorkerServer:
         src: pb.UfsSource = await self._to_leader(
             "UfsBlockSource", pb.BlockReport(worker_id=self.worker_id, block_id=block_id)
         )
-        store = self._ufs_store(src.uri)
+        store, prefix = self._ufs_store(src.uri)
         # only the version listed: S3 If-Match on its ETag; file:// checks size and mtime around the read
         data = await ufs.call(
-            store.get(src.key, src.offset, src.length, if_match=src.etag), src.uri, self.cfg.ufs_timeout
+            store.get(prefix + src.key, src.offset, src.length, if_match=src.etag), src.uri, self.cfg.ufs_timeout
         )
         if len(data) != src.length:
             raise StaleHandle(
@@ -409,7 +409,7 @@ class WorkerServer:
             worker_id=self.worker_id, task=cmd.task, upload_id=cmd.upload_id, uri=cmd.uri, key=cmd.key
         )
         try:
-            store = self._ufs_store(cmd.uri)
+            store, prefix = self._ufs_store(cmd.uri)
             buf = bytearray()
             crc = size = 0
             for loc in cmd.blocks:
@@ -421,10 +421,10 @@ class WorkerServer:
                 size += len(data)
                 buf += data
                 while len(buf) >= cmd.part_size:
-                    await self._upload_part(store, cmd, report, bytes(buf[: cmd.part_size]))
+                    await self._upload_part(store, prefix + cmd.key, cmd, report, bytes(buf[: cmd.part_size]))
                     del buf[: cmd.part_size]
             if buf or not report.parts:
-                await self._upload_part(store, cmd, report, bytes(buf))
+                await self._upload_part(store, prefix + cmd.key, cmd, report, bytes(buf))
             report.size, report.crc32c = size, crc
         except PCacheError as exc:
             logger.warning("write-back of %s/%s failed: %s", cmd.uri, cmd.key, exc)
@@ -463,10 +463,10 @@ class WorkerServer:
         return data
 
     async def _upload_part(
-        self, store: ObjectStore, cmd: pb.WorkerCommand, report: pb.PersistReport, data: bytes
+        self, store: ObjectStore, key: str, cmd: pb.WorkerCommand, report: pb.PersistReport, data: bytes
     ) -> None:
         number = len(report.parts) + 1
-        part = await ufs.call(store.upload_part(cmd.key, cmd.upload_id, number, data), cmd.uri, self.cfg.ufs_timeout)
+        part = await ufs.call(store.upload_part(key, cmd.upload_id, number, data), cmd.uri, self.cfg.ufs_timeout)
         etag = part.etag.strip('"')
         # the store's checksum: a plain S3 part's ETag is its MD5 (an SSE-KMS bucket's is not:
         # bind it with checksum=crc32 and S3 checks a CRC32 of each part itself instead)
@@ -480,14 +480,17 @@ class WorkerServer:
             )
         report.parts.append(pb.PartDone(number=number, etag=etag, size=len(data)))
 
-    def _ufs_store(self, uri: str) -> ObjectStore:
-        store = self._ufs_stores.get(uri)
+    def _ufs_store(self, uri: str) -> tuple[ObjectStore, str]:
+        """The store of a bind's bucket (shared by the binds of one bucket:
+        :func:`~pcache.common.ufs.bucket_root`) and the key prefix of ``uri`` in it."""
+        root, prefix = ufs.bucket_root(uri)
+        store = self._ufs_stores.get(root)
         if store is None:
             try:
-                store = self._ufs_stores[uri] = open_store(uri)
+                store = self._ufs_stores[root] = open_store(root)
             except StoreError as exc:
                 raise ufs.translate(exc, uri) from exc
-        return store
+        return store, prefix
 
     async def report_bad_block(self, block_id: int) -> None:
         """Tell the master a local replica failed its CRC (it deletes and re-replicates)."""

@@ -335,3 +335,40 @@ def test_allocate_places_a_pipeline_and_rolls_back_when_nobody_has_room() -> Non
         c.bm.allocate(node.id, 0, client_node="")
     with pytest.raises(E.NotFound):
         Cluster().bm.allocate(99999, 0, client_node="")
+
+
+def bound_block(c: Cluster) -> int:
+    """A bound file's one block (replication 2), as its first read makes it (not cached yet)."""
+    bind = c.ns.bind("/b", "file:///nonexistent/store")
+    c.ns.merge_listing(bind.inode, [("f", 100, "etag", 0.0)], [], now=0.0)
+    (meta,) = c.ns.ufs_blocks(c.ns.resolve("/b/f").id)
+    c.bm.tracked_ufs([meta])
+    return meta.block_id
+
+
+def test_a_copy_landing_after_an_eviction_is_deleted(c: Cluster) -> None:
+    """A REPLICATE sent before ``pcache free`` (or an eviction) that lands after it must not make
+    the block cached again with one stray copy: only a fetch brings an evicted block back."""
+    b = bound_block(c)
+    c.bm.fetched("w1", b, 100, 0x1234)
+    assert c.bm.locations[b] == {"w1"} and c.bm.evictable() == 1 and b in c.bm.under
+    assert c.bm.schedule() == 1
+    ((kind, block, targets),) = c.take("w1")
+    assert (kind, block) == (REPLICATE, b)
+    assert c.bm.evict_block(b) == 100
+    assert c.take("w1") == [(DELETE, b, [])] and c.bm.locations[b] == set()
+    c.bm.block_received(targets[0], b)  # the copy lands late
+    assert c.take(targets[0]) == [(DELETE, b, [])]
+    assert c.bm.locations[b] == set() and c.bm.evictable() == 0 and b not in c.bm.inflight
+    # a later read fetches it again, and it is cached (and evictable) as before
+    c.bm.fetched("w2", b, 100, 0x1234)
+    assert c.bm.locations[b] == {"w2"} and c.bm.evictable() == 1
+
+
+def test_a_fetch_that_disagrees_with_the_first_copy_is_dropped(c: Cluster) -> None:
+    b = bound_block(c)
+    c.bm.fetched("w1", b, 100, 0x1234)
+    c.bm.fetched("w2", b, 100, 0x9999)  # another CRC: the object changed under an open file
+    assert c.take("w2") == [(DELETE, b, [])] and c.bm.locations[b] == {"w1"}
+    c.bm.fetched("w3", b, 99, 0x1234)  # short
+    assert c.take("w3") == [(DELETE, b, [])] and c.bm.locations[b] == {"w1"}
