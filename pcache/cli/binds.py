@@ -204,7 +204,9 @@ def _echo_load(report: LoadReport, metadata_only: bool, check: bool) -> None:
     click.echo(
         f"{report.files} files ({human_bytes(report.bytes)}) in {report.dirs} directories, {report.seconds:.1f} s"
     )
-    if not metadata_only:
+    if not metadata_only and not report.blocks:
+        click.echo("nothing to fetch: no file under it has data")
+    elif not metadata_only:
         cached = 100.0 * report.cached_bytes / report.bytes if report.bytes else 100.0
         click.echo(f"cached before: {report.cached_blocks} of {report.blocks} blocks ({cached:.1f}% of the bytes)")
         if not check:

@@ -503,11 +503,14 @@ class BlockManager:
 
     def under_replicated(self) -> int:
         """Blocks with some but fewer good live replicas than their target (capped by the live
-        workers); blocks with none are counted as missing or corrupt instead, as ``pcache fsck`` does."""
+        workers); blocks with none are counted as missing or corrupt instead, as ``pcache fsck`` does.
+        Cached blocks of bound files are not counted: the under-store holds them (a full cache
+        leaves them with fewer copies, and nothing is at risk)."""
         alive = len(self.registry.alive())
         return sum(
             1 for b in self.under
-            if b in self.locations and 0 < len(self.live_replicas(b)) < min(self.target.get(b, 1), alive)
+            if b in self.locations and b not in self.ufs
+            and 0 < len(self.live_replicas(b)) < min(self.target.get(b, 1), alive)
         )  # fmt: skip
 
     # ---------------------------------------------------------- helpers --

@@ -283,6 +283,9 @@ def test_the_cli_binds_lists_and_unbinds_and_never_prints_a_secret(cluster: Loca
     assert freed.returncode == 0 and "freed 2 blocks (256.0 KiB) of 1 bound files" in freed.stdout, freed.stdout
     missing = pcache("load", "/cli-ds/nope")
     assert missing.returncode != 0 and "nope" in missing.stderr
+    assert pcache("mkdir", "/cli-empty").returncode == 0
+    empty = pcache("load", "/cli-empty")
+    assert empty.returncode == 0 and "nothing to fetch" in empty.stdout and "of 0 blocks" not in empty.stdout
     both = pcache("load", "--check", "--metadata-only", "/cli-ds")
     assert both.returncode != 0 and "exclude each other" in both.stderr
     unbound = pcache("persist", "--wait", "/cli-ds")

@@ -352,6 +352,7 @@ def test_a_copy_landing_after_an_eviction_is_deleted(c: Cluster) -> None:
     b = bound_block(c)
     c.bm.fetched("w1", b, 100, 0x1234)
     assert c.bm.locations[b] == {"w1"} and c.bm.evictable() == 1 and b in c.bm.under
+    assert c.bm.under_replicated() == 0  # one cached copy of two: the store has it, nothing at risk
     assert c.bm.schedule() == 1
     ((kind, block, targets),) = c.take("w1")
     assert (kind, block) == (REPLICATE, b)

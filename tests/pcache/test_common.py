@@ -388,3 +388,24 @@ def test_the_mount_refuses_a_token_on_its_command_line(tmp_path) -> None:
     )  # fmt: skip
     assert proc.returncode == 3 and "not taken on a command line" in proc.stderr
     assert "s3cr3t" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("uri", "root", "prefix"),
+    [
+        ("s3://bkt/ds/web/?endpoint_url=http://h:9000", "s3://bkt/?endpoint_url=http://h:9000", "ds/web/"),
+        ("s3://bkt/ds/web?endpoint_url=http://h:9000", "s3://bkt/?endpoint_url=http://h:9000", "ds/web/"),
+        ("s3://bkt", "s3://bkt/", ""),
+        ("oss://b/x/?region=oss-cn-hangzhou", "oss://b/?region=oss-cn-hangzhou", "x/"),
+        ("file:///data/store", "file:///data/store", ""),
+    ],
+)
+def test_binds_of_one_bucket_share_a_store_root(uri: str, root: str, prefix: str) -> None:
+    """A worker keeps one store per bucket and options; the prefix + a file's key is the same
+    object key the bind's own store would use."""
+    from objstore import open_store
+    from pcache.common.ufs import bucket_root
+
+    assert bucket_root(uri) == (root, prefix)
+    if not uri.startswith("file"):
+        assert open_store(uri).base == open_store(root).base + prefix
