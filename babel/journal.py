@@ -34,6 +34,7 @@ from typing import Any
 import rocksdict
 
 from objstore.base import ObjectInfo
+from objstore.errors import StoreError as BabelError
 
 KINDS = "sdpucvem"
 
@@ -71,6 +72,10 @@ def decode_info(key: str, raw: bytes) -> ObjectInfo:
     return ObjectInfo(key, rec["z"], rec["t"], rec.get("e", ""), rec.get("m", {}))
 
 
+class JobBusy(BabelError):
+    """Another process has the job open (its journal's RocksDB lock)."""
+
+
 class Journal:
     """The RocksDB state of one job (see the module docstring for the record layout)."""
 
@@ -84,7 +89,17 @@ class Journal:
         opts.create_if_missing(create)
         opts.set_write_buffer_size(16 << 20)  # memtables flush as sorted runs: memory stays bounded
         opts.set_max_write_buffer_number(2)
-        self._db = rocksdict.Rdict(os.path.join(self.dir, "db"), opts)
+        try:
+            self._db = rocksdict.Rdict(os.path.join(self.dir, "db"), opts)
+        except Exception as exc:  # rocksdict raises a bare Exception for RocksDB's IO errors
+            if "LOCK" not in str(exc):
+                raise
+            pid = self.describe().get("pid")
+            raise JobBusy(
+                f"job {job_id} is running{f' (pid {pid})' if pid else ''}: wait for it (babel jobs), or stop it"
+                " and resume it then",
+                uri=self.dir,
+            ) from exc
         self._wopts = rocksdict.WriteOptions()
 
     # ------------------------------------------------------------ the job --

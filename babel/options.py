@@ -75,6 +75,9 @@ class SyncOptions:
     """Skip objects whose sizes match (no mtime or checksum comparison)."""
     checksum: bool = False
     """Compare Babel's stored CRC32C instead of mtimes where both sides have one."""
+    ignore_times: bool = False
+    """Copy every object, even one whose size and mtime match (``rclone --ignore-times``): how
+    an object that ``babel verify`` found corrupt is repaired."""
     multipart_threshold: int = DEFAULT_THRESHOLD
     """Objects of at least this many bytes are copied as multipart uploads."""
     part_size: int | None = None
@@ -168,6 +171,7 @@ RULES: dict[str, Callable[[Any], None]] = {
     "bwlimit": _optional(_positive),
     "verify": _verify_mode,
     "size_only": _bool,
+    "ignore_times": _bool,
     "checksum": _bool,
     "multipart_threshold": _bytes(1),
     "part_size": _optional(_bytes(MIN_PART_SIZE, MAX_PART_SIZE)),

@@ -103,10 +103,16 @@ def needs_head(dst: ObjectInfo, *, size_only: bool = False) -> bool:
     return not size_only and META_MTIME not in dst.metadata
 
 
-def decide(src: ObjectInfo, dst: ObjectInfo | None, *, size_only: bool = False, checksum: bool = False) -> Decision:
-    """Copy or skip a source object given its destination counterpart (see the module rules)."""
+def decide(
+    src: ObjectInfo, dst: ObjectInfo | None, *, size_only: bool = False, checksum: bool = False,
+    ignore_times: bool = False,
+) -> Decision:  # fmt: skip
+    """Copy or skip a source object given its destination counterpart (see the module rules);
+    ``ignore_times`` copies it in every case."""
     if dst is None:
         return Decision("copy", "new")
+    if ignore_times:
+        return Decision("copy", "--ignore-times")
     if src.size != dst.size:
         return Decision("copy", "size")
     if size_only:

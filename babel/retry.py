@@ -14,6 +14,8 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 T = TypeVar("T")
 
+ATTEMPTS = 6  # tries per store call, the first included: copies, planning HEADs and verification
+
 
 def is_retryable(exc: BaseException) -> bool:
     """Whether ``exc`` is worth another attempt (its type says ``retryable``)."""

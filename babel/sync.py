@@ -26,21 +26,24 @@ import builtins
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from babel.backends import open_store
-from babel.errors import BabelError, BadURI, NoSuchBucket
+from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, TransientError
 from babel.journal import Journal, new_job_id
 from babel.lister import list_parallel_pages
 from babel.options import SyncOptions, options_from_dict
 from babel.planner import Decision, decide, merge_join, needs_head
+from babel.retry import ATTEMPTS, with_retries
 from babel.transfer import CopyResult, Transferer
 from babel.verify import VerifyResult, check_full, check_metadata, check_sample
 from objstore.base import META_CRC32C, ObjectInfo, ObjectStore
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_REPORTED = 50  # errors and verification failures listed in a report
 
@@ -73,15 +76,19 @@ class SyncReport:
     failed: int = 0
     retries: int = 0
     parts_reused: int = 0
+    vanished: int = 0  # planned copies whose source was deleted before its turn (not failures)
+    not_files: dict[str, int] = field(default_factory=dict)  # source symlinks, FIFOs... skipped, by kind
     seconds: float = 0.0
     verification: dict[str, Any] = field(default_factory=dict)
     errors: list[dict[str, str]] = field(default_factory=list)
+    errors_total: int = 0  # errors listed or not: the list keeps the first MAX_REPORTED
     fatal: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the ``--json`` report)."""
         doc = asdict(self)
         doc["bytes_per_second"] = self.copied_bytes / self.seconds if self.seconds > 0 else 0.0
+        doc["errors_not_listed"] = max(0, self.errors_total - len(self.errors))
         return doc
 
     @property
@@ -115,10 +122,19 @@ def _note_verify(report: SyncReport, kind: str, result: VerifyResult) -> None:
         section["failed"] += 1
         if len(report.verification["failures"]) < MAX_REPORTED:
             report.verification["failures"].append({"key": result.key, "check": kind, "detail": result.detail})
+        report.errors_total += 1
+        if len(report.errors) < MAX_REPORTED:  # a partial job always names what failed, and why
+            report.errors.append({"key": result.key, "error": f"verification ({kind}) failed: {result.detail}"})
 
 
 def _is_filesystem(store: ObjectStore) -> bool:
     return store.uri.startswith(("file:", "pcache:"))
+
+
+def _keys_are_paths(store: ObjectStore) -> bool:
+    """A file system, or an S3 server that keeps objects as files (``provider=rclone``): a
+    ``dir/`` marker key cannot be stored there (the directory exists by its files)."""
+    return _is_filesystem(store) or bool(getattr(store, "keys_are_paths", False))
 
 
 class SyncJob:
@@ -157,6 +173,7 @@ class SyncJob:
         if self.journal.marked("listed"):
             counts = self.journal.get("m", "listed")
             self.report.listed_src, self.report.listed_dst = counts["src"], counts["dst"]
+            self.report.not_files = counts.get("not_files", {})
             return
         self.journal.clear("s")
         self.journal.clear("d")
@@ -166,7 +183,12 @@ class SyncJob:
             self._list_into(self.dst, "d", missing_ok=_is_filesystem(self.dst)),
         )
         self.report.listed_src, self.report.listed_dst = src_n, dst_n
-        self.journal.mark("listed", {"src": src_n, "dst": dst_n})
+        kinds = list(getattr(self.src, "not_files", {}).values())
+        self.report.not_files = {kind: kinds.count(kind) for kind in sorted(set(kinds))}
+        if kinds:
+            logger.warning("%d source entries are no regular files and are not copied: %s", len(kinds),
+                           ", ".join(f"{n} {k}s" for k, n in self.report.not_files.items()))  # fmt: skip
+        self.journal.mark("listed", {"src": src_n, "dst": dst_n, "not_files": self.report.not_files})
 
     async def plan(self) -> None:
         """Phase 2: copy/skip/delete decisions into ``p/`` records."""
@@ -192,10 +214,20 @@ class SyncJob:
         async def head_then_decide(src: ObjectInfo, dst: ObjectInfo) -> None:
             try:
                 async with checkers:
-                    full = await self.dst.head(dst.key)
+                    full = await self._retry(lambda: self.dst.head(dst.key))
             except FileNotFoundError:
                 full = None  # deleted since it was listed
-            record(src, full, decide(src, full, size_only=self.opts.size_only, checksum=self.opts.checksum))
+            record(
+                src,
+                full,
+                decide(
+                    src,
+                    full,
+                    size_only=self.opts.size_only,
+                    checksum=self.opts.checksum,
+                    ignore_times=self.opts.ignore_times,
+                ),
+            )
 
         for src, dst in merge_join(self.journal.scan_listing("s"), self.journal.scan_listing("d")):
             key = (src or dst).key  # type: ignore[union-attr]
@@ -205,14 +237,21 @@ class SyncJob:
                 if self.opts.delete:
                     record(None, dst, Decision("delete", "extraneous"))
                 continue
-            if src.key.endswith("/") and _is_filesystem(self.dst):
-                record(src, dst, Decision("skip", "directory marker"))
+            if src.key.endswith("/") and _keys_are_paths(self.dst):
+                if src.size:  # a marker with content: skipping it would lose bytes without a word
+                    reason = (f"a directory marker with {src.size} bytes of content cannot be stored on"
+                              f" {self.dst.uri} (its keys are file paths): not copied")  # fmt: skip
+                    self.journal.put("p", src.key, {"a": "fail", "r": reason})
+                    counts["fail"] = counts.get("fail", 0) + 1
+                else:
+                    record(src, dst, Decision("skip", "directory marker"))
                 continue
             if (
                 dst is not None
                 and dst.size == src.size
                 and needs_head(dst, size_only=self.opts.size_only)
                 and not self.opts.size_only
+                and not self.opts.ignore_times
             ):
                 task = asyncio.create_task(head_then_decide(src, dst))
                 pending.add(task)
@@ -222,7 +261,17 @@ class SyncJob:
                     for t in done:
                         t.result()
                 continue
-            record(src, dst, decide(src, dst, size_only=self.opts.size_only, checksum=self.opts.checksum))
+            record(
+                src,
+                dst,
+                decide(
+                    src,
+                    dst,
+                    size_only=self.opts.size_only,
+                    checksum=self.opts.checksum,
+                    ignore_times=self.opts.ignore_times,
+                ),
+            )
         if pending:
             for outcome in await asyncio.gather(*pending, return_exceptions=True):
                 if isinstance(outcome, BaseException):
@@ -234,11 +283,17 @@ class SyncJob:
         counts = self.journal.get("m", "planned")
         self.report.skipped = counts["skip"]
         self.report.planned_delete = counts["delete"]
+        if counts.get("fail"):  # objects the plan found impossible to copy, by name (every run says so)
+            for key, rec in self.journal.scan("p"):
+                if rec["a"] == "fail":
+                    self._error(key, rec["r"])
         todo_objects = todo_bytes = 0
         for key in self._to_copy():
             todo_objects += 1
             todo_bytes += self._source(key).size
-        self.report.already_done = counts["copy"] - todo_objects
+        vanished_before = self.journal.get("m", "vanished") or 0
+        self.report.vanished = vanished_before
+        self.report.already_done = counts["copy"] - todo_objects - vanished_before
         if self.opts.dry_run:
             self.report.copied = todo_objects
             self.report.copied_bytes = todo_bytes
@@ -259,10 +314,14 @@ class SyncJob:
         async def one(info: ObjectInfo) -> None:
             try:
                 result: CopyResult = await xfer.copy(info)
+            except NoSuchKey as exc:
+                if not await self._source_gone(info.key):
+                    self._copy_failed(info.key, exc)
+                    return
+                await self._vanished(xfer, info.key)
+                return
             except (BabelError, OSError, ValueError) as exc:  # ValueError: e.g. a key the destination cannot encode
-                message = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode()
-                self.journal.put("e", info.key, message)
-                self._error(info.key, message)
+                self._copy_failed(info.key, exc)
                 return
             self.journal.put(
                 "c",
@@ -277,6 +336,34 @@ class SyncJob:
 
         await _bounded((one(self._source(k)) for k in self._to_copy()), max(2 * self.opts.transfers, 32))
         self.report.retries += xfer.stats.retries
+
+    def _copy_failed(self, key: str, exc: BaseException) -> None:
+        message = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode()
+        self.journal.put("e", key, message)
+        self._error(key, message)
+
+    async def _source_gone(self, key: str) -> bool:
+        """Whether the source object was deleted since it was listed (a HEAD says no such key)."""
+        try:
+            await self._retry(lambda: self.src.head(key))
+        except FileNotFoundError:
+            return True
+        except (BabelError, OSError):
+            return False
+        return False
+
+    async def _vanished(self, xfer: Transferer, key: str) -> None:
+        """A planned copy whose source is gone: noted (``vanished``), not failed, its open multipart
+        upload (of this run or a killed one) aborted, and never tried again on resume."""
+        upload = self.journal.get("u", key)
+        if upload is not None:
+            await xfer.abort(key, upload["upload_id"])
+            self.journal.delete("u", key)
+        self.journal.put("p", key, {"a": "vanished", "r": "deleted at the source since it was listed"})
+        self.journal.delete("e", key)
+        self.report.vanished += 1
+        self.journal.put("m", "vanished", (self.journal.get("m", "vanished") or 0) + 1)
+        logger.info("%s: deleted at the source since it was listed; not copied", key)
 
     def _to_copy(self):
         """Keys planned for copying that have no ``c/`` record yet, in key order (streamed)."""
@@ -351,9 +438,11 @@ class SyncJob:
         await _bounded((one(k, r) for k, r in self.journal.scan("c")), 4 * self.opts.checkers)
 
     async def _verify_one(self, key: str, rec: dict[str, Any]) -> builtins.list[VerifyResult]:  # .list: a phase
+        """The checks of one copied object; a throttled or transient store error is retried
+        (:meth:`_retry`), so a failed check means the bytes or metadata differ."""
         src = self._source(key)
         try:
-            dst = await self.dst.head(key)
+            dst = await self._retry(lambda: self.dst.head(key))
         except FileNotFoundError:
             return [VerifyResult(key, "metadata", False, "missing at the destination", 0, 0)]
         meta = await check_metadata(src, dst)
@@ -364,14 +453,25 @@ class SyncJob:
         if self.opts.verify == "full" or (self.opts.verify == "sample" and small):
             # an object no bigger than the sample reads whole anyway: check it against the in-stream
             # CRC32C (stronger, and the source is not read again)
-            results.append(await check_full(self.dst, key, src.size, rec["crc32c"], dst_info=dst))
+            results.append(await self._retry(lambda: check_full(self.dst, key, src.size, rec["crc32c"], dst_info=dst)))
         elif self.opts.verify == "sample":
             results.append(
-                await check_sample(
-                    self.src, self.dst, key, src.size, samples=self.opts.samples, sample_size=self.opts.sample_size
+                await self._retry(
+                    lambda: check_sample(
+                        self.src, self.dst, key, src.size, samples=self.opts.samples, sample_size=self.opts.sample_size
+                    )
                 )
             )
         return results
+
+    async def _retry(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """``fn()`` retried on throttling and transient errors as copies are
+        (:func:`~babel.retry.with_retries`, :data:`~babel.retry.ATTEMPTS` tries), counted in the report."""
+
+        def count(_exc: BaseException) -> None:
+            self.report.retries += 1
+
+        return await with_retries(fn, attempts=ATTEMPTS, on_retry=count)
 
     # ------------------------------------------------------------ driver --
 
@@ -382,6 +482,7 @@ class SyncJob:
 
     def _error(self, key: str, message: str) -> None:
         self.report.failed += 1
+        self.report.errors_total += 1
         if len(self.report.errors) < MAX_REPORTED:
             self.report.errors.append({"key": key, "error": message})
 
@@ -390,6 +491,8 @@ class SyncJob:
         start = time.monotonic()
         self.journal.update(state="running", pid=os.getpid())
         try:
+            await asyncio.gather(_check_reachable(self.src), _check_reachable(self.dst))
+            _check_destination(self.dst)
             await self.list()
             await self.plan()
             await self.copy()
@@ -408,6 +511,52 @@ class SyncJob:
             self.report.state = "partial" if (self.report.failed or bad) else "ok"
         self.journal.update(state=self.report.state, phase="done", summary=self.report.to_dict(), pid=None)
         return self.report
+
+
+def _check_destination(store: ObjectStore) -> None:
+    """A ``file://`` destination must be a directory (or not exist yet).
+
+    Raises:
+        BabelError: it is a file (every object would fail on its own otherwise).
+    """
+    root = getattr(store, "root", None)
+    if store.uri.startswith("file:") and root and os.path.exists(root) and not os.path.isdir(root):
+        raise BabelError("the destination is a file, not a directory: nothing can be copied into it", uri=store.uri)
+
+
+REACH_TIMEOUT = 4.0  # seconds per TCP connect of the start-up check
+REACH_TRIES = 3  # connects before an endpoint is called unreachable (about 10 s at most)
+
+
+async def _check_reachable(store: ObjectStore) -> None:
+    """Fail fast when an object store's endpoint takes no TCP connection at all (refused, no
+    route, unknown host): the job's request retries, made to ride out a store's hiccups, would
+    spend over a minute on one that is not there. A store that answers, even slowly or with an
+    error, passes; so do stores without an endpoint URL (AWS's own, file systems).
+
+    Raises:
+        TransientError: ``REACH_TRIES`` connects in a row failed.
+    """
+    endpoint_url = getattr(store, "endpoint_url", None)
+    url = endpoint_url() if callable(endpoint_url) else None
+    if not url:
+        return
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    error: BaseException | None = None
+    for attempt in range(REACH_TRIES):
+        try:
+            async with asyncio.timeout(REACH_TIMEOUT):
+                _reader, writer = await asyncio.open_connection(host, port)
+            writer.close()
+            return
+        except (OSError, TimeoutError) as exc:
+            error = exc
+            await asyncio.sleep(0.5 * (attempt + 1))
+    raise TransientError(
+        f"endpoint {url} unreachable: {REACH_TRIES} connections failed ({type(error).__name__}: {error})",
+        uri=store.uri,
+    ) from error
 
 
 async def _bounded(coros, limit: int) -> None:
@@ -485,8 +634,10 @@ async def run_sync(
     state_dir: str,
     job_id: str | None = None,
     progress: Progress | None = None,
+    on_job: Callable[[str], None] | None = None,
 ) -> SyncReport:
-    """Sync ``src_uri`` to ``dst_uri`` as a new job, or resume ``job_id``.
+    """Sync ``src_uri`` to ``dst_uri`` as a new job, or resume ``job_id``; ``on_job`` is told
+    the job's id as soon as its journal exists (what a resume needs after Ctrl-C).
 
     A resumed job takes its URIs and options from its journal (``src_uri``/``dst_uri``
     may then be empty).
@@ -504,6 +655,8 @@ async def run_sync(
     else:
         options = options or SyncOptions()
         journal = Journal(state_dir, create_job(src_uri, dst_uri, options, state_dir))
+    if on_job is not None:
+        on_job(journal.job_id)
     try:
         job = SyncJob(src_uri, dst_uri, options, journal, progress)
         return await job.run()
@@ -545,13 +698,14 @@ async def run_verify(
             async with sem:
                 try:
                     if needs_head(dst):
-                        dst = await job.dst.head(key)
+                        dst = await job._retry(lambda: job.dst.head(key))
                     results = [await check_metadata(src, dst)]
                     if options.verify == "sample":
-                        results.append(await check_sample(job.src, job.dst, key, src.size, samples=options.samples,
-                                                          sample_size=options.sample_size))  # fmt: skip
+                        results.append(await job._retry(lambda: check_sample(
+                            job.src, job.dst, key, src.size, samples=options.samples, sample_size=options.sample_size
+                        )))  # fmt: skip
                     elif options.verify == "full":
-                        results.append(await check_full(job.dst, key, src.size, None, src=job.src))
+                        results.append(await job._retry(lambda: check_full(job.dst, key, src.size, None, src=job.src)))
                 except (BabelError, OSError) as exc:
                     results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
             for result in results:

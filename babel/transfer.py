@@ -22,6 +22,7 @@ denied request fails at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -33,7 +34,7 @@ from aiolimiter import AsyncLimiter
 from babel.checksum import crc32c, crc64ecma, crc64ecma_combine
 from babel.checksum import crc32c_combine as combine32
 from babel.errors import BabelError, NoSuchUpload
-from babel.retry import with_retries
+from babel.retry import ATTEMPTS, with_retries
 from objstore.base import META_CRC32C, META_MTIME, MiB, ObjectInfo, ObjectStore, PartInfo
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class Transferer:
         part_size: int | None = None,
         bwlimit: float | None = None,
         memory: int = 512 * MiB,
-        retries: int = 6,
+        retries: int = ATTEMPTS,
         journal: Any = None,
     ) -> None:
         self.src = src
@@ -254,17 +255,23 @@ class Transferer:
             and record["size"] == info.size
             and record["mtime"] == info.mtime
             and record["part_size"] == part_size
+            and record.get("etag", "") == info.etag
         ):
             upload_id = record["upload_id"]
             done = {int(n): p for n, p in record["parts"].items()}
+            if done and not info.etag and not await self._parts_still_match(info, done, part_size):
+                logger.warning("%s: rewritten since its upload began (same size and mtime): starting over", info.key)
+                await self.abort(info.key, upload_id)
+                upload_id, done = "", {}
         elif record:
-            await self._abort(info.key, record["upload_id"])
+            await self.abort(info.key, record["upload_id"])
         resumed = len(done)
         if not upload_id:
             upload_id = await self._retry(
                 lambda: self.dst.create_multipart(info.key, info.size, part_size, self.metadata(info, None))
             )
-            record = {"upload_id": upload_id, "size": info.size, "mtime": info.mtime, "part_size": part_size}
+            record = {"upload_id": upload_id, "size": info.size, "mtime": info.mtime, "part_size": part_size,
+                      "etag": info.etag}  # fmt: skip
             self._save_upload(info.key, record, done)
         assert record is not None  # resumed, or created just above
         lock = asyncio.Lock()
@@ -301,7 +308,7 @@ class Transferer:
             # publish only if the source is still the object that was listed
             now = await self._retry(lambda: self.src.head(info.key))
             if _changed(info, now):
-                await self._abort(info.key, upload_id)
+                await self.abort(info.key, upload_id)
                 if self.journal is not None:
                     self.journal.delete("u", info.key)
                 raise SourceChanged(
@@ -319,7 +326,7 @@ class Transferer:
                 raise
         except BaseException:
             if not limits.resumable_uploads:
-                await self._abort(info.key, upload_id)
+                await self.abort(info.key, upload_id)
             raise
         crc = 0
         c64 = 0
@@ -334,11 +341,25 @@ class Transferer:
             self.journal.delete("u", info.key)
         return CopyResult(info.key, info.size, crc, count, 0.0, note, resumed)
 
+    async def _parts_still_match(self, info: ObjectInfo, done: dict[int, dict[str, Any]], part_size: int) -> bool:
+        """Whether the source still holds the bytes of the parts an earlier run uploaded: their
+        CRC32Cs, recorded as they were sent, against the source read again. A source without
+        ETags (a file system) can be rewritten with the same size and mtime, and a resumed upload
+        must not publish old parts with new ones."""
+        for number in sorted(done):
+            offset = (number - 1) * part_size
+            length = done[number]["size"]
+            data = await self._retry(functools.partial(self.src.get, info.key, offset, length))
+            if len(data) != length or crc32c(data) != done[number]["crc32c"]:
+                return False
+        return True
+
     def _save_upload(self, key: str, record: dict[str, Any], done: dict[int, dict[str, Any]]) -> None:
         if self.journal is not None and self.dst.limits.resumable_uploads:
             self.journal.put("u", key, {**record, "parts": {str(n): p for n, p in done.items()}})
 
-    async def _abort(self, key: str, upload_id: str) -> None:
+    async def abort(self, key: str, upload_id: str) -> None:
+        """Abort a multipart upload (best effort: one that stays is expired by the store's lifecycle rules)."""
         try:
             await asyncio.shield(self.dst.abort_multipart(key, upload_id))
         except Exception as exc:  # the upload stays; the store's lifecycle rules expire it

@@ -131,6 +131,7 @@ class LocalStore:
         self.root = os.path.normpath(root)
         self.limits = StoreLimits(min_part_size=1, max_part_size=5 * GiB, max_parts=10_000_000, resumable_uploads=True)
         self._dirs = DirCache()
+        self.not_files: dict[str, str] = {}  # listed entries that are no regular file: key -> kind
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, check_key(key, self.uri))
@@ -180,7 +181,12 @@ class LocalStore:
             except _GONE:
                 out.append(None)  # deleted since the directory was read
                 continue
-            out.append(self._info(rel + name, path, st) if stat_mod.S_ISREG(st.st_mode) else None)
+            if stat_mod.S_ISREG(st.st_mode):
+                out.append(self._info(rel + name, path, st))
+            else:
+                out.append(None)
+                if not stat_mod.S_ISDIR(st.st_mode):
+                    self.not_files[rel + name] = _kind(st.st_mode)
         return out
 
     def _info(self, key: str, path: str, st: os.stat_result) -> ObjectInfo:
@@ -378,3 +384,11 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except _GONE:
         pass
+
+
+def _kind(mode: int) -> str:
+    """What a listed entry that is no regular file is (symlinks are never followed)."""
+    for test, name in ((stat_mod.S_ISLNK, "symlink"), (stat_mod.S_ISFIFO, "fifo"), (stat_mod.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "device"

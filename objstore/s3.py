@@ -109,7 +109,11 @@ ERRORS_BY_CODE: dict[str, type[StoreError]] = {
     "Throttling": Throttled,
     "ThrottlingException": Throttled,
     "RequestLimitExceeded": Throttled,
+    "TooManyRequests": Throttled,  # S3-compatible stores and gateways that throttle with 429
+    "TooManyRequestsException": Throttled,
+    "429": Throttled,
     "503": Throttled,
+    "RequestTimeout": TransientError,  # S3's 400 for a connection idle too long: send again
     "InternalError": TransientError,
     "500": TransientError,
 }
@@ -193,7 +197,7 @@ class S3Store:
             # a virtual-hosted bucket on a custom endpoint (botocore's URLs), or a private CA
             # (rustls refused rclone's self-signed certificate that Python's ssl takes)
             self.fast_ranged_gets = False
-        self._path_keys = self.provider == "rclone"  # keys are file paths on the server
+        self.keys_are_paths = self.provider == "rclone"  # keys are file paths on the server
         self.retries = 0  # requests botocore sent again (throttling, 5xx, resets) that then succeeded
         self._client: Any = None
         self._session: Any = None
@@ -240,7 +244,7 @@ class S3Store:
 
     def _key(self, key: str) -> str:
         """The bucket key of ``key``; refuses keys a path-keyed server would alias (``provider=rclone``)."""
-        if self._path_keys:
+        if self.keys_are_paths:
             check_key(key, object_uri(self.uri, key))
         return self.base + key
 

@@ -109,9 +109,14 @@ def print_report(report: SyncReport, *, as_json: bool) -> None:
     table.add_row(verb, f"{report.copied} objects, {human_bytes(report.copied_bytes)}")
     if report.already_done:
         table.add_row("already done", f"{report.already_done} objects (resumed job)")
+    if report.vanished:
+        table.add_row("vanished", f"{report.vanished} objects deleted at the source before their turn (not copied)")
     if report.parts_reused:
         table.add_row("parts reused", str(report.parts_reused))
     table.add_row("skipped", f"{report.skipped} (unchanged)")
+    if report.not_files:
+        kinds = ", ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in report.not_files.items())
+        table.add_row("not files", f"{kinds} in the source: not copied (symlinks are not followed)")
     if report.planned_delete:
         deleted = "would delete" if report.dry_run else "deleted"
         table.add_row(deleted, f"{report.deleted} of {report.planned_delete} extraneous")
@@ -136,8 +141,14 @@ def print_report(report: SyncReport, *, as_json: bool) -> None:
                 )
         for f in v["failures"][:10]:
             table.add_row("[red]NOT VERIFIED", f"{f['key']}: {f['check']}: {f['detail']}")
-    for err in report.errors[:10]:
+    copy_errors = [e for e in report.errors if not e["error"].startswith("verification (")]  # shown above
+    for err in copy_errors[:10]:
         table.add_row("[red]error", f"{err['key']}: {err['error']}" if err["key"] else err["error"])
+    if report.errors_total > min(10, len(report.errors)):
+        table.add_row(
+            "", f"{report.errors_total} errors in all; --json lists the first {len(report.errors)}"
+            + (f" ({doc['errors_not_listed']} not listed)" if doc["errors_not_listed"] else "")
+        )  # fmt: skip
     if report.fatal:
         table.add_row("[red]fatal", report.fatal)
     if report.state != "ok":

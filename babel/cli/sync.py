@@ -10,6 +10,7 @@ from babel.cli.common import SIZE, RichProgress, print_report
 from babel.journal import default_state_dir
 from babel.options import CONCURRENCY, SAMPLES, BadOption, SyncOptions
 from babel.sync import run_sync
+from pcache.common.cli import EXIT_FATAL
 
 
 @click.command(
@@ -52,6 +53,8 @@ from babel.sync import run_sync
 @click.option("--verify", "verify_mode", type=click.Choice(["none", "sample", "full"]), default="sample", show_default=True,
               help="Content check after copying (metadata is always validated).")  # fmt: skip
 @click.option("--size-only", is_flag=True, help="Skip objects of equal size (ignore mtimes).")
+@click.option("--ignore-times", is_flag=True,
+              help="Copy every object, even one of equal size and mtime (repairs what babel verify found corrupt).")  # fmt: skip
 @click.option(
     "--checksum", "-c", is_flag=True, help="Compare stored CRC32Cs instead of mtimes where both sides have one."
 )
@@ -69,8 +72,8 @@ from babel.sync import run_sync
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (only on a terminal).")
 def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, transfers, list_concurrency, bwlimit,
-             verify_mode, size_only, checksum, multipart_threshold, part_size, memory, samples, state_dir, resume,
-             daemon_addr, as_json, progress) -> int:  # fmt: skip
+             verify_mode, size_only, ignore_times, checksum, multipart_threshold, part_size, memory, samples, state_dir,
+             resume, daemon_addr, as_json, progress) -> int:  # fmt: skip
     """Copy new and changed objects from SRC to DST, verified; resumable after a crash."""
     state_dir = state_dir or default_state_dir()
     if resume is None and (not src or not dst):
@@ -89,7 +92,7 @@ def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, 
     options = SyncOptions(
         include=tuple(include), exclude=tuple(exclude), dry_run=dry_run, delete=delete, max_delete=max_delete,
         checkers=checkers, transfers=transfers, list_concurrency=list_concurrency, bwlimit=bwlimit,
-        verify=verify_mode, size_only=size_only, checksum=checksum, multipart_threshold=multipart_threshold,
+        verify=verify_mode, size_only=size_only, ignore_times=ignore_times, checksum=checksum, multipart_threshold=multipart_threshold,
         part_size=part_size, memory=memory, samples=samples,
     )  # fmt: skip
     try:
@@ -102,9 +105,16 @@ def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, 
         job = submit(daemon_addr, src, dst, options, token=client_token(state_dir))
         click.echo(job["id"])
         return 0
-    with RichProgress(progress and not as_json) as bar:
-        report = asyncio.run(run_sync(src or "", dst or "", options, state_dir=state_dir, job_id=resume,
-                                      progress=bar.sink()))  # fmt: skip
+    started: list[str] = []
+    try:
+        with RichProgress(progress and not as_json) as bar:
+            report = asyncio.run(run_sync(src or "", dst or "", options, state_dir=state_dir, job_id=resume,
+                                          progress=bar.sink(), on_job=started.append))  # fmt: skip
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the journal is closed; say how to go on
+        if not started:
+            raise
+        click.echo(f"babel: interrupted; resume with: babel sync --resume {started[0]}", err=True)
+        return EXIT_FATAL
     print_report(report, as_json=as_json)
     return report.exit_code
 

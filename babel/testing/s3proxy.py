@@ -229,6 +229,8 @@ class S3Proxy:
         upstream: the S3 endpoint requests are forwarded to.
         oss: add Alibaba OSS's ``x-oss-hash-crc64ecma`` headers (see the module docstring).
         throttle_rate: fraction of matching requests answered 503 SlowDown.
+        throttle_status: 503 (S3's ``SlowDown``) or 429 (``TooManyRequests``, as some S3-compatible
+            stores and gateways throttle).
         fail_rate: fraction answered 500 InternalError.
         delay: seconds added to every matching request.
         ops: operations and HTTP methods the knobs apply to (None: all).
@@ -247,6 +249,7 @@ class S3Proxy:
         *,
         oss: bool = False,
         throttle_rate: float = 0.0,
+        throttle_status: int = 503,
         fail_rate: float = 0.0,
         delay: float = 0.0,
         ops: Any = None,
@@ -261,6 +264,9 @@ class S3Proxy:
         self.upstream_port = parts.port or 80
         self.upstream_timeout = upstream_timeout
         self.oss = oss
+        if throttle_status not in (503, 429):
+            raise ValueError(f"throttle_status is 503 or 429, not {throttle_status!r}")
+        self.throttle_status = throttle_status
         self._lock = threading.Lock()
         # what the _Knob descriptors of the class read and write
         self._throttle_rate = self._fail_rate = self._delay = 0.0
@@ -345,7 +351,7 @@ class S3Proxy:
             draw = self._rng.random()
             if draw < self._throttle_rate:
                 self._throttled += 1
-                return delay, 503
+                return delay, self.throttle_status
             if draw < self._throttle_rate + self._fail_rate:
                 self._failed += 1
                 return delay, 500
@@ -423,6 +429,7 @@ def _error_xml(code: str, message: str, request_id: str) -> bytes:
 
 _FAULTS = {
     503: ("SlowDown", "Please reduce your request rate."),
+    429: ("TooManyRequests", "Please reduce your request rate."),
     500: ("InternalError", "We encountered an internal error. Please try again."),
     502: ("InternalError", "The proxy could not reach the upstream S3 endpoint."),
 }
@@ -594,7 +601,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/xml")
         self.send_header("x-amz-request-id", request_id)
         self.send_header("Date", self.date_time_string())
-        if status == 503:
+        if status in (503, 429):
             self.send_header("Retry-After", "1")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()

@@ -255,6 +255,20 @@ def test_cli_exit_codes_and_clear_errors(tmp_path: Path, moto_endpoint, new_buck
     assert r.returncode == 0 and jobs[0]["state"] == "ok" and jobs[0]["src"] == f"file://{src}"
 
 
+def test_an_unreachable_endpoint_is_one_fatal_line_within_15_seconds(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    t0 = time.monotonic()
+    r = babel("sync", f"s3://bkt/p?endpoint_url=http://127.0.0.1:{port}", f"file://{tmp_path}/o", "--json",
+              "--no-progress", env={"BABEL_STATE_DIR": str(tmp_path / "state")})  # fmt: skip
+    took = time.monotonic() - t0
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"127.0.0.1:{port} unreachable" in json.loads(r.stdout)["fatal"] and took < 15, took
+
+
 def _wait_phase(state: Path, phase: str, timeout: float = 60) -> str:
     """Wait until the only job in ``state`` reports ``phase``; return its id."""
     deadline = time.monotonic() + timeout
@@ -406,3 +420,152 @@ def test_resume_after_the_source_changed_publishes_nothing_mixed(tmp_path: Path,
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     again = sync(f"file://{src}", uri, tmp_path / "state2")
     assert again["state"] == "ok" and bucket_contents(s3, bucket) == {"big.bin": new}
+
+
+def test_resuming_a_running_job_and_a_file_destination_are_one_line_each(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(8 << 20))
+    state = tmp_path / "state"
+    proc = _start([f"file://{src}", f"file://{tmp_path}/dst", "--bwlimit", "1M"], state)
+    try:
+        job = _wait_phase(state, "copying")
+        r = babel("sync", "--resume", job, "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert f"job {job} is running (pid {proc.pid})" in r.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+    (tmp_path / "afile").write_bytes(b"x")
+    r = babel("sync", f"file://{src}", f"file://{tmp_path}/afile", "--json", "--no-progress",
+              env={"BABEL_STATE_DIR": str(tmp_path / "state2")})  # fmt: skip
+    report = json.loads(r.stdout)
+    assert r.returncode == 2 and "the destination is a file" in report["fatal"] and report["errors"] == []
+    assert (tmp_path / "afile").read_bytes() == b"x"
+
+
+def test_ctrl_c_prints_the_resume_command(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(body := os.urandom(6 << 20))
+    state = tmp_path / "state"
+    proc = _start([f"file://{src}", f"file://{tmp_path}/dst", "--bwlimit", "2M"], state)
+    job = _wait_phase(state, "copying")
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and f"resume with: babel sync --resume {job}" in err.decode(), err
+    r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+    assert r.returncode == 0 and json.loads(r.stdout)["state"] == "ok"
+    assert (tmp_path / "dst" / "a.bin").read_bytes() == body
+
+
+def test_ignore_times_repairs_what_verify_found_corrupt(tmp_path: Path, new_bucket, s3) -> None:
+    """An object damaged at the destination keeps its size and stored mtime, so a plain sync
+    skips it; ``babel verify --mode full`` finds it and ``--ignore-times`` copies it again."""
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {f"f{i}.bin": os.urandom(2000 + i) for i in range(5)}
+    for name, body in files.items():
+        (src / name).write_bytes(body)
+    uri, bucket = new_bucket()
+    env = {"BABEL_STATE_DIR": str(tmp_path / "state")}
+    assert babel("sync", f"file://{src}", uri, "--no-progress", env=env).returncode == 0
+    head = s3.head_object(Bucket=bucket, Key="data/f2.bin")
+    bad = bytes(b ^ 0xFF for b in files["f2.bin"][:10]) + files["f2.bin"][10:]
+    s3.put_object(Bucket=bucket, Key="data/f2.bin", Body=bad, Metadata=head["Metadata"])  # same size and mtime
+    found = babel("verify", f"file://{src}", uri, "--mode", "full", "--json", env=env)
+    assert found.returncode == 1 and "f2.bin" in found.stdout
+    plain = json.loads(babel("sync", f"file://{src}", uri, "--json", "--no-progress", env=env).stdout)
+    assert plain["copied"] == 0  # size and mtime match: skipped
+    fixed = json.loads(babel("sync", f"file://{src}", uri, "--ignore-times", "--json", "--no-progress", env=env).stdout)
+    assert fixed["state"] == "ok" and fixed["copied"] == len(files)
+    assert bucket_contents(s3, bucket) == files
+    assert babel("verify", f"file://{src}", uri, "--mode", "full", env=env).returncode == 0
+
+
+def test_more_errors_than_the_report_lists_are_counted(tmp_path: Path, new_bucket, s3) -> None:
+    uri, bucket = new_bucket()
+    for i in range(60):  # markers with a body: each fails by name on a file system
+        s3.put_object(Bucket=bucket, Key=f"data/m{i:02d}/", Body=b"body")
+    env = {"BABEL_STATE_DIR": str(tmp_path / "state")}
+    r = babel("sync", uri, f"file://{tmp_path}/out", "--json", "--no-progress", env=env)
+    report = json.loads(r.stdout)
+    assert r.returncode == 1 and report["failed"] == report["errors_total"] == 60
+    assert len(report["errors"]) == 50 and report["errors_not_listed"] == 10
+    text = babel("sync", uri, f"file://{tmp_path}/out2", "--no-progress", env=env)
+    assert "60 errors in all; --json lists the first 50 (10 not listed)" in " ".join(text.stderr.split())
+
+
+def test_symlinks_and_fifos_in_the_source_are_counted(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "real.txt").write_bytes(b"real")
+    (src / "link.txt").symlink_to(src / "d" / "real.txt")
+    (src / "dirlink").symlink_to(src / "d")
+    os.mkfifo(src / "d" / "pipe")
+    env = {"BABEL_STATE_DIR": str(tmp_path / "state")}
+    r = babel("sync", f"file://{src}", f"file://{tmp_path}/out", "--json", "--no-progress", env=env)
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["copied"] == 1 and report["not_files"] == {"fifo": 1, "symlink": 2}
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == ["d", "real.txt"]
+    text = babel("sync", f"file://{src}", f"file://{tmp_path}/out2", "--no-progress", env=env)
+    assert "1 fifo, 2 symlinks in the source: not copied" in " ".join(text.stderr.split())
+
+
+def test_resume_after_source_deletions_notices_them(tmp_path: Path, new_bucket, s3) -> None:
+    """Replayed from users: source objects deleted between a crash and the resume are noticed
+    (``vanished``, not ``NoSuchKey`` failures), and the multipart upload the killed run left
+    open for one of them is aborted."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(40 << 20))
+    for i in range(20):
+        (src / f"z{i:02d}.bin").write_bytes(os.urandom(50_000))
+    uri, bucket = new_bucket()
+    state = tmp_path / "state"
+    proc = _start([f"file://{src}", uri, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "2",
+                   "--bwlimit", "10M"], state)  # fmt: skip
+    job = _wait_phase(state, "copying")
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])  # the killed run's upload is open
+    gone = ["big.bin", *(f"z{i:02d}.bin" for i in range(0, 20, 2))]
+    for name in gone:
+        (src / name).unlink()
+    r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["state"] == "ok", report["errors"]
+    have = bucket_contents(s3, bucket)
+    assert report["failed"] == 0 and report["vanished"] == len([g for g in gone if g not in have]) >= 1
+    assert "big.bin" not in have
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert set(bucket_contents(s3, bucket)) >= {f"z{i:02d}.bin" for i in range(1, 20, 2)}
+
+
+def test_resume_after_a_rewrite_with_the_same_size_and_mtime_mixes_nothing(tmp_path: Path, new_bucket, s3) -> None:
+    """Replayed from users: the source rewritten between the crash and the resume with its size
+    and mtime kept (``cp -p``, ``rsync -t``, a restored backup). The finished parts are checked
+    against the source again (their CRC32Cs): the upload starts over and the new bytes are
+    published whole, proven by a full verification."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(40 << 20))
+    stamp = (src / "big.bin").stat().st_mtime_ns
+    uri, bucket = new_bucket()
+    state = tmp_path / "state"
+    proc = _start([f"file://{src}", uri, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "2",
+                   "--bwlimit", "10M", "--verify", "full"], state)  # fmt: skip
+    job = _wait_phase(state, "copying")
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    new = os.urandom(40 << 20)
+    (src / "big.bin").write_bytes(new)
+    os.utime(src / "big.bin", ns=(stamp, stamp))  # same size, same mtime, new bytes
+    r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["state"] == "ok", report["errors"]
+    assert report["parts_reused"] == 0 and report["verification"]["full"]["failed"] == 0
+    assert bucket_contents(s3, bucket) == {"big.bin": new}
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []

@@ -143,6 +143,68 @@ def test_throttling_and_flaky_link_are_survived(tmp_path: Path, moto_endpoint: s
     assert contents(s3_uri) == want  # straight from moto, not through the proxy
 
 
+@pytest.mark.parametrize("rate", [0.05, 0.3])
+def test_429_too_many_requests_is_retried_in_every_phase(tmp_path: Path, moto_endpoint: str, s3_uri: str, rate) -> None:
+    """Replayed from users of other S3 tools: stores and gateways that throttle with ``429
+    TooManyRequests`` instead of ``503 SlowDown``. Every phase retries it with backoff (5 %:
+    nothing may fail; 30 %: the job must not turn fatal), and the copy is right."""
+    from babel.testing import S3Proxy
+
+    src = tmp_path / "tree"
+    want = {f"d{i % 4}/f{i:03d}.bin": os.urandom(100 + i) for i in range(60)}
+    for key, body in want.items():
+        (src / key).parent.mkdir(parents=True, exist_ok=True)
+        (src / key).write_bytes(body)
+    with S3Proxy(moto_endpoint, throttle_rate=rate, throttle_status=429, seed=3) as proxy:
+        flaky = s3_uri.replace(moto_endpoint, proxy.endpoint)
+        report = sync(f"file://{src}", flaky, tmp_path / "st", verify="full", transfers=8)
+        stats = proxy.stats()
+    assert stats.throttled > 0
+    assert report["state"] == "ok", report["errors"]
+    assert report["retries"] > 0
+    assert contents(s3_uri) == want
+
+
+def test_throttled_verification_is_not_a_mismatch(tmp_path: Path, moto_endpoint: str, s3_uri: str) -> None:
+    """A HEAD answered 503 SlowDown while verifying is retried: a verification failure means
+    the bytes differ, never that the store was busy."""
+    from babel.testing import S3Proxy
+
+    src = tmp_path / "tree"
+    src.mkdir()
+    want = {f"f{i:02d}.bin": os.urandom(300 + i) for i in range(40)}
+    for key, body in want.items():
+        (src / key).write_bytes(body)
+    assert sync(f"file://{src}", s3_uri, tmp_path / "st")["state"] == "ok"
+    with S3Proxy(moto_endpoint, throttle_rate=0.6, ops={"HEAD"}, seed=5) as proxy:
+        flaky = s3_uri.replace(moto_endpoint, proxy.endpoint)
+        report = sync(f"file://{src}", flaky, tmp_path / "st2", verify="full")
+        stats = proxy.stats()
+    assert stats.throttled > 0
+    assert report["state"] == "ok", report["errors"]
+
+
+def test_directory_markers_to_stores_whose_keys_are_paths(tmp_path: Path, s3_uri: str, rclone_uri: str) -> None:
+    """Replayed from users: zero-byte ``dir/`` markers next to files synced to ``rclone serve s3``
+    (keys are files there) are skipped, never fatal and never costing the files; a marker with a
+    body cannot be stored on a file system or such a store and fails by name, on every run."""
+    s3 = client_for(s3_uri)
+    bucket = urlparse(s3_uri).netloc
+    objects = {"m/": b"", "m/inner/": b"", "m/inner/file.txt": b"file", "withbody/": b"eighteen bytes !!!"}
+    for key, body in objects.items():
+        s3.put_object(Bucket=bucket, Key=f"data/{key}", Body=body)
+    report = sync(s3_uri, rclone_uri, tmp_path / "st")
+    assert report["state"] == "partial" and report["copied"] == 1 and report["skipped"] == 2
+    assert [e["key"] for e in report["errors"]] == ["withbody/"]
+    assert "18 bytes of content" in report["errors"][0]["error"]
+    assert contents(rclone_uri) == {"m/inner/file.txt": b"file"}
+    again = sync(s3_uri, rclone_uri, tmp_path / "st")  # the next run says so too
+    assert again["state"] == "partial" and [e["key"] for e in again["errors"]] == ["withbody/"]
+    local = sync(s3_uri, f"file://{tmp_path}/out", tmp_path / "st2")
+    assert local["state"] == "partial" and [e["key"] for e in local["errors"]] == ["withbody/"]
+    assert (tmp_path / "out" / "m" / "inner" / "file.txt").read_bytes() == b"file"
+
+
 def test_wrong_credentials_are_one_clear_line(tmp_path: Path, rclone_uri: str) -> None:
     env = {**os.environ, "AWS_SECRET_ACCESS_KEY": "wrong", "BABEL_STATE_DIR": str(tmp_path / "st")}
     (tmp_path / "f").write_bytes(b"x")
