@@ -14,6 +14,7 @@ listings; memory stays flat however many keys there are):
 ``c/KEY``   a finished copy: size, in-stream CRC32C, runtime-check results
 ``v/KEY``   verification result
 ``e/KEY``   the last error for the key
+``i/KEY``   bytes of the key being sent right now (what a resume after a crash sends again)
 ``m/NAME``  phase markers (``listed``, ``planned``, ...)
 ==========  ==========================================================================
 

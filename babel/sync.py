@@ -25,14 +25,15 @@ import asyncio
 import builtins
 import logging
 import os
+import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from babel.backends import open_store
-from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, TransientError
+from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, TransientError
 from babel.journal import Journal, new_job_id
 from babel.lister import list_parallel_pages
 from babel.options import SyncOptions, options_from_dict
@@ -77,6 +78,7 @@ class SyncReport:
     retries: int = 0
     parts_reused: int = 0
     vanished: int = 0  # planned copies whose source was deleted before its turn (not failures)
+    resent_bytes: int = 0  # bytes an interrupted run had on their way, sent again (resumed jobs)
     not_files: dict[str, int] = field(default_factory=dict)  # source symlinks, FIFOs... skipped, by kind
     seconds: float = 0.0
     verification: dict[str, Any] = field(default_factory=dict)
@@ -291,6 +293,12 @@ class SyncJob:
         for key in self._to_copy():
             todo_objects += 1
             todo_bytes += self._source(key).size
+        # what an interrupted run had on its way (small objects, parts) is sent again now
+        resent = sum(int(n) for _key, n in self.journal.scan("i"))
+        if resent:
+            self.journal.clear("i")
+            self.journal.put("m", "resent", (self.journal.get("m", "resent") or 0) + resent)
+        self.report.resent_bytes = self.journal.get("m", "resent") or 0
         vanished_before = self.journal.get("m", "vanished") or 0
         self.report.vanished = vanished_before
         self.report.already_done = counts["copy"] - todo_objects - vanished_before
@@ -655,11 +663,57 @@ async def run_sync(
     else:
         options = options or SyncOptions()
         journal = Journal(state_dir, create_job(src_uri, dst_uri, options, state_dir))
-    if on_job is not None:
+    if on_job is not None:  # a new job's id, or the resumed one's
         on_job(journal.job_id)
     try:
         job = SyncJob(src_uri, dst_uri, options, journal, progress)
         return await job.run()
+    finally:
+        journal.close()
+
+
+async def clean_job(state_dir: str, job_id: str, *, temp_files: bool = True) -> dict[str, int]:
+    """Clean up after an abandoned job: abort the multipart uploads its journal has open (a
+    killed run's, kept for resume), delete Babel's temporary files in a file-system destination
+    (``temp_files``: no other job writing there), then delete the job's state directory.
+
+    Returns:
+        ``{"uploads_aborted": n, "temp_files": n, "temp_bytes": n}``.
+
+    Raises:
+        FileNotFoundError: no such job. JobBusy: a process has it open. BabelError: the
+            destination refused (the job is kept, to try again).
+    """
+    journal = Journal(state_dir, job_id)
+    store: ObjectStore | None = None
+    aborted = files = nbytes = 0
+    try:
+        store = open_store(journal.describe().get("dst", ""))
+        for key, rec in journal.scan("u"):
+            try:
+                await store.abort_multipart(key, rec["upload_id"])
+            except NoSuchUpload:
+                pass  # expired, or finished by the run that died before its record
+            aborted += 1
+        remove = getattr(store, "remove_temp_files", None)
+        if temp_files and remove is not None:
+            files, nbytes = await remove()
+    finally:
+        journal.close()
+        if store is not None:
+            await store.close()
+    shutil.rmtree(journal.dir)
+    return {"uploads_aborted": aborted, "temp_files": files, "temp_bytes": nbytes}
+
+
+def planned(state_dir: str, job_id: str) -> Iterator[tuple[str, str, str]]:
+    """A job's plan as ``(action, key, reason)`` in key order: ``copy`` and ``delete`` steps,
+    and objects that cannot be copied (``fail``); what ``babel sync --dry-run`` prints."""
+    journal = Journal(state_dir, job_id)
+    try:
+        for key, rec in journal.scan("p"):
+            if rec["a"] in ("copy", "delete", "fail"):
+                yield rec["a"], key, rec.get("r", "")
     finally:
         journal.close()
 

@@ -163,6 +163,7 @@ class Transferer:
         self.retries = retries
         self.journal = journal
         self.stats = TransferStats()
+        self._inflight: dict[str, int] = {}  # bytes being sent now, by key (journal i/KEY)
         # a second's worth of tokens, taken 1 MiB at a time so no single request exceeds the bucket
         self.limiter = AsyncLimiter(bwlimit, 1.0) if bwlimit else None
         self.crc64 = "crc64ecma" in getattr(dst, "checksum_algorithms", ()) or dst.uri.startswith("oss://")
@@ -220,7 +221,11 @@ class Transferer:
                         raise ChecksumMismatch(f"source returned {len(data)} bytes, listed {info.size}")
                     await self._throttle(len(data))
                     crc = crc32c(data)
-                    put = await self.dst.put(info.key, data, self.metadata(info, crc))
+                    self._sending(info.key, len(data))
+                    try:
+                        put = await self.dst.put(info.key, data, self.metadata(info, crc))
+                    finally:
+                        self._sending(info.key, -len(data))
                     note = self._check_store(put.checksums, data)
                     self.stats.add(len(data))
                     return crc, note
@@ -229,6 +234,19 @@ class Transferer:
         finally:
             await self.budget.release(info.size)
         return CopyResult(info.key, info.size, crc, 1, 0.0, note)
+
+    def _sending(self, key: str, nbytes: int) -> None:
+        """``nbytes`` more (or, negative, fewer) of ``key`` are on their way to the destination
+        (journal ``i/KEY``): whatever is left there after a crash is sent again by the resume."""
+        if self.journal is None:
+            return
+        total = self._inflight.get(key, 0) + nbytes
+        if total > 0:
+            self._inflight[key] = total
+            self.journal.put("i", key, total)
+        else:
+            self._inflight.pop(key, None)
+            self.journal.delete("i", key)
 
     def _check_store(self, checksums: dict[str, str], data: bytes | None, crc64: int | None = None) -> str:
         """Compare the destination's CRC64 of the bytes with ours; '' when it reports none."""
@@ -290,7 +308,11 @@ class Transferer:
                         await self._throttle(length)
                         crc = crc32c(data)
                         c64 = crc64ecma(data) if self.crc64 else None
-                        sent = await self.dst.upload_part(info.key, upload_id, number, data)
+                        self._sending(info.key, length)
+                        try:
+                            sent = await self.dst.upload_part(info.key, upload_id, number, data)
+                        finally:
+                            self._sending(info.key, -length)
                         self._check_store(sent.checksums, None, c64)
                         self.stats.add(length)
                         return {"size": length, "etag": sent.etag, "crc32c": crc, "crc64": c64}

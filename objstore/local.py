@@ -54,6 +54,7 @@ from objstore.tree import (
     check_parts,
     file_metadata,
     format_mtime_ns,
+    is_temp_name,
     new_token,
     parse_mtime_ns,
     part_range,
@@ -374,6 +375,26 @@ class LocalStore:
         except NoSuchUpload:
             return
         await asyncio.to_thread(_unlink, self._temp_path(key, upload.token))
+
+    async def remove_temp_files(self) -> tuple[int, int]:
+        """Delete Babel's temporary files under the root (``.NAME.babel-TOKEN``: uploads a killed
+        run left, never listed); returns (files, bytes). Only safe with no job writing here."""
+
+        def run() -> tuple[int, int]:
+            files = nbytes = 0
+            for dirpath, _dirs, names in os.walk(self.root):
+                for name in names:
+                    if is_temp_name(name):
+                        path = os.path.join(dirpath, name)
+                        try:
+                            size = os.lstat(path).st_size
+                            os.unlink(path)
+                        except FileNotFoundError:
+                            continue
+                        files, nbytes = files + 1, nbytes + size
+            return files, nbytes
+
+        return await asyncio.to_thread(run)
 
     async def close(self) -> None:
         pass

@@ -33,6 +33,7 @@ off, so ``head`` and listings always ask the master.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from objstore.tree import (
     check_key,
     check_parts,
     file_metadata,
+    is_temp_name,
     new_token,
     parse_mtime,
     part_range,
@@ -375,6 +377,27 @@ class PCacheStore:
         async with upload.lock:
             if self._uploads.pop(upload_id, None) is upload:
                 await asyncio.shield(self._discard(upload.tmp, upload.file))
+
+    async def remove_temp_files(self) -> tuple[int, int]:
+        """Delete Babel's temporary files under the root (``.NAME.babel-TOKEN``: uploads a killed
+        run left, never listed); returns (files, bytes). Only safe with no job writing here."""
+        client = self._c()
+        files = nbytes = 0
+        stack = [self.root]
+        while stack:
+            where = stack.pop()
+            try:
+                entries = [e async for e in client.scandir(where)]
+            except NotFound:
+                continue
+            for entry in entries:
+                if entry.kind == "dir":
+                    stack.append(entry.path)
+                elif is_temp_name(entry.name):
+                    with contextlib.suppress(NotFound):
+                        await client.unlink(entry.path)
+                        files, nbytes = files + 1, nbytes + entry.size
+        return files, nbytes
 
     async def close(self) -> None:
         for upload_id, upload in list(self._uploads.items()):

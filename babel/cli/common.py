@@ -113,6 +113,8 @@ def print_report(report: SyncReport, *, as_json: bool) -> None:
         table.add_row("vanished", f"{report.vanished} objects deleted at the source before their turn (not copied)")
     if report.parts_reused:
         table.add_row("parts reused", str(report.parts_reused))
+    if report.resent_bytes:
+        table.add_row("sent again", f"{human_bytes(report.resent_bytes)} an interrupted run had on their way")
     table.add_row("skipped", f"{report.skipped} (unchanged)")
     if report.not_files:
         kinds = ", ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in report.not_files.items())

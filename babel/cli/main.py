@@ -38,9 +38,9 @@ def cli(verbose: int) -> None:
 
 
 def _register() -> None:
-    from babel.cli import daemon, jobs, ls, sync, verify
+    from babel.cli import clean, daemon, jobs, ls, sync, verify
 
-    for module in (sync, ls, verify, jobs, daemon):
+    for module in (sync, ls, verify, jobs, clean, daemon):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -9,7 +9,7 @@ import click
 from babel.cli.common import SIZE, RichProgress, print_report
 from babel.journal import default_state_dir
 from babel.options import CONCURRENCY, SAMPLES, BadOption, SyncOptions
-from babel.sync import run_sync
+from babel.sync import planned, run_sync
 from pcache.common.cli import EXIT_FATAL
 
 
@@ -27,7 +27,9 @@ from pcache.common.cli import EXIT_FATAL
 @click.argument("dst", required=False)
 @click.option("--include", multiple=True, help="Only keys matching this glob (repeatable; `*.pt`, `logs/**`).")
 @click.option("--exclude", multiple=True, help="Leave keys matching this glob alone (repeatable; wins over --include).")
-@click.option("--dry-run", "-n", is_flag=True, help="Plan and report, change nothing.")
+@click.option(
+    "--dry-run", "-n", is_flag=True, help="Plan and report, change nothing; print each key it would copy or delete."
+)
 @click.option("--delete", is_flag=True, help="Delete destination objects missing from the source (after copies).")
 @click.option(
     "--max-delete", type=int, default=-1, help="Refuse all deletions when more are planned. [default: no limit]"
@@ -115,6 +117,10 @@ def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, 
             raise
         click.echo(f"babel: interrupted; resume with: babel sync --resume {started[0]}", err=True)
         return EXIT_FATAL
+    if report.dry_run and not as_json and started:
+        verbs = {"copy": "would copy", "delete": "would delete", "fail": "cannot copy"}
+        for action, key, reason in planned(state_dir, started[0]):
+            click.echo(f"{verbs[action]:<13} {key}" + (f"  ({reason})" if reason else ""))
     print_report(report, as_json=as_json)
     return report.exit_code
 

@@ -341,8 +341,9 @@ def test_kill_9_then_resume_finishes_without_recopying(
     if point == "mid-multipart":
         assert report["parts_reused"] > 0  # the finished parts of the killed upload were not sent again
         assert report["copied"] == 1
+        assert report["resent_bytes"] <= 4 * (5 << 20)  # at most --transfers parts were on their way
     elif point == "listing":
-        assert report["copied"] == len(want) and report["already_done"] == 0
+        assert report["copied"] == len(want) and report["already_done"] == 0 and report["resent_bytes"] == 0
     elif point == "copying":
         assert report["already_done"] > 0 and report["copied"] + report["already_done"] == len(want)
     else:
@@ -510,6 +511,96 @@ def test_symlinks_and_fifos_in_the_source_are_counted(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == ["d", "real.txt"]
     text = babel("sync", f"file://{src}", f"file://{tmp_path}/out2", "--no-progress", env=env)
     assert "1 fifo, 2 symlinks in the source: not copied" in " ".join(text.stderr.split())
+
+
+def test_dry_run_prints_each_key_it_would_copy_or_delete(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    for name in ("a.txt", "b.txt", "same.txt"):
+        (src / name).write_bytes(name.encode())
+    (dst / "same.txt").write_bytes(b"same.txt")
+    os.utime(dst / "same.txt", ns=(os.stat(src / "same.txt").st_mtime_ns,) * 2)
+    (dst / "b.txt").write_bytes(b"old, longer")
+    (dst / "extra.txt").write_bytes(b"x")
+    env = {"BABEL_STATE_DIR": str(tmp_path / "state")}
+    r = babel("sync", f"file://{src}", f"file://{dst}", "--dry-run", "--delete", "--no-progress", env=env)
+    assert r.returncode == 0, r.stderr
+    lines = [" ".join(line.split()) for line in r.stdout.splitlines()]
+    assert lines == ["would copy a.txt (new)", "would copy b.txt (size)", "would delete extra.txt (extraneous)"]
+    assert sorted(p.name for p in dst.iterdir()) == ["b.txt", "extra.txt", "same.txt"]  # nothing changed
+
+
+def test_clean_aborts_uploads_and_deletes_temp_files_of_abandoned_jobs(tmp_path: Path, new_bucket, s3) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(40 << 20))
+    uri, bucket = new_bucket()
+    state = tmp_path / "state"
+    env = {"BABEL_STATE_DIR": str(state)}
+    killed = []
+    for dst in (uri, f"file://{tmp_path}/out"):
+        proc = _start([f"file://{src}", dst, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "2",
+                       "--bwlimit", "10M"], state)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while len(list(state.glob("*/job.json"))) <= len(killed) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed.append(proc)
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [p for p in (tmp_path / "out").rglob(".*") if ".babel-" in p.name]  # the killed upload's file
+    (tmp_path / "out" / ".small.bin.babel-0123456789abcdef").write_bytes(b"half")  # a killed put's leftover
+    before = {p.parent.name for p in state.glob("*/job.json")}
+    running = _start([f"file://{src}", f"file://{tmp_path}/out3", "--bwlimit", "1M"], state)
+    try:
+        deadline = time.monotonic() + 60
+        while not (fresh := {p.parent.name for p in state.glob("*/job.json")} - before):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        (job,) = fresh
+        refused = babel("clean", job, env=env)
+        assert refused.returncode == 1 and f"running (pid {running.pid})" in refused.stderr
+        dry = babel("clean", "--all", "--dry-run", env=env)
+        assert dry.returncode == 0 and dry.stdout.count("would clean") == 2
+        r = babel("clean", "--all", "--json", env=env)
+        done = json.loads(r.stdout)
+        assert r.returncode == 0 and len(done) == 2, r.stderr
+        assert sum(d["uploads_aborted"] for d in done) == 2 and sum(d["temp_files"] for d in done) == 1
+    finally:
+        running.kill()
+        running.wait()
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert not [p for p in (tmp_path / "out").rglob(".*") if ".babel-" in p.name]
+    assert [j["id"] for j in json.loads(babel("jobs", "--json", env=env).stdout)] == [job]
+
+
+def test_a_resumed_job_says_how_many_bytes_it_sent_again(tmp_path: Path, new_bucket, s3, moto_endpoint) -> None:
+    """Parts on their way when the job was killed are sent again by the resume: the report says
+    how many bytes (here every part is slow to land, so the kill finds some in flight)."""
+    from babel.testing import S3Proxy
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(big := os.urandom(30 << 20))
+    uri, bucket = new_bucket()
+    state = tmp_path / "state"
+    with S3Proxy(moto_endpoint, delay=1.5, ops={"PUT"}) as proxy:
+        slow = uri.replace(moto_endpoint, proxy.endpoint)
+        proc = _start([f"file://{src}", slow, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "2"],
+                      state)  # fmt: skip
+        job = _wait_phase(state, "copying")
+        time.sleep(2.5)  # the first parts landed, the next are on their way
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["state"] == "ok", report["errors"]
+    assert report["resent_bytes"] in (5 << 20, 10 << 20)  # the 2 (--transfers) parts in flight, or 1
+    assert bucket_contents(s3, bucket) == {"big.bin": big}
+    text = babel("jobs", "--json", env={"BABEL_STATE_DIR": str(state)})
+    assert json.loads(text.stdout)[0]["summary"]["resent_bytes"] == report["resent_bytes"]
 
 
 def test_resume_after_source_deletions_notices_them(tmp_path: Path, new_bucket, s3) -> None:
