@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import click
@@ -53,4 +55,71 @@ def jobs_cmd(state_dir: str | None, daemon_addr: str | None, as_json: bool, limi
     return 0
 
 
-COMMANDS = [jobs_cmd]
+def _job_doc(job_id: str, state_dir: str, daemon_addr: str | None) -> dict:
+    """A job's job.json, from the daemon at ``daemon_addr`` or the local state directory."""
+    if daemon_addr:
+        from babel.daemon import client_token, fetch_job
+
+        return fetch_job(daemon_addr, job_id, token=client_token(state_dir))
+    doc = next((j for j in list_jobs(state_dir) if j.get("id") == job_id), None)
+    if doc is None:
+        raise click.ClickException(f"no job {job_id!r} in {state_dir}")
+    return doc
+
+
+@click.command("cancel", epilog="Examples:\n\n\b\n  babel cancel JOB --daemon 127.0.0.1:7700\n  babel cancel JOB")
+@click.argument("job_id", metavar="JOB")
+@click.option("--state-dir", default=None, help="Where job journals live.")
+@click.option("--daemon", "daemon_addr", metavar="ADDR", default=None, help="The job runs in `babel daemon` at ADDR.")
+def cancel_cmd(job_id: str, state_dir: str | None, daemon_addr: str | None) -> int:
+    """Stop a running job; it stays resumable (babel sync --resume JOB, or the daemon's resume).
+
+    A job of a local `babel sync` is sent SIGTERM (it stops as on Ctrl-C)."""
+    state_dir = state_dir or default_state_dir()
+    if daemon_addr:
+        from babel.daemon import cancel_job, client_token
+
+        doc = cancel_job(daemon_addr, job_id, token=client_token(state_dir))
+        click.echo(f"{job_id}: {doc['state']}")
+        return 0
+    doc = _job_doc(job_id, state_dir, None)
+    pid = doc.get("pid")
+    if doc.get("state") != "running" or not isinstance(pid, int) or not process_alive(pid):
+        raise click.ClickException(f"job {job_id} is not running ({doc.get('state', '?')})")
+    if doc.get("runner") == "daemon":
+        raise click.ClickException(f"job {job_id} runs in a babel daemon (pid {pid}): give --daemon ADDR")
+    os.kill(pid, signal.SIGTERM)
+    click.echo(f"{job_id}: SIGTERM sent to pid {pid}")
+    return 0
+
+
+@click.command("wait", epilog="Examples:\n\n\b\n  babel wait JOB --daemon 127.0.0.1:7700 --timeout 3600")
+@click.argument("job_id", metavar="JOB")
+@click.option("--state-dir", default=None, help="Where job journals live.")
+@click.option("--daemon", "daemon_addr", metavar="ADDR", default=None, help="The job runs in `babel daemon` at ADDR.")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 2).")
+@click.option("--json", "as_json", is_flag=True, help="Print the finished job's job.json.")
+def wait_cmd(job_id: str, state_dir: str | None, daemon_addr: str | None, timeout: float | None, as_json: bool) -> int:
+    """Block until a job has finished; exit 0 ok, 1 partial, 2 failed, canceled or interrupted
+    (its process died), or when --timeout passed first."""
+    state_dir = state_dir or default_state_dir()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        doc = _job_doc(job_id, state_dir, daemon_addr)
+        state = doc.get("state", "created")  # made, not started yet
+        if state in ("running", "queued") and not daemon_addr and not process_alive(doc.get("pid")):
+            state = "interrupted"
+        if state not in ("running", "queued", "created"):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            click.echo(f"babel: job {job_id} still {state} after {timeout:g} s", err=True)
+            return 2
+        time.sleep(0.5)
+    if as_json:
+        click.echo(json.dumps(doc, indent=1, sort_keys=True))
+    else:
+        click.echo(f"{job_id}: {state}")
+    return {"ok": 0, "partial": 1}.get(state, 2)
+
+
+COMMANDS = [jobs_cmd, cancel_cmd, wait_cmd]

@@ -25,9 +25,11 @@ Host and prefix rules); a bare ``GET /healthz`` answers ``{ok}`` without it:
                                ``options`` are :class:`babel.sync.SyncOptions` fields by name
 ``GET /jobs[?limit=N]``        every job's ``job.json``, newest first
 ``GET /jobs/{id}``             one ``job.json``: src, dst, options, state (queued, running, ok,
-                               partial, failed), phase, summary (the sync report), pid
+                               partial, failed, canceled), phase, summary (the sync report), pid
 ``POST /jobs/{id}/resume``     queue a stopped job again -> 202 ``{id, state}``; 409 when it is
                                queued or running already
+``POST /jobs/{id}/cancel``     stop a queued or running job -> 202 ``{id, state: "canceling"}``;
+                               it ends ``canceled`` (resumable); 409 when it is not active here
 ``POST /schedules``            ``{src, dst, every, newest_checkpoint?, options?}`` -> 201, the
                                schedule (``id`` included); ``every`` in seconds
 ``GET /schedules``             every schedule, oldest first
@@ -60,7 +62,7 @@ Modules: :mod:`~babel.daemon.engine` (the :class:`Daemon`: queue, schedules, his
 
 from babel.daemon.api import make_app, serve
 from babel.daemon.checkpoints import join_uri, natural_key, newest_checkpoint
-from babel.daemon.client import CLIENT_TIMEOUT, fetch_job, fetch_jobs, submit
+from babel.daemon.client import CLIENT_TIMEOUT, cancel_job, fetch_job, fetch_jobs, submit
 from babel.daemon.config import DEFAULT_LISTEN, DaemonConfig, Schedule, split_addr
 from babel.daemon.engine import Daemon
 from babel.daemon.errors import Conflict, Forbidden, NotFound, RequestRejected, Unauthorized, UnsupportedMediaType
@@ -81,6 +83,7 @@ __all__ = [
     "Schedule",
     "Unauthorized",
     "UnsupportedMediaType",
+    "cancel_job",
     "check_allowed",
     "client_token",
     "server_token",

@@ -109,6 +109,11 @@ def make_app(daemon: Daemon, token: str) -> web.Application:
         doc = daemon.resume(request.match_info["id"])
         return web.json_response({"id": doc["id"], "state": doc["state"]}, status=202)
 
+    @routes.post("/jobs/{id}/cancel")
+    async def cancel_job(request: web.Request) -> web.Response:
+        doc = daemon.cancel(request.match_info["id"])
+        return web.json_response({"id": doc["id"], "state": doc["state"]}, status=202)
+
     @routes.post("/schedules")
     async def post_schedule(request: web.Request) -> web.Response:
         body = await _body(request, {"src", "dst", "every", "newest_checkpoint", "options"}, {"src", "dst", "every"})

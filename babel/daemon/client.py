@@ -103,3 +103,12 @@ def fetch_job(addr: str, job_id: str, *, token: str | None = None, timeout: floa
         TransientError: the daemon is not reachable.
     """
     return _call(addr, "GET", f"/jobs/{urllib.parse.quote(job_id, safe='')}", token=token, timeout=timeout)
+
+
+def cancel_job(addr: str, job_id: str, *, token: str | None = None, timeout: float = CLIENT_TIMEOUT) -> dict:
+    """Ask the daemon at ``addr`` to cancel a queued or running job (it ends ``canceled``).
+
+    Raises:
+        NotFound: no such job. Conflict: not queued or running there. TransientError: unreachable.
+    """
+    return _call(addr, "POST", f"/jobs/{urllib.parse.quote(job_id, safe='')}/cancel", token=token, timeout=timeout)

@@ -47,6 +47,7 @@ class Daemon:
         self._slots = asyncio.Semaphore(max(1, cfg.max_jobs))
         self._tasks: dict[str, asyncio.Task] = {}  # queued or running jobs
         self._running: set[str] = set()
+        self._canceled: set[str] = set()  # jobs a user canceled (not the daemon stopping)
         self._schedules: dict[str, Schedule] = {}
         self._tickers: dict[str, asyncio.Task] = {}
         self._lock_fd: int | None = None
@@ -143,6 +144,21 @@ class Daemon:
         self._check_uris(doc.get("src", ""), doc.get("dst", ""))  # the prefixes allowed may have changed since
         return self._queue(job_id)
 
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Stop a queued or running job of this daemon: it ends ``canceled`` (its multipart uploads
+        stay open for a later resume, as a killed job's; ``babel clean`` aborts them).
+
+        Raises:
+            NotFound: no such job. Conflict: it is not queued or running here.
+        """
+        doc = self.job(job_id)
+        task = self._tasks.get(job_id)
+        if task is None:
+            raise Conflict(f"job {job_id} is {doc.get('state', '?')}: not queued or running in this daemon")
+        self._canceled.add(job_id)
+        task.cancel()
+        return {**doc, "state": "canceling"}
+
     def _check_uris(self, src: str, dst: str) -> None:
         """Raises RequestRejected (a bad URI) or Forbidden (outside ``cfg.allow``), naming the field."""
         for uri, field in ((src, "src"), (dst, "dst")):
@@ -201,7 +217,12 @@ class Daemon:
                 report = await run_sync("", "", state_dir=self.state_dir, job_id=job_id)
                 state = report.state
         except asyncio.CancelledError:
-            raise  # the journal keeps it queued/running: the next daemon resumes it
+            if job_id not in self._canceled:
+                raise  # the daemon stops: the journal keeps it queued/running, the next daemon resumes it
+            self._canceled.discard(job_id)
+            state = "canceled"
+            self._mark(job_id, state="canceled", phase="done", pid=None)
+            logger.info("job %s canceled", job_id)
         except (Forbidden, RequestRejected) as exc:
             logger.warning("job %s refused at start: %s", job_id, exc)
             self._mark(job_id, state="failed", pid=None, fatal=f"{type(exc).__name__}: {exc}")

@@ -273,6 +273,45 @@ def test_cli_submits_and_lists_jobs(tmp_path: Path, s3_uri: str, moto_endpoint: 
     assert "runner" not in history[0]  # not the daemon's: never resumed by it
 
 
+def test_cancel_and_wait_through_the_daemon_and_locally(tmp_path: Path, daemons) -> None:
+    """``babel cancel`` stops a daemon's running job (``canceled``, resumable to ok) and a local
+    job (SIGTERM); ``babel wait`` blocks until a job ends and exits by its state."""
+    state = tmp_path / "state"
+    src = tmp_path / "src"
+    write_tree(src, {"big.bin": os.urandom(8 << 20)})
+    d = daemons(state)
+    r = babel("sync", f"file://{src}", f"file://{tmp_path}/out", "--bwlimit", "1M", "--daemon", d.addr, env=d.env)
+    job = r.stdout.strip()
+    wait_for(lambda: babel("jobs", "--daemon", d.addr, "--json", env=d.env).stdout.count('"running"') or None, 20,
+             "the job to run", every=0.1)  # fmt: skip
+    slow = babel("wait", job, "--daemon", d.addr, "--timeout", "0.5", env=d.env)
+    assert slow.returncode == 2 and "still running" in slow.stderr
+    r = babel("cancel", job, "--daemon", d.addr, env=d.env)
+    assert r.returncode == 0 and f"{job}: canceling" in r.stdout, r.stderr
+    r = babel("wait", job, "--daemon", d.addr, "--timeout", "20", "--json", env=d.env)
+    assert r.returncode == 2 and json.loads(r.stdout)["state"] == "canceled"
+    again = babel("cancel", job, "--daemon", d.addr, env=d.env)
+    assert again.returncode != 0 and "not queued or running" in again.stderr
+    assert d.http("POST", f"/jobs/{job}/resume")[0] == 202
+    # the resumed job keeps --bwlimit 1M: about 8 s for the 8 MiB
+    r = babel("wait", job, "--daemon", d.addr, "--timeout", "60", env=d.env)
+    assert r.returncode == 0 and f"{job}: ok" in r.stdout, r.stdout + r.stderr
+    assert (tmp_path / "out" / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+
+    env = {**d.env, "BABEL_STATE_DIR": str(state)}
+    local = subprocess.Popen([sys.executable, "-m", "babel.cli.main", "sync", f"file://{src}", f"file://{tmp_path}/o2",
+                              "--bwlimit", "1M", "--no-progress"], env={**os.environ, **env},
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    mine = wait_for(lambda: next((j["id"] for j in json.loads(babel("jobs", "--json", env=env).stdout)
+                                  if j.get("state") == "running" and j.get("dst", "").endswith("/o2")), None),
+                    20, "the local job to run", every=0.1)  # fmt: skip
+    r = babel("cancel", mine, env=env)
+    assert r.returncode == 0 and f"SIGTERM sent to pid {local.pid}" in r.stdout
+    assert local.wait(timeout=30) == 2 and f"resume with: babel sync --resume {mine}" in local.stderr.read()
+    r = babel("wait", mine, env=env)
+    assert r.returncode == 2 and f"{mine}: interrupted" in r.stdout
+
+
 def test_bad_requests_get_400_naming_the_field(tmp_path: Path, daemons) -> None:
     d = daemons(tmp_path / "state")
     ok = {"src": f"file://{tmp_path}/a", "dst": f"file://{tmp_path}/b"}
