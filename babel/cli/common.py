@@ -10,12 +10,10 @@ import click
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    DownloadColumn,
     Progress,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
-    TransferSpeedColumn,
 )
 from rich.table import Table
 
@@ -44,7 +42,9 @@ SIZE = Size()
 
 
 class RichProgress:
-    """A rich progress bar per phase: bytes, bytes/s, objects, objects/s and ETA (on stderr)."""
+    """A rich progress bar per phase on stderr, against the phase's total: bytes (copying) or
+    objects (planning, deleting, verifying), with rates and ETA; listing has no total yet and
+    counts what it found."""
 
     def __init__(self, enabled: bool) -> None:
         self.console = Console(stderr=True)
@@ -52,8 +52,7 @@ class RichProgress:
         self.bar = Progress(
             TextColumn("[bold]{task.description:<10}"),
             BarColumn(),
-            DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
+            TextColumn("{task.fields[amount]}"),
             TextColumn("{task.fields[objects]} obj {task.fields[rate]:.0f} obj/s"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
@@ -62,6 +61,7 @@ class RichProgress:
         )
         self.task: Any = None
         self.objects = 0
+        self.total_bytes = self.total_objects = 0
 
     def __enter__(self) -> RichProgress:
         self.bar.start()
@@ -79,7 +79,19 @@ class RichProgress:
             self.bar.update(self.task, visible=True)
             self.bar.stop_task(self.task)
         self.objects = 0
-        self.task = self.bar.add_task(name, total=total_bytes or None, objects=0, rate=0.0)
+        self.total_bytes, self.total_objects = total_bytes, total_objects
+        self.task = self.bar.add_task(
+            name, total=total_bytes or total_objects or None, objects=0, rate=0.0, amount=self._amount(0, 0)
+        )
+
+    def _amount(self, done_bytes: float, elapsed: float) -> str:
+        """What the bar measures, done of total: bytes while copying, else objects."""
+        if self.total_bytes:
+            rate = f", {human_bytes(done_bytes / elapsed)}/s" if elapsed > 0 else ""
+            return f"{human_bytes(done_bytes)} of {human_bytes(self.total_bytes)}{rate}"
+        if self.total_objects:
+            return f"{self.objects:,} of {self.total_objects:,} obj"
+        return f"{self.objects:,} found" if self.objects else ""
 
     def advance(self, nbytes: int, nobjects: int) -> None:
         if self.task is None:
@@ -87,9 +99,12 @@ class RichProgress:
         self.objects += nobjects
         task = self.bar.tasks[-1]
         elapsed = task.elapsed or 0.0
+        step = nbytes if self.total_bytes else nobjects
         self.bar.update(
-            self.task, advance=nbytes, objects=self.objects, rate=self.objects / elapsed if elapsed > 0 else 0.0
+            self.task, advance=step, objects=self.objects, rate=self.objects / elapsed if elapsed > 0 else 0.0
         )
+        done = self.bar.tasks[-1].completed
+        self.bar.update(self.task, amount=self._amount(done, elapsed))
 
 
 def print_report(report: SyncReport, *, as_json: bool) -> None:

@@ -35,3 +35,26 @@ def test_jobs_table_keeps_the_whole_id_in_80_columns(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["jobs", "--state-dir", str(tmp_path)], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert job_id in result.output
+
+
+def test_progress_has_a_total_in_every_phase_that_knows_one() -> None:
+    """Copying counts bytes of the bytes to copy; planning, deleting and verifying count objects
+    of theirs (a bar and an ETA); listing, whose total nobody knows yet, counts what it found."""
+    from babel.cli.common import RichProgress
+
+    with RichProgress(enabled=False) as bar:
+        bar.phase("listing", 0, 0)
+        bar.advance(0, 500)
+        assert bar.bar.tasks[-1].total is None and bar.bar.tasks[-1].fields["amount"] == "500 found"
+        bar.phase("planning", 0, 40)
+        bar.advance(0, 10)
+        task = bar.bar.tasks[-1]
+        assert (task.completed, task.total, task.fields["amount"]) == (10, 40, "10 of 40 obj")
+        bar.phase("copying", 1 << 20, 4)
+        bar.advance(1 << 19, 2)
+        task = bar.bar.tasks[-1]
+        assert (task.completed, task.total) == (1 << 19, 1 << 20)
+        assert task.fields["amount"].startswith("512.0 KiB of 1.0 MiB") and task.fields["objects"] == 2
+        bar.phase("verifying", 0, 4)
+        bar.advance(0, 4)
+        assert bar.bar.tasks[-1].finished
