@@ -8,6 +8,10 @@ part layout and not the bytes:
 * only in the source: **copy** (``new``);
 * sizes differ: **copy** (``size``);
 * ``size_only``: **skip**;
+* ``ignore_times``: **copy**;
+* the destination was copied from an object store (:data:`META_SRC_ETAG`, the source object's
+  ETag then) and the source has an ETag: **skip** when they are equal, else copy (a copy of a copy
+  carries the first file's mtime, which the second store's LastModified never equals);
 * ``checksum`` and both sides carry Babel's CRC32C (:data:`META_CRC32C`): copy when they
   differ, else skip;
 * otherwise the source mtime Babel stored in the destination (:data:`META_MTIME`,
@@ -27,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from objstore.base import META_CRC32C, META_MTIME, ObjectInfo
+from objstore.base import META_CRC32C, META_MTIME, META_SRC_ETAG, ObjectInfo
 
 MODIFY_WINDOW = 1e-3  # seconds: mtimes closer than this are equal (S3 keeps whole seconds, file systems ns)
 
@@ -117,6 +121,9 @@ def decide(
         return Decision("copy", "size")
     if size_only:
         return Decision("skip", "same size")
+    copied_from = dst.metadata.get(META_SRC_ETAG)
+    if src.etag and copied_from:  # a copy made from an object store: did that object change?
+        return Decision("skip", "same source ETag") if copied_from == src.etag else Decision("copy", "source ETag")
     if checksum and META_CRC32C in src.metadata and META_CRC32C in dst.metadata:
         same = src.metadata[META_CRC32C].lower() == dst.metadata[META_CRC32C].lower()
         return Decision("skip", "same checksum") if same else Decision("copy", "checksum")

@@ -35,7 +35,7 @@ from babel.checksum import crc32c, crc64ecma, crc64ecma_combine
 from babel.checksum import crc32c_combine as combine32
 from babel.errors import BabelError, NoSuchUpload
 from babel.retry import ATTEMPTS, with_retries
-from objstore.base import META_CRC32C, META_MTIME, MiB, ObjectInfo, ObjectStore, PartInfo
+from objstore.base import META_CRC32C, META_MTIME, META_SRC_ETAG, MiB, ObjectInfo, ObjectStore, PartInfo
 
 logger = logging.getLogger(__name__)
 
@@ -187,12 +187,28 @@ class Transferer:
 
     # ------------------------------------------------------------ copying --
 
-    def metadata(self, info: ObjectInfo, crc: int | None) -> dict[str, str]:
-        """User metadata Babel writes with a copy: the source mtime and, when known up front, the CRC32C."""
-        meta = {META_MTIME: repr(float(info.mtime))}
+    def metadata(self, info: ObjectInfo, crc: int | None, source: dict[str, str] | None = None) -> dict[str, str]:
+        """User metadata Babel writes with a copy: the source mtime (the one the source itself
+        carries when it is a Babel copy: mtimes survive every hop), the source's ETag (object
+        stores) and, when known up front, the CRC32C."""
+        carried = (source or info.metadata).get(META_MTIME)
+        try:
+            mtime = repr(float(carried)) if carried is not None else repr(float(info.mtime))
+        except ValueError:
+            mtime = repr(float(info.mtime))
+        meta = {META_MTIME: mtime}
+        if info.etag:
+            meta[META_SRC_ETAG] = info.etag
         if crc is not None:
             meta[META_CRC32C] = f"{crc:08x}"
         return meta
+
+    async def _source_metadata(self, info: ObjectInfo) -> dict[str, str] | None:
+        """The source object's user metadata where its listing lacks it (S3 lists none): a HEAD,
+        made once per multipart object. None when the listing has it."""
+        if META_MTIME in info.metadata or not hasattr(self.src, "get_with_metadata"):
+            return None
+        return (await self._retry(lambda: self.src.head(info.key))).metadata
 
     async def copy(self, info: ObjectInfo) -> CopyResult:
         """Copy one object (``info`` from the source listing) and return what was sent.
@@ -216,14 +232,19 @@ class Transferer:
             async with self.slots:
 
                 async def once() -> tuple[int, str]:
-                    data = await self.src.get(info.key)
+                    source: dict[str, str] | None = None
+                    getter = getattr(self.src, "get_with_metadata", None)
+                    if getter is not None and META_MTIME not in info.metadata:  # S3 lists no metadata
+                        data, source = await getter(info.key)
+                    else:
+                        data = await self.src.get(info.key)
                     if len(data) != info.size:
                         raise ChecksumMismatch(f"source returned {len(data)} bytes, listed {info.size}")
                     await self._throttle(len(data))
                     crc = crc32c(data)
                     self._sending(info.key, len(data))
                     try:
-                        put = await self.dst.put(info.key, data, self.metadata(info, crc))
+                        put = await self.dst.put(info.key, data, self.metadata(info, crc, source))
                     finally:
                         self._sending(info.key, -len(data))
                     note = self._check_store(put.checksums, data)
@@ -285,9 +306,8 @@ class Transferer:
             await self.abort(info.key, record["upload_id"])
         resumed = len(done)
         if not upload_id:
-            upload_id = await self._retry(
-                lambda: self.dst.create_multipart(info.key, info.size, part_size, self.metadata(info, None))
-            )
+            meta = self.metadata(info, None, await self._source_metadata(info))
+            upload_id = await self._retry(lambda: self.dst.create_multipart(info.key, info.size, part_size, meta))
             record = {"upload_id": upload_id, "size": info.size, "mtime": info.mtime, "part_size": part_size,
                       "etag": info.etag}  # fmt: skip
             self._save_upload(info.key, record, done)

@@ -25,7 +25,7 @@ from typing import Literal
 
 from babel.checksum import crc32c, crc32c_combine, sample_ranges
 from babel.errors import BabelError
-from objstore.base import META_CRC32C, META_MTIME, ObjectInfo, ObjectStore
+from objstore.base import META_CRC32C, META_MTIME, META_SRC_ETAG, ObjectInfo, ObjectStore
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +177,8 @@ async def check_metadata(src_info: ObjectInfo, dst_info: ObjectInfo) -> VerifyRe
     for algo in sorted(src_info.checksums.keys() & dst_info.checksums.keys()):
         if src_info.checksums[algo] != dst_info.checksums[algo]:
             return result(f"{algo} {src_info.checksums[algo]} != {dst_info.checksums[algo]}")
+    if src_info.etag and dst_info.metadata.get(META_SRC_ETAG) == src_info.etag:
+        return result()  # copied from this very version of the source object
     stored = dst_info.metadata.get(META_MTIME)
     if stored is not None:
         try:

@@ -14,8 +14,10 @@ rename.
 
 Babel keeps its own facts about an object in user metadata (S3
 ``x-amz-meta-*``; mtime and an extended attribute on file systems):
-:data:`META_MTIME` (the source's mtime, seconds since the epoch) and
-:data:`META_CRC32C` (the CRC32C of the whole object, 8 hex digits).
+:data:`META_MTIME` (the source's mtime, seconds since the epoch; carried over every hop, so a
+copy of a copy keeps the original file's), :data:`META_CRC32C` (the CRC32C of the whole object, 8
+hex digits) and, on object stores, :data:`META_SRC_ETAG` (the ETag of the source object it was
+copied from: what tells a later sync from the same store that the source did not change).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Protocol
 
 META_MTIME = "babel-mtime"
 META_CRC32C = "babel-crc32c"
+META_SRC_ETAG = "babel-src-etag"
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -35,7 +35,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from objstore.base import META_CRC32C, META_MTIME, GiB, ListPage, ObjectInfo, PartInfo, StoreLimits, object_uri
+from objstore.base import (
+    META_CRC32C,
+    META_MTIME,
+    META_SRC_ETAG,
+    GiB,
+    ListPage,
+    ObjectInfo,
+    PartInfo,
+    StoreLimits,
+    object_uri,
+)
 from objstore.errors import (
     AccessDenied,
     BadURI,
@@ -47,6 +57,7 @@ from objstore.errors import (
 )
 from objstore.tree import (
     XATTR_CRC32C,
+    XATTR_SRC_ETAG,
     DirCache,
     Entries,
     check_delimiter,
@@ -191,11 +202,14 @@ class LocalStore:
         return out
 
     def _info(self, key: str, path: str, st: os.stat_result) -> ObjectInfo:
-        try:
-            crc: bytes | None = os.getxattr(path, XATTR_CRC32C)
-        except OSError:  # ENODATA: none; ENOTSUP: no user xattrs here; ENOENT: a race
-            crc = None
-        return ObjectInfo(key, st.st_size, st.st_mtime, "", file_metadata(format_mtime_ns(st.st_mtime_ns), crc))
+        found: list[bytes | None] = []
+        for name in (XATTR_CRC32C, XATTR_SRC_ETAG):
+            try:
+                found.append(os.getxattr(path, name))
+            except OSError:  # ENODATA: none; ENOTSUP: no user xattrs here; ENOENT: a race
+                found.append(None)
+        meta = file_metadata(format_mtime_ns(st.st_mtime_ns), *found)
+        return ObjectInfo(key, st.st_size, st.st_mtime, "", meta)
 
     def _list(self, prefix: str, delimiter: str | None, start_after: str, max_keys: int) -> ListPage:
         if not os.path.isdir(self.root):
@@ -251,11 +265,13 @@ class LocalStore:
             raise NoSuchKey("no such object", uri=object_uri(self.uri, key)) from exc
 
     def _apply_metadata(self, fd: int, metadata: dict[str, str] | None) -> None:
-        """Set the mtime (atime too, as rclone) and the CRC32C xattr of an open file."""
+        """Set the mtime (atime too, as rclone) and the CRC32C and source-ETag xattrs of an open file."""
         metadata = metadata or {}
-        if META_CRC32C in metadata:
+        for meta, xattr in ((META_CRC32C, XATTR_CRC32C), (META_SRC_ETAG, XATTR_SRC_ETAG)):
+            if meta not in metadata:
+                continue
             try:
-                os.setxattr(fd, XATTR_CRC32C, metadata[META_CRC32C].encode("ascii"))
+                os.setxattr(fd, xattr, metadata[meta].encode("ascii", "replace"))
             except OSError as exc:
                 if exc.errno not in NO_XATTRS:
                     raise

@@ -307,6 +307,23 @@ class S3Store:
         except Exception as exc:
             raise translate(exc, object_uri(self.uri, key)) from exc
 
+    async def get_with_metadata(self, key: str) -> tuple[bytes, dict[str, str]]:
+        """A whole object and its user metadata, in one GET (a copy carries the metadata on).
+
+        Raises:
+            NoSuchKey, NoSuchBucket, AccessDenied, Throttled, TransientError, StoreError.
+        """
+        client = await self._c()
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        if self.checksum == "crc32":
+            kwargs["ChecksumMode"] = "ENABLED"
+        try:
+            resp = await client.get_object(**kwargs)
+            async with resp["Body"] as body:
+                return await body.read(), dict(resp.get("Metadata", {}))
+        except Exception as exc:
+            raise translate(exc, object_uri(self.uri, key)) from exc
+
     async def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectInfo:
         client = await self._c()
         try:

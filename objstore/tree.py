@@ -32,11 +32,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from objstore.base import META_CRC32C, META_MTIME, ListPage, ObjectInfo, PartInfo
+from objstore.base import META_CRC32C, META_MTIME, META_SRC_ETAG, ListPage, ObjectInfo, PartInfo
 from objstore.errors import BadURI, StoreError
 
 XATTR_CRC32C = "user.babel-crc32c"
 """Extended attribute holding :data:`~objstore.base.META_CRC32C` (8 hex digits, ASCII)."""
+XATTR_SRC_ETAG = "user.babel-src-etag"
+"""Extended attribute holding :data:`~objstore.base.META_SRC_ETAG` (a copy of an object-store object)."""
 
 STAT_BATCH = 1000  # most files one StatFiles request asks about
 DIR_CACHE_ENTRIES = 4096
@@ -146,11 +148,13 @@ def format_mtime_ns(ns: int) -> str:
     return f"{sign}{sec}.{frac:09d}"
 
 
-def file_metadata(mtime: str, crc: bytes | str | None) -> dict[str, str]:
-    """The user metadata of a file: its mtime and, when the xattr is there, the CRC32C."""
+def file_metadata(mtime: str, crc: bytes | str | None, src_etag: bytes | str | None = None) -> dict[str, str]:
+    """The user metadata of a file: its mtime and, when their xattrs are there, the CRC32C and
+    the ETag of the object it was copied from."""
     meta = {META_MTIME: mtime}
-    if crc:
-        meta[META_CRC32C] = crc.decode("ascii", "replace") if isinstance(crc, bytes) else crc
+    for name, value in ((META_CRC32C, crc), (META_SRC_ETAG, src_etag)):
+        if value:
+            meta[name] = value.decode("ascii", "replace") if isinstance(value, bytes) else value
     return meta
 
 

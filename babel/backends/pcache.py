@@ -41,9 +41,10 @@ from typing import TypeVar
 from urllib.parse import urlparse
 
 from babel.errors import AccessDenied, BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, TransientError
-from objstore.base import META_CRC32C, META_MTIME, ListPage, ObjectInfo, PartInfo, StoreLimits
+from objstore.base import META_CRC32C, META_MTIME, META_SRC_ETAG, ListPage, ObjectInfo, PartInfo, StoreLimits
 from objstore.tree import (
     XATTR_CRC32C,
+    XATTR_SRC_ETAG,
     DirCache,
     Entries,
     check_delimiter,
@@ -155,7 +156,7 @@ class PCacheStore:
             raise translate(exc, uri) from exc
 
     def _info(self, key: str, node: pb.Inode) -> ObjectInfo:
-        meta = file_metadata(repr(node.mtime), node.xattrs.get(XATTR_CRC32C))
+        meta = file_metadata(repr(node.mtime), node.xattrs.get(XATTR_CRC32C), node.xattrs.get(XATTR_SRC_ETAG))
         return ObjectInfo(key, node.size, node.mtime, "", meta)
 
     # ------------------------------------------------------------ listing --
@@ -275,7 +276,11 @@ class PCacheStore:
         """Set metadata of the committed ``tmp`` and rename it to ``path``; return its inode."""
         client = self._c()
         mtime = parse_mtime(metadata[META_MTIME]) if META_MTIME in metadata else None
-        xattrs = {XATTR_CRC32C: metadata[META_CRC32C].encode("ascii")} if META_CRC32C in metadata else None
+        xattrs = {
+            xattr: metadata[meta].encode("ascii", "replace")
+            for meta, xattr in ((META_CRC32C, XATTR_CRC32C), (META_SRC_ETAG, XATTR_SRC_ETAG))
+            if meta in metadata
+        } or None
         if mtime is not None or xattrs:
             await client.setattr(tmp, mtime=mtime, set_xattrs=xattrs)
         await client.rename(tmp, path)

@@ -205,6 +205,30 @@ def test_directory_markers_to_stores_whose_keys_are_paths(tmp_path: Path, s3_uri
     assert (tmp_path / "out" / "m" / "inner" / "file.txt").read_bytes() == b"file"
 
 
+def test_mtimes_are_carried_across_hops_and_resyncs_copy_nothing(tmp_path: Path, s3_uri: str, rclone_uri: str) -> None:
+    """file -> moto -> rclone -> file: the last copy has the first file's mtime (a copy of a
+    copy carries it), every hop verifies in full, and syncing any hop again copies nothing (the
+    source ETag a copy recorded says the object did not change)."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    files = {"a.bin": os.urandom(3000), "d/b.bin": os.urandom(12 * MiB)}  # b: a multipart copy on every hop
+    for rel, body in files.items():
+        (src / rel).write_bytes(body)
+        os.utime(src / rel, ns=(1_600_000_000_123_456_789,) * 2)
+    out = f"file://{tmp_path}/out"
+    hops = [(f"file://{src}", s3_uri), (s3_uri, rclone_uri), (rclone_uri, out)]
+    for n, (a, b) in enumerate(hops):
+        report = sync(a, b, tmp_path / f"st{n}", verify="full", multipart_threshold=8 * MiB, part_size=5 * MiB)
+        assert report["state"] == "ok" and report["copied"] == len(files), report["errors"]
+    for rel, body in files.items():
+        got = tmp_path / "out" / rel
+        assert got.read_bytes() == body
+        assert abs(got.stat().st_mtime_ns - 1_600_000_000_123_456_789) < 1_000_000  # within 1 ms
+    for n, (a, b) in enumerate(hops):
+        again = sync(a, b, tmp_path / f"again{n}", verify="full")
+        assert again["state"] == "ok" and again["copied"] == 0 and again["skipped"] == len(files), (n, again)
+
+
 def test_wrong_credentials_are_one_clear_line(tmp_path: Path, rclone_uri: str) -> None:
     env = {**os.environ, "AWS_SECRET_ACCESS_KEY": "wrong", "BABEL_STATE_DIR": str(tmp_path / "st")}
     (tmp_path / "f").write_bytes(b"x")
