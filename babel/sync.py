@@ -29,7 +29,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from babel.backends import open_store
@@ -219,17 +219,7 @@ class SyncJob:
                     full = await self._retry(lambda: self.dst.head(dst.key))
             except FileNotFoundError:
                 full = None  # deleted since it was listed
-            record(
-                src,
-                full,
-                decide(
-                    src,
-                    full,
-                    size_only=self.opts.size_only,
-                    checksum=self.opts.checksum,
-                    ignore_times=self.opts.ignore_times,
-                ),
-            )
+            record(src, full, self._decide(src, full))
 
         for src, dst in merge_join(self.journal.scan_listing("s"), self.journal.scan_listing("d")):
             key = (src or dst).key  # type: ignore[union-attr]
@@ -263,22 +253,16 @@ class SyncJob:
                     for t in done:
                         t.result()
                 continue
-            record(
-                src,
-                dst,
-                decide(
-                    src,
-                    dst,
-                    size_only=self.opts.size_only,
-                    checksum=self.opts.checksum,
-                    ignore_times=self.opts.ignore_times,
-                ),
-            )
+            record(src, dst, self._decide(src, dst))
         if pending:
             for outcome in await asyncio.gather(*pending, return_exceptions=True):
                 if isinstance(outcome, BaseException):
                     raise outcome
         self.journal.mark("planned", counts)
+
+    def _decide(self, src: ObjectInfo, dst: ObjectInfo | None) -> Decision:
+        o = self.opts
+        return decide(src, dst, size_only=o.size_only, checksum=o.checksum, ignore_times=o.ignore_times)
 
     async def copy(self) -> None:
         """Phase 3: every planned copy not yet recorded as done."""
@@ -461,16 +445,24 @@ class SyncJob:
         if self.opts.verify == "full" or (self.opts.verify == "sample" and small):
             # an object no bigger than the sample reads whole anyway: check it against the in-stream
             # CRC32C (stronger, and the source is not read again)
-            results.append(await self._retry(lambda: check_full(self.dst, key, src.size, rec["crc32c"], dst_info=dst)))
+            results.append(await check_full(self._checked(self.dst), key, src.size, rec["crc32c"], dst_info=dst))
         elif self.opts.verify == "sample":
             results.append(
-                await self._retry(
-                    lambda: check_sample(
-                        self.src, self.dst, key, src.size, samples=self.opts.samples, sample_size=self.opts.sample_size
-                    )
+                await check_sample(
+                    self._checked(self.src),
+                    self._checked(self.dst),
+                    key,
+                    src.size,
+                    samples=self.opts.samples,
+                    sample_size=self.opts.sample_size,
                 )
             )
         return results
+
+    def _checked(self, store: ObjectStore) -> ObjectStore:
+        """``store`` with every HEAD and GET retried (:meth:`_retry`): verification reads many
+        ranges per object, and each must ride out throttling on its own."""
+        return cast(ObjectStore, _RetryingReads(store, self._retry))
 
     async def _retry(self, fn: Callable[[], Awaitable[T]]) -> T:
         """``fn()`` retried on throttling and transient errors as copies are
@@ -519,6 +511,22 @@ class SyncJob:
             self.report.state = "partial" if (self.report.failed or bad) else "ok"
         self.journal.update(state=self.report.state, phase="done", summary=self.report.to_dict(), pid=None)
         return self.report
+
+
+class _RetryingReads:
+    """A store whose ``head`` and ``get`` go through ``retry``; everything else as the store's."""
+
+    def __init__(self, store: ObjectStore, retry: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]) -> None:
+        self._store, self._with_retries = store, retry
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self._with_retries(lambda: self._store.head(key))
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None, *, if_match: str = "") -> bytes:
+        return await self._with_retries(lambda: self._store.get(key, offset, length, if_match=if_match))
 
 
 def _check_destination(store: ObjectStore) -> None:
@@ -755,11 +763,13 @@ async def run_verify(
                         dst = await job._retry(lambda: job.dst.head(key))
                     results = [await check_metadata(src, dst)]
                     if options.verify == "sample":
-                        results.append(await job._retry(lambda: check_sample(
-                            job.src, job.dst, key, src.size, samples=options.samples, sample_size=options.sample_size
-                        )))  # fmt: skip
+                        results.append(await check_sample(
+                            job._checked(job.src), job._checked(job.dst), key, src.size, samples=options.samples,
+                            sample_size=options.sample_size,
+                        ))  # fmt: skip
                     elif options.verify == "full":
-                        results.append(await job._retry(lambda: check_full(job.dst, key, src.size, None, src=job.src)))
+                        results.append(await check_full(job._checked(job.dst), key, src.size, None,
+                                                        src=job._checked(job.src)))  # fmt: skip
                 except (BabelError, OSError) as exc:
                     results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
             for result in results:
