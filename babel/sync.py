@@ -682,8 +682,9 @@ async def run_sync(
 
 async def clean_job(state_dir: str, job_id: str, *, temp_files: bool = True) -> dict[str, int]:
     """Clean up after an abandoned job: abort the multipart uploads its journal has open (a
-    killed run's, kept for resume), delete Babel's temporary files in a file-system destination
-    (``temp_files``: no other job writing there), then delete the job's state directory.
+    killed run's, kept for resume), delete the temporary files of the objects it had on their
+    way in a file-system destination (``temp_files``; its journal's ``i/`` keys: never another
+    job's), then delete the job's state directory.
 
     Returns:
         ``{"uploads_aborted": n, "temp_files": n, "temp_bytes": n}``.
@@ -704,14 +705,28 @@ async def clean_job(state_dir: str, job_id: str, *, temp_files: bool = True) -> 
                 pass  # expired, or finished by the run that died before its record
             aborted += 1
         remove = getattr(store, "remove_temp_files", None)
-        if temp_files and remove is not None:
-            files, nbytes = await remove()
+        in_flight = [key for key, _n in journal.scan("i")]
+        if temp_files and remove is not None and in_flight:
+            files, nbytes = await remove(in_flight)
     finally:
         journal.close()
         if store is not None:
             await store.close()
     shutil.rmtree(journal.dir)
     return {"uploads_aborted": aborted, "temp_files": files, "temp_bytes": nbytes}
+
+
+def mark_interrupted(state_dir: str, job_id: str) -> None:
+    """Record that a job's process stopped it (Ctrl-C, SIGTERM): ``interrupted``, no pid (best
+    effort: a job whose journal cannot be opened keeps what it said)."""
+    try:
+        journal = Journal(state_dir, job_id)
+    except (OSError, BabelError):
+        return
+    try:
+        journal.update(state="interrupted", pid=None)
+    finally:
+        journal.close()
 
 
 def planned(state_dir: str, job_id: str) -> Iterator[tuple[str, str, str]]:

@@ -219,7 +219,13 @@ class Transferer:
         """
         start = time.monotonic()
         if info.size >= self.threshold:
-            result = await self._copy_multipart(info)
+            try:
+                result = await self._copy_multipart(info)
+            except NoSuchUpload:  # the store dropped the upload a killed run left (a lifecycle rule,
+                if self.journal is not None:  # an abort by someone else): start it over, once
+                    self.journal.delete("u", info.key)
+                logger.warning("%s: its unfinished multipart upload is gone from the store; starting over", info.key)
+                result = await self._copy_multipart(info)
         else:
             result = await self._copy_small(info)
         result.seconds = time.monotonic() - start

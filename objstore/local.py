@@ -32,7 +32,7 @@ import os
 import re
 import stat as stat_mod
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from objstore.base import (
@@ -65,7 +65,7 @@ from objstore.tree import (
     check_parts,
     file_metadata,
     format_mtime_ns,
-    is_temp_name,
+    is_temp_of,
     new_token,
     parse_mtime_ns,
     part_range,
@@ -392,19 +392,23 @@ class LocalStore:
             return
         await asyncio.to_thread(_unlink, self._temp_path(key, upload.token))
 
-    async def remove_temp_files(self) -> tuple[int, int]:
-        """Delete Babel's temporary files under the root (``.NAME.babel-TOKEN``: uploads a killed
-        run left, never listed); returns (files, bytes). Only safe with no job writing here."""
+    async def remove_temp_files(self, keys: Iterable[str]) -> tuple[int, int]:
+        """Delete the temporary files of uploads of ``keys`` (``.NAME.babel-TOKEN`` next to each:
+        what a killed run had in flight, never listed); returns (files, bytes)."""
 
         def run() -> tuple[int, int]:
             files = nbytes = 0
-            for dirpath, _dirs, names in os.walk(self.root):
-                for name in names:
-                    if is_temp_name(name):
-                        path = os.path.join(dirpath, name)
+            for key in keys:
+                head, name = os.path.split(os.path.join(self.root, key))
+                try:
+                    names = os.listdir(head)
+                except OSError:
+                    continue
+                for entry in names:
+                    if is_temp_of(entry, name):
                         try:
-                            size = os.lstat(path).st_size
-                            os.unlink(path)
+                            size = os.lstat(os.path.join(head, entry)).st_size
+                            os.unlink(os.path.join(head, entry))
                         except FileNotFoundError:
                             continue
                         files, nbytes = files + 1, nbytes + size

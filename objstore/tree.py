@@ -77,6 +77,11 @@ def temp_name(name: str, token: str) -> str:
     return f".{short}.babel-{token}"
 
 
+def is_temp_of(candidate: str, name: str) -> bool:
+    """Whether ``candidate`` is a temporary file of an upload of ``name`` (:func:`temp_name`)."""
+    return candidate.startswith(temp_name(name, "")) and _TEMP.fullmatch(candidate) is not None
+
+
 def is_temp_name(name: str) -> bool:
     """Whether a file name is one of Babel's temporary files (never listed)."""
     return name.endswith(".babel-part") or (name.startswith(".") and _TEMP.fullmatch(name) is not None)

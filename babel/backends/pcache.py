@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import posixpath
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlparse
@@ -51,7 +51,7 @@ from objstore.tree import (
     check_key,
     check_parts,
     file_metadata,
-    is_temp_name,
+    is_temp_of,
     new_token,
     parse_mtime,
     part_range,
@@ -383,22 +383,19 @@ class PCacheStore:
             if self._uploads.pop(upload_id, None) is upload:
                 await asyncio.shield(self._discard(upload.tmp, upload.file))
 
-    async def remove_temp_files(self) -> tuple[int, int]:
-        """Delete Babel's temporary files under the root (``.NAME.babel-TOKEN``: uploads a killed
-        run left, never listed); returns (files, bytes). Only safe with no job writing here."""
+    async def remove_temp_files(self, keys: Iterable[str]) -> tuple[int, int]:
+        """Delete the temporary files of uploads of ``keys`` (``.NAME.babel-TOKEN`` next to each:
+        what a killed run had in flight, never listed); returns (files, bytes)."""
         client = self._c()
         files = nbytes = 0
-        stack = [self.root]
-        while stack:
-            where = stack.pop()
+        for key in keys:
+            head, name = posixpath.split(self._path(key))
             try:
-                entries = [e async for e in client.scandir(where)]
-            except NotFound:
+                entries = [e async for e in client.scandir(head)]
+            except (NotFound, NotADirectory):
                 continue
             for entry in entries:
-                if entry.kind == "dir":
-                    stack.append(entry.path)
-                elif is_temp_name(entry.name):
+                if entry.kind == "file" and is_temp_of(entry.name, name):
                     with contextlib.suppress(NotFound):
                         await client.unlink(entry.path)
                         files, nbytes = files + 1, nbytes + entry.size

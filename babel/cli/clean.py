@@ -42,7 +42,8 @@ def clean_cmd(jobs: tuple[str, ...], every: bool, dry_run: bool, state_dir: str 
     if every:
         jobs = tuple(
             jid for jid, j in known.items()
-            if j.get("state") in ("failed", "partial") or (j.get("state") == "running" and not process_alive(j.get("pid")))
+            if j.get("state") in ("failed", "partial", "interrupted", "canceled")
+            or (j.get("state") == "running" and not process_alive(j.get("pid")))
         )  # fmt: skip
     busy = {j.get("dst") for jid, j in known.items() if j.get("state") == "running" and process_alive(j.get("pid"))}
     results: list[dict[str, Any]] = []

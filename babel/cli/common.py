@@ -107,14 +107,18 @@ class RichProgress:
         self.bar.update(self.task, amount=self._amount(done, elapsed))
 
 
-def print_report(report: SyncReport, *, as_json: bool) -> None:
-    """The final summary: a table on stderr, or the JSON report on stdout."""
-    doc = report.to_dict()
+def print_report(report: SyncReport, *, as_json: bool, extra: dict[str, Any] | None = None) -> None:
+    """The final summary: a table on stderr, or the JSON report (plus ``extra``) on stdout."""
+    doc = {**report.to_dict(), **(extra or {})}
     if as_json:
         json.dump(doc, sys.stdout, indent=1, sort_keys=True)
         sys.stdout.write("\n")
         return
     console = Console(stderr=True)
+    if report.fatal and not (report.listed_src or report.listed_dst or report.copied):
+        # failed before anything was listed (an unreachable endpoint, a file as destination...): one line
+        console.print(f"babel: {report.fatal} (job {report.job})", markup=False, highlight=False, soft_wrap=True)
+        return
     table = Table(title=f"babel job {report.job}: {report.state}", show_header=False)
     table.add_column(justify="right", style="bold")
     table.add_column()
@@ -168,6 +172,6 @@ def print_report(report: SyncReport, *, as_json: bool) -> None:
         )  # fmt: skip
     if report.fatal:
         table.add_row("[red]fatal", report.fatal)
-    if report.state != "ok":
+    if report.state != "ok" and not report.dry_run:
         table.add_row("resume", f"babel sync --resume {report.job}")
     console.print(table)

@@ -55,6 +55,15 @@ def jobs_cmd(state_dir: str | None, daemon_addr: str | None, as_json: bool, limi
     return 0
 
 
+def _is_babel(pid: int) -> bool:
+    """Whether process ``pid`` runs babel (its command line), not a program that got a dead job's pid."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"babel" in fh.read()
+    except OSError:
+        return False
+
+
 def _job_doc(job_id: str, state_dir: str, daemon_addr: str | None) -> dict:
     """A job's job.json, from the daemon at ``daemon_addr`` or the local state directory."""
     if daemon_addr:
@@ -88,6 +97,8 @@ def cancel_cmd(job_id: str, state_dir: str | None, daemon_addr: str | None) -> i
         raise click.ClickException(f"job {job_id} is not running ({doc.get('state', '?')})")
     if doc.get("runner") == "daemon":
         raise click.ClickException(f"job {job_id} runs in a babel daemon (pid {pid}): give --daemon ADDR")
+    if not _is_babel(pid):  # the job's process died and its pid was reused: never signal a stranger
+        raise click.ClickException(f"job {job_id} is not running (pid {pid} is another program now)")
     os.kill(pid, signal.SIGTERM)
     click.echo(f"{job_id}: SIGTERM sent to pid {pid}")
     return 0

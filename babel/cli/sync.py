@@ -9,7 +9,7 @@ import click
 from babel.cli.common import SIZE, RichProgress, print_report
 from babel.journal import default_state_dir
 from babel.options import CONCURRENCY, SAMPLES, BadOption, SyncOptions
-from babel.sync import planned, run_sync
+from babel.sync import mark_interrupted, planned, run_sync
 from pcache.common.cli import EXIT_FATAL
 
 
@@ -112,16 +112,22 @@ def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, 
         with RichProgress(progress and not as_json) as bar:
             report = asyncio.run(run_sync(src or "", dst or "", options, state_dir=state_dir, job_id=resume,
                                           progress=bar.sink(), on_job=started.append))  # fmt: skip
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the journal is closed; say how to go on
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the journal is closed; record it and say how to go on
         if not started:
             raise
+        mark_interrupted(state_dir, started[0])
         click.echo(f"babel: interrupted; resume with: babel sync --resume {started[0]}", err=True)
         return EXIT_FATAL
-    if report.dry_run and not as_json and started:
-        verbs = {"copy": "would copy", "delete": "would delete", "fail": "cannot copy"}
-        for action, key, reason in planned(state_dir, started[0]):
-            click.echo(f"{verbs[action]:<13} {key}" + (f"  ({reason})" if reason else ""))
-    print_report(report, as_json=as_json)
+    extra = None
+    if report.dry_run and started:
+        steps = planned(state_dir, started[0])
+        if as_json:  # the plan in the report: {"action", "key", "reason"} per step
+            extra = {"plan": [{"action": a, "key": k, "reason": r} for a, k, r in steps]}
+        else:
+            verbs = {"copy": "would copy", "delete": "would delete", "fail": "cannot copy"}
+            for action, key, reason in steps:
+                click.echo(f"{verbs[action]:<13} {key}" + (f"  ({reason})" if reason else ""))
+    print_report(report, as_json=as_json, extra=extra)
     return report.exit_code
 
 

@@ -310,6 +310,16 @@ def test_cancel_and_wait_through_the_daemon_and_locally(tmp_path: Path, daemons)
     assert local.wait(timeout=30) == 2 and f"resume with: babel sync --resume {mine}" in local.stderr.read()
     r = babel("wait", mine, env=env)
     assert r.returncode == 2 and f"{mine}: interrupted" in r.stdout
+    # a dead job whose pid another program got: cancel must not signal that program
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        doc_path = state / mine / "job.json"
+        doc_path.write_text(json.dumps({**json.loads(doc_path.read_text()), "state": "running", "pid": stranger.pid}))
+        r = babel("cancel", mine, env=env)
+        assert r.returncode != 0 and "another program" in r.stderr and stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_bad_requests_get_400_naming_the_field(tmp_path: Path, daemons) -> None:

@@ -461,6 +461,7 @@ def test_ctrl_c_prints_the_resume_command(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and f"resume with: babel sync --resume {job}" in err.decode(), err
+    assert json.loads((state / job / "job.json").read_text())["state"] == "interrupted"
     r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
     assert r.returncode == 0 and json.loads(r.stdout)["state"] == "ok"
     assert (tmp_path / "dst" / "a.bin").read_bytes() == body
@@ -534,6 +535,12 @@ def test_dry_run_prints_each_key_it_would_copy_or_delete(tmp_path: Path) -> None
     assert r.returncode == 0, r.stderr
     lines = [" ".join(line.split()) for line in r.stdout.splitlines()]
     assert lines == ["would copy a.txt (new)", "would copy b.txt (size)", "would delete extra.txt (extraneous)"]
+    as_json = babel("sync", f"file://{src}", f"file://{dst}", "--dry-run", "--delete", "--json", env=env)
+    assert json.loads(as_json.stdout)["plan"] == [
+        {"action": "copy", "key": "a.txt", "reason": "new"},
+        {"action": "copy", "key": "b.txt", "reason": "size"},
+        {"action": "delete", "key": "extra.txt", "reason": "extraneous"},
+    ]
     assert sorted(p.name for p in dst.iterdir()) == ["b.txt", "extra.txt", "same.txt"]  # nothing changed
 
 
@@ -557,7 +564,17 @@ def test_clean_aborts_uploads_and_deletes_temp_files_of_abandoned_jobs(tmp_path:
         killed.append(proc)
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     assert [p for p in (tmp_path / "out").rglob(".*") if ".babel-" in p.name]  # the killed upload's file
-    (tmp_path / "out" / ".small.bin.babel-0123456789abcdef").write_bytes(b"half")  # a killed put's leftover
+    # a put the killed file:// job had on its way (its journal says so), and another job's temp file
+    from babel.journal import Journal
+
+    file_job = next(
+        p.parent.name for p in state.glob("*/job.json") if json.loads(p.read_text())["dst"].endswith("/out")
+    )
+    journal = Journal(str(state), file_job)
+    journal.put("i", "small.bin", 4)
+    journal.close()
+    (tmp_path / "out" / ".small.bin.babel-0123456789abcdef").write_bytes(b"half")
+    (tmp_path / "out" / ".theirs.bin.babel-fedcba9876543210").write_bytes(b"not ours")
     before = {p.parent.name for p in state.glob("*/job.json")}
     running = _start([f"file://{src}", f"file://{tmp_path}/out3", "--bwlimit", "1M"], state)
     try:
@@ -578,7 +595,9 @@ def test_clean_aborts_uploads_and_deletes_temp_files_of_abandoned_jobs(tmp_path:
         running.kill()
         running.wait()
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
-    assert not [p for p in (tmp_path / "out").rglob(".*") if ".babel-" in p.name]
+    assert [p.name for p in (tmp_path / "out").rglob(".*") if ".babel-" in p.name] == [
+        ".theirs.bin.babel-fedcba9876543210"  # another job's: never touched
+    ]
     assert [j["id"] for j in json.loads(babel("jobs", "--json", env=env).stdout)] == [job]
 
 
@@ -607,6 +626,23 @@ def test_a_resumed_job_says_how_many_bytes_it_sent_again(tmp_path: Path, new_buc
     assert bucket_contents(s3, bucket) == {"big.bin": big}
     text = babel("jobs", "--json", env={"BABEL_STATE_DIR": str(state)})
     assert json.loads(text.stdout)[0]["summary"]["resent_bytes"] == report["resent_bytes"]
+
+
+def test_a_resume_whose_upload_the_store_dropped_starts_it_over(tmp_path: Path) -> None:
+    """The unfinished multipart upload of a killed job vanished from the store meanwhile (an S3
+    lifecycle rule, an abort by someone else): the resume starts that upload over, once."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(body := os.urandom(20 << 20))
+    state = tmp_path / "state"
+    args = [f"file://{src}", f"file://{tmp_path}/out", "--part-size", "5M", "--multipart-threshold", "8M"]
+    job = _kill_while_copying([*args, "--transfers", "2", "--bwlimit", "5M"], state)
+    (upload,) = [p for p in (tmp_path / "out").glob(".*") if ".babel-" in p.name]
+    upload.unlink()  # the store forgot it
+    r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["state"] == "ok" and report["parts_reused"] == 0, report["errors"]
+    assert (tmp_path / "out" / "big.bin").read_bytes() == body
 
 
 def test_resume_after_source_deletions_notices_them(tmp_path: Path, new_bucket, s3) -> None:
