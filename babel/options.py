@@ -100,6 +100,9 @@ class SyncOptions:
                 rule(getattr(self, name))
             except ValueError as exc:
                 raise BadOption(name, str(exc)) from exc
+        if self.ignore_times and (self.size_only or self.checksum):
+            other = "size_only" if self.size_only else "checksum"
+            raise BadOption("ignore_times", f"copies every object: it cannot be combined with {other}")
         for name in ("include", "exclude"):
             try:
                 Filters(**{name: tuple(getattr(self, name))})

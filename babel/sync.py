@@ -499,7 +499,8 @@ class SyncJob:
             await self.delete()
             await self.verify()
         except BabelError as exc:
-            self.report.fatal = f"{type(exc).__name__}: {exc}"
+            name, text = type(exc).__name__, str(exc)
+            self.report.fatal = text if text.startswith(f"{name}:") else f"{name}: {text}"
             self.report.state = "failed"
         finally:
             self.report.retries += getattr(self.src, "retries", 0) + getattr(self.dst, "retries", 0)
@@ -536,8 +537,14 @@ def _check_destination(store: ObjectStore) -> None:
         BabelError: it is a file (every object would fail on its own otherwise).
     """
     root = getattr(store, "root", None)
-    if store.uri.startswith("file:") and root and os.path.exists(root) and not os.path.isdir(root):
-        raise BabelError("the destination is a file, not a directory: nothing can be copied into it", uri=store.uri)
+    if not (store.uri.startswith("file:") and root):
+        return
+    where = root
+    while not os.path.exists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)  # the nearest existing ancestor: a file there blocks it too
+    if not os.path.isdir(where):
+        what = "the destination is a file" if where == root else f"{where} (above the destination) is a file"
+        raise BabelError(f"{what}, not a directory: nothing can be copied into it", uri=store.uri)
 
 
 REACH_TIMEOUT = 4.0  # seconds per TCP connect of the start-up check

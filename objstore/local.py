@@ -213,7 +213,8 @@ class LocalStore:
 
     def _list(self, prefix: str, delimiter: str | None, start_after: str, max_keys: int) -> ListPage:
         if not os.path.isdir(self.root):
-            raise NoSuchBucket("no such directory", uri=self.uri)
+            what = "a file, not a directory" if os.path.exists(self.root) else "no such directory"
+            raise NoSuchBucket(what, uri=self.uri)
         check_delimiter(delimiter, self.uri)
         return run_plan(plan_page(prefix, delimiter, start_after, max_keys), self._read_dir, self._stat_files)
 

@@ -77,9 +77,11 @@ def clean_cmd(jobs: tuple[str, ...], every: bool, dry_run: bool, state_dir: str 
             elif r.get("dry_run"):
                 click.echo(f"{r['job']}: would clean ({r['state']}, destination {r['dst']})")
             else:
-                temp = (f", {r['temp_files']} temporary files ({human_bytes(r['temp_bytes'])}) deleted"
+                temp = (f", {r['temp_files']} temporary file{'' if r['temp_files'] == 1 else 's'}"
+                        f" ({human_bytes(r['temp_bytes'])}) deleted"
                         if r["temp_files"] else "")  # fmt: skip
-                click.echo(f"{r['job']}: {r['uploads_aborted']} uploads aborted{temp}; forgotten")
+                n = r["uploads_aborted"]
+                click.echo(f"{r['job']}: {n} upload{'' if n == 1 else 's'} aborted{temp}; forgotten")
         if not results:
             click.echo("nothing to clean")
     return EXIT_PARTIAL if failed else 0

@@ -448,6 +448,10 @@ def test_resuming_a_running_job_and_a_file_destination_are_one_line_each(tmp_pat
               env={"BABEL_STATE_DIR": str(tmp_path / "state2")})  # fmt: skip
     report = json.loads(r.stdout)
     assert r.returncode == 2 and "the destination is a file" in report["fatal"] and report["errors"] == []
+    under = babel("sync", f"file://{src}", f"file://{tmp_path}/afile/sub", "--no-progress",
+                  env={"BABEL_STATE_DIR": str(tmp_path / "state2")})  # fmt: skip
+    assert under.returncode == 2 and "(above the destination) is a file" in under.stderr
+    assert len(under.stderr.strip().splitlines()) == 1  # one fatal line, not a report
     assert (tmp_path / "afile").read_bytes() == b"x"
 
 
@@ -489,6 +493,8 @@ def test_ignore_times_repairs_what_verify_found_corrupt(tmp_path: Path, new_buck
     assert fixed["state"] == "ok" and fixed["copied"] == len(files)
     assert bucket_contents(s3, bucket) == files
     assert babel("verify", f"file://{src}", uri, "--mode", "full", env=env).returncode == 0
+    both = babel("sync", f"file://{src}", uri, "--ignore-times", "--size-only", env=env)
+    assert both.returncode == 3 and "cannot be combined with size_only" in both.stderr
 
 
 def test_more_errors_than_the_report_lists_are_counted(tmp_path: Path, new_bucket, s3) -> None:
