@@ -555,15 +555,16 @@ async def _check_reachable(store: ObjectStore) -> None:
     """Fail fast when an object store's endpoint takes no TCP connection at all (refused, no
     route, unknown host): the job's request retries, made to ride out a store's hiccups, would
     spend over a minute on one that is not there. A store that answers, even slowly or with an
-    error, passes; so do stores without an endpoint URL (AWS's own, file systems).
+    error, passes; so do stores without an endpoint URL (AWS's own, file systems), and every
+    store when an HTTP(S) proxy is configured.
 
     Raises:
         TransientError: ``REACH_TRIES`` connects in a row failed.
     """
     endpoint_url = getattr(store, "endpoint_url", None)
     url = endpoint_url() if callable(endpoint_url) else None
-    if not url:
-        return
+    if not url or any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
+        return  # behind a proxy only the proxy takes connections: the requests themselves will tell
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     error: BaseException | None = None
