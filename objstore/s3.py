@@ -291,6 +291,20 @@ class S3Store:
                 pass  # a key the Rust client's paths cannot name: botocore's request below
             except _NotPartial:  # rclone serve s3 answers a range with 200 (and Content-Range)
                 self.fast_ranged_gets = False
+        return (await self._get_object(key, offset, length, if_match))[0]
+
+    async def get_with_metadata(self, key: str) -> tuple[bytes, dict[str, str]]:
+        """A whole object and its user metadata, in one GET (a copy carries the metadata on).
+
+        Raises:
+            NoSuchKey, NoSuchBucket, AccessDenied, Throttled, TransientError, StoreError.
+        """
+        return await self._get_object(key, 0, None, "")
+
+    async def _get_object(
+        self, key: str, offset: int, length: int | None, if_match: str
+    ) -> tuple[bytes, dict[str, str]]:
+        """One GetObject through botocore: the bytes and the object's user metadata."""
         client = await self._c()
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
         if if_match:
@@ -300,23 +314,6 @@ class S3Store:
             kwargs["Range"] = f"bytes={offset}-{end}"
         elif self.checksum == "crc32":
             kwargs["ChecksumMode"] = "ENABLED"  # whole objects only: a range has no checksum of its own
-        try:
-            resp = await client.get_object(**kwargs)
-            async with resp["Body"] as body:
-                return await body.read()
-        except Exception as exc:
-            raise translate(exc, object_uri(self.uri, key)) from exc
-
-    async def get_with_metadata(self, key: str) -> tuple[bytes, dict[str, str]]:
-        """A whole object and its user metadata, in one GET (a copy carries the metadata on).
-
-        Raises:
-            NoSuchKey, NoSuchBucket, AccessDenied, Throttled, TransientError, StoreError.
-        """
-        client = await self._c()
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
-        if self.checksum == "crc32":
-            kwargs["ChecksumMode"] = "ENABLED"
         try:
             resp = await client.get_object(**kwargs)
             async with resp["Body"] as body:
