@@ -187,12 +187,16 @@ async def list_parallel_pages(
     page_size: int = 1000,
     retries: int = 8,
     fanout: int = 16,
+    after: str = "",
+    until: str | None = None,
 ) -> AsyncIterator[list[ObjectInfo]]:
     """Yield every object under ``prefix`` in pages (lists, in no order across pages), listing
     many key ranges at once.
 
     Args:
         store: the backend. prefix: key prefix (a directory when it ends in ``/``).
+        after, until: only keys ``after < key <= until`` (None: no upper bound); a bounded
+            listing (a shard of a job shared by several daemons) is listed flat from ``after``.
         concurrency: most ListObjectsV2 calls in flight. page_size: keys per call.
         retries: attempts per page on throttling or transient errors (exponential backoff).
         fanout: most pieces a truncated range is cut into at once (while workers are idle).
@@ -276,7 +280,7 @@ async def list_parallel_pages(
                 if pending == 0:
                     await out.put(None)
 
-    push(KeyRange(prefix))
+    push(KeyRange(prefix, after, until, flat=bool(after) or until is not None))
     tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
     try:
         while True:

@@ -39,7 +39,7 @@ from babel.lister import list_parallel_pages
 from babel.options import SyncOptions, options_from_dict
 from babel.planner import Decision, decide, merge_join, needs_head
 from babel.retry import ATTEMPTS, with_retries
-from babel.transfer import CopyResult, Transferer
+from babel.transfer import Bandwidth, CopyResult, Transferer
 from babel.verify import VerifyResult, check_full, check_metadata, check_sample
 from objstore.base import META_CRC32C, ObjectInfo, ObjectStore
 
@@ -99,7 +99,7 @@ class SyncReport:
         return {"ok": 0, "partial": 1}.get(self.state, 2)
 
 
-def _new_verification(mode: str) -> dict[str, Any]:
+def new_verification(mode: str) -> dict[str, Any]:
     return {
         "mode": mode,
         "metadata": {"checked": 0, "failed": 0, "proves": "size, and source mtime / CRC32C stored as metadata"},
@@ -143,8 +143,21 @@ class SyncJob:
     """One sync between two URIs, driven phase by phase through its journal."""
 
     def __init__(
-        self, src_uri: str, dst_uri: str, options: SyncOptions, journal: Journal, progress: Progress | None = None
+        self,
+        src_uri: str,
+        dst_uri: str,
+        options: SyncOptions,
+        journal: Journal,
+        progress: Progress | None = None,
+        *,
+        key_range: tuple[str, str | None] = ("", None),
+        bandwidth: Bandwidth | None = None,
     ) -> None:
+        """``key_range`` ``(after, until)``: only keys ``after < key <= until`` (None: no upper
+        bound) are listed, copied and deleted on both sides (one chunk of a shared job's shard);
+        ``bandwidth``: a limit shared with other jobs of this process (else ``options.bwlimit``)."""
+        self.key_range = key_range
+        self.bandwidth = bandwidth
         self.src_uri = src_uri
         self.dst_uri = dst_uri
         self.opts = options
@@ -152,7 +165,7 @@ class SyncJob:
         self.progress = progress or Progress()
         self.filters = options.filters()
         self.report = SyncReport(journal.job_id, src_uri, dst_uri, dry_run=options.dry_run)
-        self.report.verification = _new_verification(options.verify)
+        self.report.verification = new_verification(options.verify)
         self.src: ObjectStore = open_store(src_uri)
         self.dst: ObjectStore = open_store(dst_uri)
 
@@ -161,7 +174,9 @@ class SyncJob:
     async def _list_into(self, store: ObjectStore, kind: str, *, missing_ok: bool) -> int:
         count = 0
         try:
-            async for page in list_parallel_pages(store, concurrency=self.opts.list_concurrency):
+            after, until = self.key_range
+            pages = list_parallel_pages(store, concurrency=self.opts.list_concurrency, after=after, until=until)
+            async for page in pages:
                 self.journal.put_listing(kind, page)
                 count += len(page)
                 self.progress.advance(0, len(page))
@@ -300,6 +315,7 @@ class SyncJob:
             bwlimit=self.opts.bwlimit,
             memory=self.opts.memory,
             journal=self.journal,
+            bandwidth=self.bandwidth,
         )
         xfer.stats.listeners.append(lambda n: self.progress.advance(n, 0))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -128,6 +129,29 @@ class TransferStats:
             fn(n)
 
 
+class Bandwidth:
+    """A bandwidth limit in bytes per second over every transfer that shares it (all chunks of a
+    shared job in one process, say): a leaky bucket (``aiolimiter``) of one second's worth,
+    started full so that the first second sends no burst above the rate either."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._limiter = AsyncLimiter(rate, 1.0)
+        self._primed = False
+
+    async def take(self, n: int) -> None:
+        """Wait until ``n`` more bytes may be sent; taken 1 MiB at a time, so no request waits
+        for more than the bucket holds."""
+        if not self._primed:
+            self._primed = True
+            await self._limiter.acquire(self._limiter.max_rate)
+        step = max(1, int(self._limiter.max_rate))
+        while n > 0:
+            take = min(n, step, MiB)
+            await self._limiter.acquire(take)
+            n -= take
+
+
 class Transferer:
     """Copies objects from ``src`` to ``dst`` with bounded concurrency and memory.
 
@@ -136,6 +160,7 @@ class Transferer:
         multipart_threshold: objects of at least this many bytes go multipart.
         part_size: fixed part size in bytes (None: :func:`choose_part_size`).
         bwlimit: bytes per second over all transfers (None: unlimited).
+        bandwidth: a :class:`Bandwidth` shared with other transferers (wins over ``bwlimit``).
         memory: bytes of object data held at once (parts and small objects in flight).
         retries: attempts per request on retryable errors.
         journal: where multipart progress is recorded for resume (``u/KEY`` records).
@@ -153,6 +178,7 @@ class Transferer:
         memory: int = 512 * MiB,
         retries: int = ATTEMPTS,
         journal: Any = None,
+        bandwidth: Bandwidth | None = None,
     ) -> None:
         self.src = src
         self.dst = dst
@@ -164,8 +190,7 @@ class Transferer:
         self.journal = journal
         self.stats = TransferStats()
         self._inflight: dict[str, int] = {}  # bytes being sent now, by key (journal i/KEY)
-        # a second's worth of tokens, taken 1 MiB at a time so no single request exceeds the bucket
-        self.limiter = AsyncLimiter(bwlimit, 1.0) if bwlimit else None
+        self.bandwidth = bandwidth or (Bandwidth(bwlimit) if bwlimit and math.isfinite(bwlimit) else None)
         self.crc64 = "crc64ecma" in getattr(dst, "checksum_algorithms", ()) or dst.uri.startswith("oss://")
 
     # ------------------------------------------------------------ plumbing --
@@ -177,13 +202,8 @@ class Transferer:
         return await with_retries(fn, attempts=self.retries, on_retry=count)
 
     async def _throttle(self, n: int) -> None:
-        if self.limiter is None:
-            return
-        step = int(self.limiter.max_rate)
-        while n > 0:
-            take = min(n, step, MiB)
-            await self.limiter.acquire(take)
-            n -= take
+        if self.bandwidth is not None:
+            await self.bandwidth.take(n)
 
     # ------------------------------------------------------------ copying --
 

@@ -107,8 +107,11 @@ class RichProgress:
         self.bar.update(self.task, amount=self._amount(done, elapsed))
 
 
-def print_report(report: SyncReport, *, as_json: bool, extra: dict[str, Any] | None = None) -> None:
-    """The final summary: a table on stderr, or the JSON report (plus ``extra``) on stdout."""
+def print_report(
+    report: SyncReport, *, as_json: bool, extra: dict[str, Any] | None = None, resume: str | None = None
+) -> None:
+    """The final summary: a table on stderr, or the JSON report (plus ``extra``) on stdout;
+    ``resume`` says how to go on with a job that did not end ok (default ``babel sync --resume JOB``)."""
     doc = {**report.to_dict(), **(extra or {})}
     if as_json:
         json.dump(doc, sys.stdout, indent=1, sort_keys=True)
@@ -173,5 +176,5 @@ def print_report(report: SyncReport, *, as_json: bool, extra: dict[str, Any] | N
     if report.fatal:
         table.add_row("[red]fatal", report.fatal)
     if report.state != "ok" and not report.dry_run:
-        table.add_row("resume", f"babel sync --resume {report.job}")
+        table.add_row("resume", resume or f"babel sync --resume {report.job}")
     console.print(table)

@@ -12,16 +12,32 @@ from rich.console import Console
 from rich.table import Table
 
 from babel.journal import default_state_dir, list_jobs
+from pcache.common.cli import human_bytes
 from pcache.common.process import process_alive
 
+ETCD_OPTION = click.option("--etcd", metavar="HOST:PORT", default=None, help="Shared jobs in etcd at HOST:PORT.")
 
-@click.command("jobs", epilog="Examples:\n\n\b\n  babel jobs\n  babel jobs --daemon 127.0.0.1:7700 --json")
+
+@click.command(
+    "jobs",
+    epilog="Examples:\n\n\b\n  babel jobs\n  babel jobs --daemon 127.0.0.1:7700 --json"
+    "\n  babel jobs --etcd 10.0.0.9:2379\n  babel jobs copy-data --etcd 10.0.0.9:2379    # its shards",
+)
+@click.argument("job_id", metavar="[JOB]", required=False)
 @click.option("--state-dir", default=None, help="Where job journals live.")
 @click.option("--daemon", "daemon_addr", metavar="ADDR", default=None, help="Ask `babel daemon` at ADDR instead.")
+@ETCD_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Newest N jobs.")
-def jobs_cmd(state_dir: str | None, daemon_addr: str | None, as_json: bool, limit: int) -> int:
-    """List sync jobs, newest first, with their state and summary."""
+def jobs_cmd(
+    job_id: str | None, state_dir: str | None, daemon_addr: str | None, etcd: str | None, as_json: bool, limit: int
+) -> int:
+    """List sync jobs, newest first, with their state and summary; with --etcd the shared jobs,
+    and with a JOB name its shards (key range, keys, chunks done, owner)."""
+    if etcd:
+        return _shared_jobs(etcd, job_id, as_json)
+    if job_id:
+        raise click.UsageError("a JOB argument shows a shared job's shards: give --etcd too")
     if daemon_addr:
         from babel.daemon import client_token, fetch_jobs
 
@@ -55,6 +71,63 @@ def jobs_cmd(state_dir: str | None, daemon_addr: str | None, as_json: bool, limi
     return 0
 
 
+def _etcd_call(fn, *args):
+    """Run a coroutine function of :mod:`babel.scaleout`; its errors become one line."""
+    import asyncio
+
+    from babel.errors import BabelError
+
+    try:
+        return asyncio.run(fn(*args))
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except BabelError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _shared_jobs(etcd: str, job_id: str | None, as_json: bool) -> int:
+    from babel.scaleout import describe_job, shared_jobs
+
+    if job_id is None:
+        jobs = _etcd_call(shared_jobs, etcd)
+        if as_json:
+            click.echo(json.dumps(jobs, indent=1, sort_keys=True))
+            return 0
+        table = Table()
+        table.add_column("job", no_wrap=True, min_width=max((len(j["id"]) for j in jobs), default=3))
+        for name in ("state", "shards", "members"):
+            table.add_column(name, no_wrap=True)
+        for name in ("src", "dst"):
+            table.add_column(name, overflow="fold")
+        table.add_column("copied", no_wrap=True)
+        for job in jobs:
+            done = sum(s["state"] != "todo" for s in job["shards"])
+            s = job["summary"]
+            table.add_row(job["id"], job["state"], f"{done}/{len(job['shards'])}" if job["cut"] else job["phase"],
+                          str(len(job["members"])), job["src"], job["dst"],
+                          f"{s['copied']} ({human_bytes(s['copied_bytes'])})")  # fmt: skip
+        Console().print(table)
+        return 0
+    job = _etcd_call(describe_job, etcd, job_id)
+    if as_json:
+        click.echo(json.dumps(job, indent=1, sort_keys=True))
+        return 0
+    s = job["summary"]
+    click.echo(f"{job['id']}: {job['state']} ({job['phase']}), {len(job['members'])} processes, "
+               f"copied {s['copied']} ({human_bytes(s['copied_bytes'])}), failed {s['failed']}")  # fmt: skip
+    if s.get("fatal"):
+        click.echo(f"fatal: {s['fatal']}")
+    table = Table()
+    for name in ("shard", "keys after", "up to", "keys", "chunks", "state", "owner", "copied"):
+        table.add_column(name, overflow="fold" if name in ("keys after", "up to") else "ellipsis")
+    for sh in job["shards"]:
+        owner = sh["owner"] + (" (working)" if sh["working"] else "") if sh["owner"] else ""
+        table.add_row(str(sh["index"]), sh["after"] or "(start)", sh["until"] if sh["until"] is not None else "(end)",
+                      str(sh["keys"]), f"{sh['done']}/{sh['chunks']}", sh["state"], owner, str(sh["copied"]))  # fmt: skip
+    Console().print(table)
+    return 0
+
+
 def _is_babel(pid: int) -> bool:
     """Whether process ``pid`` runs babel (its command line), not a program that got a dead job's pid."""
     try:
@@ -76,15 +149,26 @@ def _job_doc(job_id: str, state_dir: str, daemon_addr: str | None) -> dict:
     return doc
 
 
-@click.command("cancel", epilog="Examples:\n\n\b\n  babel cancel JOB --daemon 127.0.0.1:7700\n  babel cancel JOB")
+@click.command(
+    "cancel",
+    epilog="Examples:\n\n\b\n  babel cancel JOB --daemon 127.0.0.1:7700\n  babel cancel JOB"
+    "\n  babel cancel copy-data --etcd 10.0.0.9:2379",
+)
 @click.argument("job_id", metavar="JOB")
 @click.option("--state-dir", default=None, help="Where job journals live.")
 @click.option("--daemon", "daemon_addr", metavar="ADDR", default=None, help="The job runs in `babel daemon` at ADDR.")
-def cancel_cmd(job_id: str, state_dir: str | None, daemon_addr: str | None) -> int:
+@ETCD_OPTION
+@click.option("--forget", is_flag=True, help="With --etcd: delete the shared job's keys from etcd (after it stopped).")
+def cancel_cmd(job_id: str, state_dir: str | None, daemon_addr: str | None, etcd: str | None, forget: bool) -> int:
     """Stop a running job; it stays resumable (babel sync --resume JOB, or the daemon's resume).
 
-    A job of a local `babel sync` is sent SIGTERM (it stops as on Ctrl-C)."""
+    A job of a local `babel sync` is sent SIGTERM (it stops as on Ctrl-C). A shared job (--etcd)
+    is marked canceled: each process stops after the chunk it has on its way and exits 2."""
     state_dir = state_dir or default_state_dir()
+    if forget and not etcd:
+        raise click.UsageError("--forget goes with --etcd")
+    if etcd:
+        return _cancel_shared(etcd, job_id, forget)
     if daemon_addr:
         from babel.daemon import cancel_job, client_token
 
@@ -101,6 +185,25 @@ def cancel_cmd(job_id: str, state_dir: str | None, daemon_addr: str | None) -> i
         raise click.ClickException(f"job {job_id} is not running (pid {pid} is another program now)")
     os.kill(pid, signal.SIGTERM)
     click.echo(f"{job_id}: SIGTERM sent to pid {pid}")
+    return 0
+
+
+def _cancel_shared(etcd: str, job_id: str, forget: bool) -> int:
+    from babel.scaleout import SharedJob
+
+    async def cancel() -> int:
+        job = SharedJob(etcd, job_id, "")
+        try:
+            await job.spec()  # FileNotFoundError: no such job
+            if forget:
+                return await job.delete()
+            await job.cancel()
+            return 0
+        finally:
+            await job.close()
+
+    n = _etcd_call(cancel)
+    click.echo(f"{job_id}: {f'forgotten ({n} keys deleted from etcd)' if forget else 'canceled'}")
     return 0
 
 

@@ -635,3 +635,18 @@ def test_dockerfile_installs_every_package() -> None:
         assert set(spec.split(",")) <= set(project["project"]["optional-dependencies"])
     ignore = (K8S / "Dockerfile.dockerignore").read_text().split()
     assert {f"!{p}/" for p in packages} | {"!pyproject.toml", "!README.md"} <= set(ignore)
+
+
+def test_shared_sync_job_runs_one_command_on_every_pod_against_the_etcd_service() -> None:
+    job = one("Job", "copy-ling-shards")
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["parallelism"] >= 2
+    argv = argv_of(container(job, "babel"))
+    ctx = check_command(argv, {}).ctx
+    etcd = one("Service", "pcache-etcd")
+    host, port = ctx.params["etcd"].rsplit(":", 1)
+    assert host.split(".")[:2] == [etcd["metadata"]["name"], NAMESPACE]
+    assert int(port) in {p["port"] for p in etcd["spec"]["ports"]}
+    assert ctx.params["shared_job"] == job["metadata"]["name"]  # one run, one name
+    assert ctx.params["src"] and ctx.params["dst"] and ctx.params["state_dir"] == "/var/lib/babel"
+    mounts = {m["mountPath"] for m in container(job, "babel")["volumeMounts"]}
+    assert "/var/lib/babel" in mounts
