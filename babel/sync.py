@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import logging
 import os
+import secrets
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -168,6 +170,7 @@ class SyncJob:
         self.report.verification = new_verification(options.verify)
         self.src: ObjectStore = open_store(src_uri)
         self.dst: ObjectStore = open_store(dst_uri)
+        self._keys_are_paths: bool | None = None  # of the destination (_dst_keys_are_paths)
 
     # ------------------------------------------------------------ phases --
 
@@ -244,7 +247,7 @@ class SyncJob:
                 if self.opts.delete:
                     record(None, dst, Decision("delete", "extraneous"))
                 continue
-            if src.key.endswith("/") and _keys_are_paths(self.dst):
+            if src.key.endswith("/") and await self._dst_keys_are_paths():
                 if src.size:  # a marker with content: skipping it would lose bytes without a word
                     reason = (f"a directory marker with {src.size} bytes of content cannot be stored on"
                               f" {self.dst.uri} (its keys are file paths): not copied")  # fmt: skip
@@ -274,6 +277,29 @@ class SyncJob:
                 if isinstance(outcome, BaseException):
                     raise outcome
         self.journal.mark("planned", counts)
+
+    async def _dst_keys_are_paths(self) -> bool:
+        """Whether the destination keeps keys as file paths, where a ``dir/`` marker would become a
+        file shadowing the directory of the keys under it. Known for file systems and
+        ``provider=rclone``; for another S3-like store found once per run with a probe: a
+        zero-byte ``.babel-probe-RANDOM/`` is PUT, listed and deleted (an S3 store lists the
+        key with its slash; ``rclone serve s3`` on a disk lists a file without it)."""
+        if self._keys_are_paths is None:
+            self._keys_are_paths = _keys_are_paths(self.dst)
+            if not self._keys_are_paths and not self.opts.dry_run:
+                probe = f".babel-probe-{secrets.token_hex(6)}/"
+                try:
+                    await self._retry(lambda: self.dst.put(probe, b""))
+                    page = await self._retry(lambda: self.dst.list_page(probe[:-1], max_keys=4))
+                    self._keys_are_paths = probe not in {o.key for o in page.objects}
+                except (BabelError, OSError) as exc:  # cannot tell: copy markers as objects
+                    logger.info("probing %s for directory markers failed: %s", self.dst.uri, exc)
+                finally:
+                    with contextlib.suppress(BabelError, OSError):
+                        await self.dst.delete([probe, probe[:-1]])
+                if self._keys_are_paths:
+                    logger.info("%s keeps keys as file paths: directory markers are not copied", self.dst.uri)
+        return self._keys_are_paths
 
     def _decide(self, src: ObjectInfo, dst: ObjectInfo | None) -> Decision:
         o = self.opts
@@ -331,19 +357,23 @@ class SyncJob:
             except (BabelError, OSError, ValueError) as exc:  # ValueError: e.g. a key the destination cannot encode
                 self._copy_failed(info.key, exc)
                 return
-            self.journal.put(
-                "c",
-                info.key,
-                {"size": result.size, "crc32c": result.crc32c, "parts": result.parts, "store": result.store_checksum},
-            )
-            self.journal.delete("e", info.key)
-            self.report.copied += 1
-            self.report.copied_bytes += result.size
-            self.report.parts_reused += result.resumed_parts
-            self.progress.advance(0, 1)
+            self._copied(info, result)
 
         await _bounded((one(self._source(k)) for k in self._to_copy()), max(2 * self.opts.transfers, 32))
         self.report.retries += xfer.stats.retries
+
+    def _copied(self, info: ObjectInfo, result: CopyResult) -> None:
+        """Record a finished copy: its ``c/`` record (what verification checks) and the report."""
+        self.journal.put(
+            "c",
+            info.key,
+            {"size": result.size, "crc32c": result.crc32c, "parts": result.parts, "store": result.store_checksum},
+        )
+        self.journal.delete("e", info.key)
+        self.report.copied += 1
+        self.report.copied_bytes += result.size
+        self.report.parts_reused += result.resumed_parts
+        self.progress.advance(0, 1)
 
     def _copy_failed(self, key: str, exc: BaseException) -> None:
         message = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode()

@@ -8,6 +8,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -200,6 +201,16 @@ def test_directory_markers_to_stores_whose_keys_are_paths(tmp_path: Path, s3_uri
     assert contents(rclone_uri) == {"m/inner/file.txt": b"file"}
     again = sync(s3_uri, rclone_uri, tmp_path / "st")  # the next run says so too
     assert again["state"] == "partial" and [e["key"] for e in again["errors"]] == ["withbody/"]
+    # the same server without provider=rclone: a probe finds that its keys are paths (before: the
+    # marker became a file `m`, and `m/inner/file.txt` failed after 10 tries, 115 s in all)
+    plain = rclone_uri.replace("&provider=rclone", "").replace("/data?", "/plain?")
+    started = time.monotonic()
+    report = sync(s3_uri, plain, tmp_path / "st3")
+    assert time.monotonic() - started < 30
+    assert report["copied"] == 1 and report["skipped"] == 2 and [e["key"] for e in report["errors"]] == ["withbody/"]
+    assert contents(plain) == {"m/inner/file.txt": b"file"}  # the probe left nothing behind
+    again = sync(s3_uri, plain, tmp_path / "st4")
+    assert again["copied"] == 0 and again["skipped"] == 3 and [e["key"] for e in again["errors"]] == ["withbody/"]
     local = sync(s3_uri, f"file://{tmp_path}/out", tmp_path / "st2")
     assert local["state"] == "partial" and [e["key"] for e in local["errors"]] == ["withbody/"]
     assert (tmp_path / "out" / "m" / "inner" / "file.txt").read_bytes() == b"file"
