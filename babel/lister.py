@@ -189,6 +189,7 @@ async def list_parallel_pages(
     fanout: int = 16,
     after: str = "",
     until: str | None = None,
+    flat: bool | None = None,
 ) -> AsyncIterator[list[ObjectInfo]]:
     """Yield every object under ``prefix`` in pages (lists, in no order across pages), listing
     many key ranges at once.
@@ -197,6 +198,8 @@ async def list_parallel_pages(
         store: the backend. prefix: key prefix (a directory when it ends in ``/``).
         after, until: only keys ``after < key <= until`` (None: no upper bound); a bounded
             listing (a shard of a job shared by several daemons) is listed flat from ``after``.
+        flat: list without the ``/`` delimiter fan-out even from the root (default: only a bounded
+            listing): every page is then a run of consecutive keys, and no two pages overlap.
         concurrency: most ListObjectsV2 calls in flight. page_size: keys per call.
         retries: attempts per page on throttling or transient errors (exponential backoff).
         fanout: most pieces a truncated range is cut into at once (while workers are idle).
@@ -280,7 +283,7 @@ async def list_parallel_pages(
                 if pending == 0:
                     await out.put(None)
 
-    push(KeyRange(prefix, after, until, flat=bool(after) or until is not None))
+    push(KeyRange(prefix, after, until, flat=bool(after) or until is not None if flat is None else flat))
     tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
     try:
         while True:

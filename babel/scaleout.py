@@ -77,7 +77,12 @@ MARGIN = 0.5  # seconds a process stops writing before its lease can expire
 SHARD_KEYS = 100_000  # source keys per shard (about)
 CHUNK_KEYS = 10_000  # source keys per chunk: the cursor's step, the most work a takeover repeats
 MAX_ATTEMPTS = 3  # a shard whose chunk failed fatally this often is failed for good
-ETCD_ERRORS = (aetcd.ClientError, OSError, asyncio.TimeoutError)
+JOB_FATAL = ("NoSuchBucket", "AccessDenied")  # a chunk failing so fails the job at once: no shard would do better
+PER_PROCESS = ("transfers", "checkers", "list_concurrency", "bwlimit", "memory")
+"""Options each process may set for itself (how hard it works, not what the job does): a process
+that submits the job with SRC and DST uses its own, one that joins with ``--etcd --job`` only the
+job's."""
+ETCD_ERRORS = (aetcd.ClientError, ConnectionError, asyncio.TimeoutError)  # not OSError: store errors are OSErrors
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 # report fields summed over chunks and shards
@@ -102,6 +107,11 @@ def parse_etcd(endpoint: str) -> tuple[str, int]:
         return parse_endpoint(endpoint)
     except ValueError as exc:
         raise BabelError(str(exc)) from exc
+
+
+def etcd_error(exc: BaseException) -> str:
+    """An etcd client error as text (a timeout's own text is empty)."""
+    return str(exc) or f"no answer ({type(exc).__name__})"
 
 
 def check_job_name(name: str) -> str:
@@ -152,7 +162,8 @@ def cut_points(pages: list[tuple[str, str, int]], shard_keys: int, chunk_keys: i
     """Shards of about ``shard_keys`` keys in chunks of about ``chunk_keys``, from listing pages.
 
     ``pages``: ``(first key, last key, keys)`` of each page, in any order; pages never overlap
-    (every listed key is in one page), so sorted by first key they order the whole listing.
+    (a flat listing: every listed key is in one page, and no page's keys straddle another's), so
+    sorted by first key they order the whole listing.
     Boundaries fall on page ends: a chunk holds ``chunk_keys`` keys or up to a page more. The first
     shard starts at ``""``, the last one has no end (``until`` None).
     """
@@ -195,7 +206,8 @@ async def cut_key_space(
     listed = 0
     try:
         page_size = max(1, min(1000, chunk_keys))
-        async for page in list_parallel_pages(store, concurrency=concurrency, page_size=page_size):
+        # flat: a page of a delimiter listing holds a level's keys with whole directories between them
+        async for page in list_parallel_pages(store, concurrency=concurrency, page_size=page_size, flat=True):
             pages.append((page[0].key, page[-1].key, len(page)))
             listed += len(page)
     finally:
@@ -237,6 +249,8 @@ class View:
     members: list[str] = field(default_factory=list)
     cut: dict[str, Any] | None = None  # the cut's summary once every shard record is written
     canceled: bool = False
+    spec: dict[str, Any] | None = None  # None: the job was forgotten (or never submitted)
+    fatal: str = ""  # an error that failed the whole job (a missing bucket, denied access)
 
 
 class SharedJob:
@@ -283,6 +297,8 @@ class SharedJob:
         self._keeper: asyncio.Task | None = None
         self.chunks_done = 0  # chunks this process finished (its report says so)
         self._bandwidth: Bandwidth | None = None
+        self.local_options: dict[str, Any] = {}  # PER_PROCESS options this process was given
+        self._warned = 0.0  # monotonic: when etcd trouble was last logged at WARNING
 
     # ---------------------------------------------------------------- keys --
 
@@ -323,15 +339,18 @@ class SharedJob:
                 return spec
             existing = await self.spec()
         except ETCD_ERRORS as exc:
-            raise BabelError(f"etcd at {self.endpoint}: {exc}") from exc
+            raise BabelError(f"etcd at {self.endpoint}: {etcd_error(exc)}") from exc
+        self.local_options = {k: v for k, v in asdict(options).items() if k in PER_PROCESS}
         mine = json.loads(_encode(spec))
-        theirs = {k: existing.get(k) for k in mine}
-        if theirs != mine:
-            diff = sorted(k for k in mine if mine[k] != theirs[k])
+        diff = [f"{k}: {existing.get(k)!r} there, {mine[k]!r} here" for k in ("src", "dst", "shard_keys", "chunk_keys")
+                if existing.get(k) != mine[k]]  # fmt: skip
+        theirs = existing.get("options", {})
+        diff += [f"--{k.replace('_', '-')}: {theirs.get(k)!r} there, {v!r} here" for k, v in mine["options"].items()
+                 if k not in PER_PROCESS and theirs.get(k) != v]  # fmt: skip
+        if diff:
             raise JobSpecMismatch(
-                f"shared job {self.job!r} exists with another {', '.join(diff)}: give the same command, "
-                "or another --job name",
-                uri=self.endpoint,
+                f"shared job {self.job!r} exists with other settings ({'; '.join(diff)}): give the same "
+                "command, or another --job name"
             )
         return existing
 
@@ -343,7 +362,7 @@ class SharedJob:
         """
         got = await self._etcd(self._client.get(self._key("spec")))
         if got is None:
-            raise FileNotFoundError(f"no shared job {self.job!r} in etcd at {self.endpoint}")
+            raise FileNotFoundError(f"no shared job {self.job!r} in etcd")
         return json.loads(got.value)
 
     # --------------------------------------------------------------- lease --
@@ -383,7 +402,7 @@ class SharedJob:
             try:
                 reply = await self._etcd(refresh())
             except ETCD_ERRORS as exc:
-                logger.warning("shared job %s: lease keep-alive failed: %s", self.job, exc)
+                self._etcd_trouble(exc)
                 continue
             if reply is None or reply.TTL <= 0:
                 logger.warning("shared job %s: the lease of %s expired", self.job, self.member)
@@ -410,6 +429,10 @@ class SharedJob:
                 view.cut = json.loads(kv.value)
             elif name == "canceled":
                 view.canceled = True
+            elif name == "spec":
+                view.spec = json.loads(kv.value)
+            elif name == "fatal":
+                view.fatal = json.loads(kv.value)["fatal"]
         view.shards.sort(key=lambda s: s.index)
         return view
 
@@ -421,7 +444,7 @@ class SharedJob:
         tx = self._client.transactions
         key = self._key("cutter")
         ok, responses = await self._etcd(self._client.transaction(
-            compare=[tx.create(key) == 0, tx.create(self._key("cut")) == 0],
+            compare=[tx.create(key) == 0, tx.create(self._key("cut")) == 0, tx.version(self._key("spec")) > 0],
             success=[tx.put(key, self.member.encode(), lease=self._lease)],
             failure=[],
         ))  # fmt: skip
@@ -467,7 +490,7 @@ class SharedJob:
         tx = self._client.transactions
         key = self._key("claims", f"{shard.index:06d}")
         ok, responses = await self._etcd(self._client.transaction(
-            compare=[tx.create(key) == 0],
+            compare=[tx.create(key) == 0, tx.version(self._key("spec")) > 0],  # never into a forgotten job
             success=[tx.put(key, self.member.encode(), lease=self._lease)],
             failure=[],
         ))  # fmt: skip
@@ -488,7 +511,7 @@ class SharedJob:
                 )
                 return bool(ok)
             except ETCD_ERRORS as exc:
-                logger.warning("shared job %s: writing shard %d: %s", self.job, shard.index, exc)
+                self._etcd_trouble(exc)
                 await asyncio.sleep(min(1.0, self.ttl / 4))
         return False
 
@@ -510,7 +533,7 @@ class SharedJob:
                 journal = Journal(self.state_dir, name, create=True)
             journal.update(src=spec["src"], dst=spec["dst"], options=spec["options"], kind="shared",
                            shared=self.job, created=time.time())  # fmt: skip
-            options = options_from_dict(spec["options"])
+            options = options_from_dict({**spec["options"], **self.local_options})
             if options.bwlimit and self._bandwidth is None:
                 self._bandwidth = Bandwidth(options.bwlimit)  # one limit over all chunks of this process
             job = SyncJob(spec["src"], spec["dst"], options, journal, self.progress, key_range=shard.chunk_range(j),
@@ -530,10 +553,20 @@ class SharedJob:
         while shard.done < len(shard.chunks):
             if not self.alive():
                 raise _LeaseLost("the lease expired")
-            if (await self._etcd(self._client.get(self._key("canceled")))) is not None:
+            view = await self.view()
+            if view.canceled or view.fatal or view.spec is None:
                 return
             report = await self._run_chunk(spec, shard, shard.done)
             doc = report.to_dict()
+            if report.state == "failed" and report.fatal.startswith(JOB_FATAL):
+                tx = self._client.transactions
+                await self._etcd(self._client.transaction(
+                    compare=[tx.create(self._key("fatal")) == 0],
+                    success=[tx.put(self._key("fatal"), _encode({"fatal": report.fatal, "shard": shard.index}))],
+                    failure=[],
+                ))  # fmt: skip
+                self.on_event(f"{self.member}: shard {shard.index}: {report.fatal} (the job fails)")
+                return
             if report.state == "failed":
                 shard.attempts += 1
                 shard.fatal = report.fatal
@@ -586,7 +619,9 @@ class SharedJob:
             try:
                 await self._ensure_lease()
                 view = await self.view()
-                if view.canceled:
+                if view.spec is None:
+                    raise BabelError(f"shared job {self.job!r} was forgotten while this process worked on it")
+                if view.canceled or view.fatal:
                     break
                 if view.cut is None:
                     if not await self._try_cut(spec):
@@ -610,9 +645,17 @@ class SharedJob:
                 self.on_event(f"{self.member}: {exc}; its shards are left to others")
                 await asyncio.sleep(self.poll)
             except ETCD_ERRORS as exc:
-                logger.warning("shared job %s: etcd at %s: %s", self.job, self.endpoint, exc)
+                self._etcd_trouble(exc)
                 await asyncio.sleep(self.poll)
         return await self._retrying(lambda: self.report(spec, seconds=time.monotonic() - started))
+
+    def _etcd_trouble(self, exc: BaseException) -> None:
+        """Log an etcd failure: at WARNING once per 10 s (an outage is one line, not one per call)."""
+        now = time.monotonic()
+        level = logging.WARNING if now - self._warned > 10 else logging.DEBUG
+        if level == logging.WARNING:
+            self._warned = now
+        logger.log(level, "shared job %s: etcd at %s: %s (retrying)", self.job, self.endpoint, etcd_error(exc))
 
     async def _wait_for_cut(self) -> None:
         """Wait while another process cuts: one key read every ``poll / 5`` seconds (the cut is
@@ -632,7 +675,7 @@ class SharedJob:
                 return await fn()
             except ETCD_ERRORS as exc:
                 if time.monotonic() > deadline:
-                    raise BabelError(f"etcd at {self.endpoint}: {exc}") from exc
+                    raise BabelError(f"etcd at {self.endpoint}: {etcd_error(exc)}") from exc
                 await asyncio.sleep(min(1.0, self.poll))
 
     async def report(self, spec: dict[str, Any] | None = None, *, seconds: float = 0.0) -> SyncReport:
@@ -652,7 +695,9 @@ class SharedJob:
         report.verification = total.get("verification") or new_verification(spec["options"].get("verify", "sample"))
         report.seconds = seconds
         failed = [s for s in shards if s.state == "failed"]
-        if cut and cut.get("fatal"):
+        if view.fatal:
+            report.fatal = view.fatal
+        elif cut and cut.get("fatal"):
             report.fatal = cut["fatal"]
         elif failed:
             report.fatal = f"{len(failed)} of {len(shards)} shards failed: " + "; ".join(
@@ -660,8 +705,8 @@ class SharedJob:
             )
         bad = sum(report.verification[k]["failed"] for k in ("metadata", "sample", "full"))
         if canceled:
-            report.state, report.fatal = "failed", report.fatal or "canceled"
-        elif failed or (cut and cut.get("fatal")):
+            report.state, report.fatal = "canceled", report.fatal or "canceled"
+        elif failed or view.fatal or (cut and cut.get("fatal")):
             report.state = "failed"
         elif not cut or any(s.state == "todo" for s in shards):
             report.state = "running"
@@ -673,8 +718,20 @@ class SharedJob:
         """Ask every process of the job to stop (after the chunk each has on its way)."""
         await self._etcd(self._client.put(self._key("canceled"), _encode({"at": time.time()})))
 
-    async def delete(self) -> int:
-        """Delete the job's keys from etcd (its objects are not touched); returns how many."""
+    async def delete(self, *, force: bool = False) -> int:
+        """Delete the job's keys from etcd (its objects are not touched); returns how many.
+
+        Raises:
+            BabelError: processes still work on it (``force`` deletes anyway: they stop at their
+                next write, which finds the job gone).
+        """
+        if not force:
+            view = await self.view()
+            if view.members:
+                raise BabelError(
+                    f"{len(view.members)} processes still work on job {self.job!r}: cancel it, wait for them "
+                    "to exit, then forget it"
+                )
         deleted = await self._etcd(self._client.delete_prefix(self._key("")))
         return int(getattr(deleted, "deleted", 0))
 
@@ -701,11 +758,18 @@ async def shared_jobs(endpoint: str, *, timeout: float = 5.0) -> list[dict[str, 
         found = await asyncio.wait_for(client.get_prefix(PREFIX.encode(), keys_only=True), timeout)
         names = sorted({kv.key[len(PREFIX) :].decode().split("/", 1)[0] for kv in found})
     except ETCD_ERRORS as exc:
-        raise BabelError(f"etcd at {endpoint}: {exc}") from exc
+        raise BabelError(f"etcd at {endpoint}: {etcd_error(exc)}") from exc
     finally:
         with contextlib.suppress(*ETCD_ERRORS):
             await client.close()
-    return [await describe_job(endpoint, name, timeout=timeout) for name in names]
+    jobs = []
+    for name in names:
+        try:
+            jobs.append(await describe_job(endpoint, name, timeout=timeout))
+        except FileNotFoundError:  # keys without a spec: a job forgotten while a process still wrote
+            jobs.append({"id": name, "kind": "shared", "src": "", "dst": "", "state": "orphaned", "phase": "",
+                         "cut": None, "members": [], "shards": [], "summary": {"copied": 0, "copied_bytes": 0}})  # fmt: skip
+    return jobs
 
 
 async def describe_job(endpoint: str, job: str, *, timeout: float = 5.0) -> dict[str, Any]:
@@ -721,12 +785,12 @@ async def describe_job(endpoint: str, job: str, *, timeout: float = 5.0) -> dict
         state = await view.view()
         report = await view.report(spec)
     except ETCD_ERRORS as exc:
-        raise BabelError(f"etcd at {endpoint}: {exc}") from exc
+        raise BabelError(f"etcd at {endpoint}: {etcd_error(exc)}") from exc
     finally:
         await view.close()
     return {
         "id": job, "kind": "shared", "src": spec["src"], "dst": spec["dst"], "state": report.state,
-        "phase": "copying" if state.cut else "cutting", "created": spec.get("created"), "canceled": state.canceled,
+        "phase": "done" if report.state not in ("running",) else "copying" if state.cut else "cutting", "created": spec.get("created"), "canceled": state.canceled,
         "members": sorted(state.members), "cut": state.cut, "summary": report.to_dict(),
         "shards": [
             {"index": s.index, "after": s.after, "until": s.until, "keys": s.keys, "chunks": len(s.chunks),

@@ -71,11 +71,12 @@ def jobs_cmd(
     return 0
 
 
-def _etcd_call(fn, *args):
+def _etcd_call(etcd: str, fn, *args):
     """Run a coroutine function of :mod:`babel.scaleout`; its errors become one line."""
     import asyncio
 
     from babel.errors import BabelError
+    from babel.scaleout import ETCD_ERRORS, etcd_error, parse_etcd
 
     try:
         return asyncio.run(fn(*args))
@@ -83,13 +84,16 @@ def _etcd_call(fn, *args):
         raise click.ClickException(str(exc)) from exc
     except BabelError as exc:
         raise click.ClickException(str(exc)) from exc
+    except ETCD_ERRORS as exc:
+        host, port = parse_etcd(etcd)
+        raise click.ClickException(f"etcd at {host}:{port}: {etcd_error(exc)}") from exc
 
 
 def _shared_jobs(etcd: str, job_id: str | None, as_json: bool) -> int:
     from babel.scaleout import describe_job, shared_jobs
 
     if job_id is None:
-        jobs = _etcd_call(shared_jobs, etcd)
+        jobs = _etcd_call(etcd, shared_jobs, etcd)
         if as_json:
             click.echo(json.dumps(jobs, indent=1, sort_keys=True))
             return 0
@@ -108,7 +112,7 @@ def _shared_jobs(etcd: str, job_id: str | None, as_json: bool) -> int:
                           f"{s['copied']} ({human_bytes(s['copied_bytes'])})")  # fmt: skip
         Console().print(table)
         return 0
-    job = _etcd_call(describe_job, etcd, job_id)
+    job = _etcd_call(etcd, describe_job, etcd, job_id)
     if as_json:
         click.echo(json.dumps(job, indent=1, sort_keys=True))
         return 0
@@ -163,7 +167,9 @@ def cancel_cmd(job_id: str, state_dir: str | None, daemon_addr: str | None, etcd
     """Stop a running job; it stays resumable (babel sync --resume JOB, or the daemon's resume).
 
     A job of a local `babel sync` is sent SIGTERM (it stops as on Ctrl-C). A shared job (--etcd)
-    is marked canceled: each process stops after the chunk it has on its way and exits 2."""
+    is marked canceled: each process stops after the chunk it has on its way and exits 2; a
+    canceled shared job is not resumed (a restarted pod would undo the cancel): --forget it once
+    its processes exited, and submit it again."""
     state_dir = state_dir or default_state_dir()
     if forget and not etcd:
         raise click.UsageError("--forget goes with --etcd")
@@ -194,15 +200,18 @@ def _cancel_shared(etcd: str, job_id: str, forget: bool) -> int:
     async def cancel() -> int:
         job = SharedJob(etcd, job_id, "")
         try:
+            if forget:  # also the keys of a job forgotten while a process still wrote (no spec)
+                n = await job.delete()
+                if not n:
+                    raise FileNotFoundError(f"no shared job {job_id!r} in etcd")
+                return n
             await job.spec()  # FileNotFoundError: no such job
-            if forget:
-                return await job.delete()
             await job.cancel()
             return 0
         finally:
             await job.close()
 
-    n = _etcd_call(cancel)
+    n = _etcd_call(etcd, cancel)
     click.echo(f"{job_id}: {f'forgotten ({n} keys deleted from etcd)' if forget else 'canceled'}")
     return 0
 

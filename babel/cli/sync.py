@@ -186,15 +186,17 @@ def _shared(src, dst, etcd, job, state_dir, options, shard_keys, chunk_keys, lea
     try:
         report, mine, member = asyncio.run(main())
     except FileNotFoundError as exc:
-        raise click.ClickException(f"{exc}: give SRC and DST to submit it") from exc
+        raise click.ClickException(f"{exc} at {etcd}: give SRC and DST to submit it") from exc
     except BabelError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         click.echo(f"babel: interrupted; the other processes of job {job} take over its shards, or give the same "
                    "command again", err=True)  # fmt: skip
         return EXIT_FATAL
+    resume = (f"canceled: babel cancel {job} --etcd {etcd} --forget once every process exited, then submit it again"
+              if report.state == "canceled" else f"the same command again (--etcd {etcd} --job {job})")  # fmt: skip
     print_report(report, as_json=as_json, extra={"shared": {"etcd": etcd, "member": member, "chunks_by_me": mine}},
-                 resume=f"the same command again (--etcd {etcd} --job {job})")  # fmt: skip
+                 resume=resume)  # fmt: skip
     return report.exit_code
 
 
