@@ -29,7 +29,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import rocksdict
@@ -102,6 +102,7 @@ class Journal:
                 uri=self.dir,
             ) from exc
         self._wopts = rocksdict.WriteOptions()
+        self._observers: dict[str, Callable[[str, Any], None]] = {}
 
     # ------------------------------------------------------------ the job --
 
@@ -125,9 +126,16 @@ class Journal:
 
     # ------------------------------------------------------------ records --
 
+    def watch(self, kind: str, observer: Callable[[str, Any], None]) -> None:
+        """Tell ``observer(key, value)`` of every put of a ``kind`` record, ``(key, None)`` of every
+        delete (a shared job mirrors its open multipart uploads to etcd this way)."""
+        self._observers[kind] = observer
+
     def put(self, kind: str, key: str, value: Any) -> None:
         """Store one JSON record."""
         self._db.put(_k(kind, key), json.dumps(value, separators=(",", ":")).encode(), self._wopts)
+        if kind in self._observers:
+            self._observers[kind](key, value)
 
     def get(self, kind: str, key: str) -> Any:
         """One JSON record, or None."""
@@ -137,6 +145,8 @@ class Journal:
     def delete(self, kind: str, key: str) -> None:
         """Drop one record."""
         self._db.delete(_k(kind, key), self._wopts)
+        if kind in self._observers:
+            self._observers[kind](key, None)
 
     def put_listing(self, kind: str, infos: Iterable[ObjectInfo]) -> None:
         """Store a page of listing entries in one WriteBatch."""

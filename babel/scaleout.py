@@ -298,6 +298,9 @@ class SharedJob:
         self.chunks_done = 0  # chunks this process finished (its report says so)
         self._bandwidth: Bandwidth | None = None
         self.local_options: dict[str, Any] = {}  # PER_PROCESS options this process was given
+        self._mirrored: dict[str, str] = {}  # object key -> upload id recorded in etcd
+        self._upload_ops: list[tuple[str, str | None]] = []  # etcd writes of uploads, in order
+        self._upload_writer: asyncio.Future | None = None
         self._warned = 0.0  # monotonic: when etcd trouble was last logged at WARNING
 
     # ---------------------------------------------------------------- keys --
@@ -533,17 +536,84 @@ class SharedJob:
                 journal = Journal(self.state_dir, name, create=True)
             journal.update(src=spec["src"], dst=spec["dst"], options=spec["options"], kind="shared",
                            shared=self.job, created=time.time())  # fmt: skip
+            ours = {rec["upload_id"] for _key, rec in journal.scan("u")}  # resumable here: kept
+            await self._abort_uploads(spec["dst"], shard.chunk_range(j), keep=ours)
+            journal.watch("u", self._mirror_upload)
             options = options_from_dict({**spec["options"], **self.local_options})
             if options.bwlimit and self._bandwidth is None:
                 self._bandwidth = Bandwidth(options.bwlimit)  # one limit over all chunks of this process
             job = SyncJob(spec["src"], spec["dst"], options, journal, self.progress, key_range=shard.chunk_range(j),
                           bandwidth=self._bandwidth)  # fmt: skip
-            report = await job.run()
+            try:
+                report = await job.run()
+            finally:
+                await self._flush_uploads()
         finally:
             journal.close()
         if report.state != "failed":
             shutil.rmtree(journal.dir, ignore_errors=True)
         return report
+
+    # ------------------------------------------------------ open uploads --
+    # A chunk's open multipart uploads live in its local journal; a process that dies takes them
+    # with it, so each is also recorded in etcd (``uploads/KEY``: upload id, owner) while open, and
+    # whoever runs that chunk next aborts the ones it cannot resume (a file:// destination's
+    # temporary file goes with its upload).
+
+    def _mirror_upload(self, key: str, record: Any) -> None:
+        """Journal observer of ``u/`` records: queue the etcd write (the first record of an upload)
+        or delete (the upload completed or was aborted)."""
+        if record is None:
+            if self._mirrored.pop(key, None) is not None:
+                self._upload_ops.append((key, None))
+        elif self._mirrored.get(key) != record["upload_id"]:
+            self._mirrored[key] = record["upload_id"]
+            self._upload_ops.append((key, record["upload_id"]))
+        if self._upload_writer is None or self._upload_writer.done():
+            self._upload_writer = asyncio.ensure_future(self._flush_uploads())
+
+    async def _flush_uploads(self) -> None:
+        while self._upload_ops:
+            key, upload_id = self._upload_ops[0]
+            name = self._key("uploads", key)
+            try:
+                if upload_id is None:
+                    await self._etcd(self._client.delete(name))
+                else:
+                    record = {"upload_id": upload_id, "owner": self.member, "at": time.time()}
+                    await self._etcd(self._client.put(name, _encode(record)))
+            except ETCD_ERRORS as exc:
+                self._etcd_trouble(exc)
+                if not self.alive():
+                    return  # whoever takes the chunk over finds the upload in the store's own state, or not at all
+                await asyncio.sleep(min(1.0, self.poll))
+                continue
+            self._upload_ops.pop(0)
+
+    async def _abort_uploads(self, dst_uri: str, key_range: tuple[str, str | None], *, keep: set[str]) -> int:
+        """Abort the uploads etcd records for keys in ``key_range`` (a previous owner's: this
+        process holds the claim now), but those in ``keep``; returns how many."""
+        after, until = key_range
+        base = self._key("uploads", "")
+        found = await self._etcd(self._client.get_prefix(base))
+        stale = []
+        for kv in found:
+            key = kv.key[len(base) :].decode()
+            record = json.loads(kv.value)
+            if key > after and (until is None or key <= until) and record["upload_id"] not in keep:
+                stale.append((key, record["upload_id"]))
+        if not stale:
+            return 0
+        store = open_store(dst_uri)
+        try:
+            for key, upload_id in stale:
+                with contextlib.suppress(OSError):  # gone already, or the store forgot it (BabelError is one)
+                    await store.abort_multipart(key, upload_id)
+                await self._etcd(self._client.delete(base + key.encode()))
+        finally:
+            await store.close()
+        self.on_event(f"{self.member}: aborted {len(stale)} multipart uploads a previous owner left open")
+        return len(stale)
 
     async def _run_shard(self, spec: dict[str, Any], shard: Shard, fence: int) -> None:
         if shard.done:
@@ -725,13 +795,14 @@ class SharedJob:
             BabelError: processes still work on it (``force`` deletes anyway: they stop at their
                 next write, which finds the job gone).
         """
-        if not force:
-            view = await self.view()
-            if view.members:
-                raise BabelError(
-                    f"{len(view.members)} processes still work on job {self.job!r}: cancel it, wait for them "
-                    "to exit, then forget it"
-                )
+        view = await self.view()
+        if view.members and not force:
+            raise BabelError(
+                f"{len(view.members)} processes still work on job {self.job!r}: cancel it, wait for them "
+                "to exit, then forget it"
+            )
+        if view.spec is not None:  # the uploads its processes left open (killed, canceled)
+            await self._abort_uploads(view.spec["dst"], ("", None), keep=set())
         deleted = await self._etcd(self._client.delete_prefix(self._key("")))
         return int(getattr(deleted, "deleted", 0))
 

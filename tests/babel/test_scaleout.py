@@ -387,3 +387,46 @@ async def _delete_keys(endpoint: str, job: str) -> None:
         assert await forget.delete(force=True) > 0
     finally:
         await forget.close()
+
+
+@REQUIRES_ETCD
+@pytest.mark.s3
+@pytest.mark.timeout(240)
+def test_multipart_uploads_a_killed_process_left_open_are_aborted_by_the_next_owner(
+    tmp_path: Path, etcd: Etcd, moto_endpoint: str
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = random.Random(3)
+    for i in range(3):
+        (src / f"big-{i}.bin").write_bytes(rng.randbytes(6 << 20))  # two parts each
+    bucket = create_bucket(moto_endpoint)
+    dst = f"s3://{bucket}/copy?endpoint_url={moto_endpoint}"
+    args = ("--shard-keys", "1", "--chunk-keys", "1", "--multipart-threshold", "5M", "--part-size", "5M",
+            "--bwlimit", "3M", "--transfers", "1")  # fmt: skip
+    first = _start(f"file://{src}", dst, etcd, "parts", tmp_path / "a", *args)
+    _wait_for(tmp_path / "a" / "stderr.log", r"chunk 1/1")
+    time.sleep(1.5)  # into the next object's upload
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads"), "the kill left no upload open: too late"
+    second = _start(f"file://{src}", dst, etcd, "parts", tmp_path / "b", *args)
+    report = _finish(second)
+    assert report["state"] == "ok"
+    assert "aborted 1 multipart uploads a previous owner left open" in (tmp_path / "b" / "stderr.log").read_text()
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    assert _bucket_contents(dst, moto_endpoint) == tree_contents(src)
+    job = asyncio.run(_etcd_keys(etcd.endpoint, "/babel/jobs/parts/uploads/"))
+    assert job == []
+
+
+async def _etcd_keys(endpoint: str, prefix: str) -> list[str]:
+    import aetcd
+
+    host, port = endpoint.rsplit(":", 1)
+    client = aetcd.Client(host=host, port=int(port))
+    try:
+        return [kv.key.decode() for kv in await client.get_prefix(prefix.encode())]
+    finally:
+        await client.close()
