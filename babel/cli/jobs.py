@@ -67,8 +67,15 @@ def jobs_cmd(
             str(s.get("copied", "")), str(s.get("failed", "")),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.get("updated", 0))),
         )  # fmt: skip
-    Console().print(table)
+    _console().print(table)
     return 0
+
+
+def _console() -> Console:
+    """stdout for tables: the terminal's width, or 200 columns into a pipe or file (rich's 80 cut
+    the job ids and counts of a table a script reads)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
 
 
 def _etcd_call(etcd: str, fn, *args):
@@ -110,7 +117,7 @@ def _shared_jobs(etcd: str, job_id: str | None, as_json: bool) -> int:
             table.add_row(job["id"], job["state"], f"{done}/{len(job['shards'])}" if job["cut"] else job["phase"],
                           str(len(job["members"])), job["src"], job["dst"],
                           f"{s['copied']} ({human_bytes(s['copied_bytes'])})")  # fmt: skip
-        Console().print(table)
+        _console().print(table)
         return 0
     job = _etcd_call(etcd, describe_job, etcd, job_id)
     if as_json:
@@ -128,7 +135,7 @@ def _shared_jobs(etcd: str, job_id: str | None, as_json: bool) -> int:
         owner = sh["owner"] + (" (working)" if sh["working"] else "") if sh["owner"] else ""
         table.add_row(str(sh["index"]), sh["after"] or "(start)", sh["until"] if sh["until"] is not None else "(end)",
                       str(sh["keys"]), f"{sh['done']}/{sh['chunks']}", sh["state"], owner, str(sh["copied"]))  # fmt: skip
-    Console().print(table)
+    _console().print(table)
     return 0
 
 
