@@ -78,6 +78,7 @@ SHARD_KEYS = 100_000  # source keys per shard (about)
 CHUNK_KEYS = 10_000  # source keys per chunk: the cursor's step, the most work a takeover repeats
 MAX_ATTEMPTS = 3  # a shard whose chunk failed fatally this often is failed for good
 JOB_FATAL = ("NoSuchBucket", "AccessDenied")  # a chunk failing so fails the job at once: no shard would do better
+STOP_CHECK = 2.0  # seconds between looks, while a chunk runs, for a cancel of the job
 PER_PROCESS = ("transfers", "checkers", "list_concurrency", "bwlimit", "memory")
 """Options each process may set for itself (how hard it works, not what the job does): a process
 that submits the job with SRC and DST uses its own, one that joins with ``--etcd --job`` only the
@@ -623,8 +624,7 @@ class SharedJob:
         while shard.done < len(shard.chunks):
             if not self.alive():
                 raise _LeaseLost("the lease expired")
-            view = await self.view()
-            if view.canceled or view.fatal or view.spec is None:
+            if await self._stopped():
                 return
             report = await self._run_chunk(spec, shard, shard.done)
             doc = report.to_dict()
@@ -660,15 +660,30 @@ class SharedJob:
 
     async def _guarded(self, spec: dict[str, Any], shard: Shard, fence: int) -> None:
         """Run the shard; cancel it the moment this process's lease may have expired (fencing:
-        whoever takes the shard over must not find this process still at work)."""
+        whoever takes the shard over must not find this process still at work), and within
+        ``STOP_CHECK`` seconds of the job being canceled, failed or forgotten (the chunk on its way
+        is dropped: its open uploads are recorded, and ``--forget`` aborts them)."""
         task = asyncio.ensure_future(self._run_shard(spec, shard, fence))
+        checked = time.monotonic()
         try:
             while not task.done():
+                stop = ""
                 if not self.alive():
+                    stop = "lease"
+                elif time.monotonic() - checked > STOP_CHECK:
+                    checked = time.monotonic()
+                    with contextlib.suppress(*ETCD_ERRORS):  # the keep-alive watches etcd's health
+                        if await self._stopped():
+                            stop = "job"
+                if stop:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, _LeaseLost):
                         await task
-                    raise _LeaseLost(f"lost the lease while working on shard {shard.index}")
+                    if stop == "lease":
+                        raise _LeaseLost(f"lost the lease while working on shard {shard.index}")
+                    self.on_event(f"{self.member}: the job was stopped; shard {shard.index} left at chunk "
+                                  f"{shard.done}/{len(shard.chunks)}")  # fmt: skip
+                    return
                 await asyncio.wait({task}, timeout=0.1)
             task.result()
         finally:
@@ -726,6 +741,12 @@ class SharedJob:
         if level == logging.WARNING:
             self._warned = now
         logger.log(level, "shared job %s: etcd at %s: %s (retrying)", self.job, self.endpoint, etcd_error(exc))
+
+    async def _stopped(self) -> bool:
+        """Whether the job was canceled, failed for good or forgotten (three single-key reads)."""
+        got = await asyncio.gather(*(self._etcd(self._client.get(self._key(name)))
+                                     for name in ("canceled", "fatal", "spec")))  # fmt: skip
+        return got[0] is not None or got[1] is not None or got[2] is None
 
     async def _wait_for_cut(self) -> None:
         """Wait while another process cuts: one key read every ``poll / 5`` seconds (the cut is
@@ -785,7 +806,7 @@ class SharedJob:
         return report
 
     async def cancel(self) -> None:
-        """Ask every process of the job to stop (after the chunk each has on its way)."""
+        """Ask every process of the job to stop (within STOP_CHECK seconds; the chunks on their way are dropped)."""
         await self._etcd(self._client.put(self._key("canceled"), _encode({"at": time.time()})))
 
     async def delete(self, *, force: bool = False) -> int:

@@ -174,7 +174,7 @@ def cancel_cmd(job_id: str, state_dir: str | None, daemon_addr: str | None, etcd
     """Stop a running job; it stays resumable (babel sync --resume JOB, or the daemon's resume).
 
     A job of a local `babel sync` is sent SIGTERM (it stops as on Ctrl-C). A shared job (--etcd)
-    is marked canceled: each process stops after the chunk it has on its way and exits 2; a
+    is marked canceled: each process stops within seconds (dropping the chunk on its way) and exits 2; a
     canceled shared job is not resumed (a restarted pod would undo the cancel): --forget it once
     its processes exited, and submit it again."""
     state_dir = state_dir or default_state_dir()

@@ -430,3 +430,33 @@ async def _etcd_keys(endpoint: str, prefix: str) -> list[str]:
         return [kv.key.decode() for kv in await client.get_prefix(prefix.encode())]
     finally:
         await client.close()
+
+
+@REQUIRES_ETCD
+@pytest.mark.s3
+@pytest.mark.timeout(240)
+def test_cancel_stops_a_process_mid_chunk_and_forget_aborts_its_uploads(
+    tmp_path: Path, etcd: Etcd, moto_endpoint: str
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = random.Random(4)
+    for i in range(2):
+        (src / f"big-{i}.bin").write_bytes(rng.randbytes(11 << 20))  # 3 parts each, one chunk
+    bucket = create_bucket(moto_endpoint)
+    dst = f"s3://{bucket}/copy?endpoint_url={moto_endpoint}"
+    proc = _start(f"file://{src}", dst, etcd, "stopme", tmp_path / "p", "--multipart-threshold", "5M",
+                  "--part-size", "5M", "--bwlimit", "1M", "--transfers", "2")  # fmt: skip
+    _wait_for(tmp_path / "p" / "stderr.log", r"cut 2 keys")
+    time.sleep(2.0)  # parts on their way (22 MiB at 1 MB/s: 20 s for the chunk)
+    assert babel("cancel", "stopme", "--etcd", etcd.endpoint).returncode == 0
+    canceled_at = time.monotonic()
+    out, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - canceled_at < 10  # not after the chunk's 20 s
+    assert proc.returncode == 2 and json.loads(out)["state"] == "canceled"
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    forgot = babel("cancel", "stopme", "--etcd", etcd.endpoint, "--forget")
+    assert forgot.returncode == 0, forgot.stderr
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    assert asyncio.run(_etcd_keys(etcd.endpoint, "/babel/jobs/stopme/")) == []
