@@ -223,21 +223,34 @@ def _cancel_shared(etcd: str, job_id: str, forget: bool) -> int:
     return 0
 
 
-@click.command("wait", epilog="Examples:\n\n\b\n  babel wait JOB --daemon 127.0.0.1:7700 --timeout 3600")
+@click.command(
+    "wait",
+    epilog="Examples:\n\n\b\n  babel wait JOB --daemon 127.0.0.1:7700 --timeout 3600"
+    "\n  babel wait copy-data --etcd 10.0.0.9:2379",
+)
 @click.argument("job_id", metavar="JOB")
 @click.option("--state-dir", default=None, help="Where job journals live.")
 @click.option("--daemon", "daemon_addr", metavar="ADDR", default=None, help="The job runs in `babel daemon` at ADDR.")
+@ETCD_OPTION
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the finished job's job.json.")
-def wait_cmd(job_id: str, state_dir: str | None, daemon_addr: str | None, timeout: float | None, as_json: bool) -> int:
+def wait_cmd(
+    job_id: str, state_dir: str | None, daemon_addr: str | None, etcd: str | None, timeout: float | None, as_json: bool
+) -> int:
     """Block until a job has finished; exit 0 ok, 1 partial, 2 failed, canceled or interrupted
-    (its process died), or when --timeout passed first."""
+    (its process died), or when --timeout passed first. With --etcd, a shared job (its state in
+    etcd: done when every shard is)."""
     state_dir = state_dir or default_state_dir()
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        doc = _job_doc(job_id, state_dir, daemon_addr)
+        if etcd:
+            from babel.scaleout import describe_job
+
+            doc = _etcd_call(etcd, describe_job, etcd, job_id)
+        else:
+            doc = _job_doc(job_id, state_dir, daemon_addr)
         state = doc.get("state", "created")  # made, not started yet
-        if state in ("running", "queued") and not daemon_addr and not process_alive(doc.get("pid")):
+        if state in ("running", "queued") and not daemon_addr and not etcd and not process_alive(doc.get("pid")):
             state = "interrupted"
         if state not in ("running", "queued", "created"):
             break

@@ -312,6 +312,7 @@ def test_shared_job_mistakes_are_one_line_each(tmp_path: Path, etcd: Etcd, moto_
     listed = babel("jobs", "--etcd", ep, "--json")
     assert {j["id"]: j["state"] for j in json.loads(listed.stdout)} == {"j1": "ok", "j4": "failed", "j5": "failed"}
     assert babel("cancel", "nope", "--etcd", "127.0.0.1:1").stderr.count("\n") == 1  # one line, no traceback
+    assert babel("wait", "j1", "--etcd", ep).returncode == 0 and babel("wait", "j4", "--etcd", ep).returncode == 2
     # cancel, then forget
     assert babel("cancel", "j1", "--etcd", ep).returncode == 0
     canceled = babel("sync", "--etcd", ep, "--job", "j1", "--json")  # canceled: nothing more is done
