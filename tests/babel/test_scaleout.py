@@ -382,6 +382,17 @@ def test_forgetting_a_job_that_processes_still_work_on_is_refused_and_never_leav
     assert tree_contents(tmp_path / "dst2") == tree_contents(src)
 
 
+def _big_objects(tmp_path: Path, endpoint: str, n: int, size: int) -> tuple[Path, str, str]:
+    """``n`` files of ``size`` random bytes in ``tmp_path/src``, and a fresh bucket: (src, bucket, dst URI)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = random.Random(n)
+    for i in range(n):
+        (src / f"big-{i}.bin").write_bytes(rng.randbytes(size))
+    bucket = create_bucket(endpoint)
+    return src, bucket, f"s3://{bucket}/copy?endpoint_url={endpoint}"
+
+
 async def _delete_keys(endpoint: str, job: str) -> None:
     forget = SharedJob(endpoint, job, "")
     try:
@@ -396,13 +407,7 @@ async def _delete_keys(endpoint: str, job: str) -> None:
 def test_multipart_uploads_a_killed_process_left_open_are_aborted_by_the_next_owner(
     tmp_path: Path, etcd: Etcd, moto_endpoint: str
 ) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    rng = random.Random(3)
-    for i in range(3):
-        (src / f"big-{i}.bin").write_bytes(rng.randbytes(6 << 20))  # two parts each
-    bucket = create_bucket(moto_endpoint)
-    dst = f"s3://{bucket}/copy?endpoint_url={moto_endpoint}"
+    src, bucket, dst = _big_objects(tmp_path, moto_endpoint, 3, 6 << 20)  # two parts each
     args = ("--shard-keys", "1", "--chunk-keys", "1", "--multipart-threshold", "5M", "--part-size", "5M",
             "--bwlimit", "3M", "--transfers", "1")  # fmt: skip
     first = _start(f"file://{src}", dst, etcd, "parts", tmp_path / "a", *args)
@@ -439,13 +444,7 @@ async def _etcd_keys(endpoint: str, prefix: str) -> list[str]:
 def test_cancel_stops_a_process_mid_chunk_and_forget_aborts_its_uploads(
     tmp_path: Path, etcd: Etcd, moto_endpoint: str
 ) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    rng = random.Random(4)
-    for i in range(2):
-        (src / f"big-{i}.bin").write_bytes(rng.randbytes(11 << 20))  # 3 parts each, one chunk
-    bucket = create_bucket(moto_endpoint)
-    dst = f"s3://{bucket}/copy?endpoint_url={moto_endpoint}"
+    src, bucket, dst = _big_objects(tmp_path, moto_endpoint, 2, 11 << 20)  # 3 parts each, one chunk
     proc = _start(f"file://{src}", dst, etcd, "stopme", tmp_path / "p", "--multipart-threshold", "5M",
                   "--part-size", "5M", "--bwlimit", "1M", "--transfers", "2")  # fmt: skip
     _wait_for(tmp_path / "p" / "stderr.log", r"cut 2 keys")
