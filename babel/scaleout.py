@@ -769,11 +769,13 @@ class SharedJob:
                     raise BabelError(f"etcd at {self.endpoint}: {etcd_error(exc)}") from exc
                 await asyncio.sleep(min(1.0, self.poll))
 
-    async def report(self, spec: dict[str, Any] | None = None, *, seconds: float = 0.0) -> SyncReport:
-        """The job's report as etcd has it now: every shard's counts summed; state ``running``
-        while shards are left, then ok, partial or failed (a shard failed for good)."""
+    async def report(
+        self, spec: dict[str, Any] | None = None, *, seconds: float = 0.0, view: View | None = None
+    ) -> SyncReport:
+        """The job's report as etcd has it now (or as ``view`` has it): every shard's counts summed;
+        state ``running`` while shards are left, then ok, partial or failed (a shard failed for good)."""
         spec = spec or await self.spec()
-        view = await self.view()
+        view = view or await self.view()
         shards, cut, canceled = view.shards, view.cut, view.canceled
         total: dict[str, Any] = {}
         for shard in shards:
@@ -873,9 +875,11 @@ async def describe_job(endpoint: str, job: str, *, timeout: float = 5.0) -> dict
     """
     view = SharedJob(endpoint, job, "", timeout=timeout)  # reads only: never takes a lease
     try:
-        spec = await view.spec()
-        state = await view.view()
-        report = await view.report(spec)
+        state = await view.view()  # one range read: the spec, the shards, the claims
+        if state.spec is None:
+            raise FileNotFoundError(f"no shared job {job!r} in etcd")
+        spec = state.spec
+        report = await view.report(spec, view=state)
     except ETCD_ERRORS as exc:
         raise BabelError(f"etcd at {endpoint}: {etcd_error(exc)}") from exc
     finally:

@@ -87,9 +87,7 @@ def _etcd_call(etcd: str, fn, *args):
 
     try:
         return asyncio.run(fn(*args))
-    except FileNotFoundError as exc:
-        raise click.ClickException(str(exc)) from exc
-    except BabelError as exc:
+    except (FileNotFoundError, BabelError) as exc:
         raise click.ClickException(str(exc)) from exc
     except ETCD_ERRORS as exc:
         host, port = parse_etcd(etcd)
