@@ -1,59 +1,13 @@
-"""Babel's one retry policy: exponential backoff with jitter, only for errors that say ``retryable``.
-
-Throttling (503 SlowDown), 5xx, connection resets and timeouts carry ``retryable = True``
-(:mod:`babel.errors`); a missing bucket, denied access or a bad request fail at once. Built on
-``tenacity``; the listing and the transfers both call :func:`with_retries`.
+"""Babel's one retry policy: :func:`objstore.retry.with_retries` (exponential backoff with
+jitter, only for errors that say ``retryable``) with :data:`ATTEMPTS` tries; the listing, the
+transfers, planning HEADs and verification all call it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from objstore.retry import is_retryable, with_retries
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
-
-T = TypeVar("T")
+__all__ = ["ATTEMPTS", "is_retryable", "with_retries"]
 
 ATTEMPTS = 10  # tries per store call, the first included (copies, planning HEADs, verification): at 30 %
 # throttling one call in 170,000 still fails; a store that stays down costs a call about 30 s of backoff
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Whether ``exc`` is worth another attempt (its type says ``retryable``)."""
-    return bool(getattr(exc, "retryable", False))
-
-
-async def with_retries(
-    fn: Callable[[], Awaitable[T]],
-    *,
-    attempts: int,
-    initial: float = 0.1,
-    cap: float = 10.0,
-    on_retry: Callable[[BaseException], None] | None = None,
-) -> T:
-    """Await ``fn()`` up to ``attempts`` times while it raises a retryable error.
-
-    Waits ``initial`` × 2^n seconds (at most ``cap``) plus up to ``initial`` of random jitter
-    between attempts; ``on_retry`` is told of each error that gets another attempt.
-
-    Raises:
-        Exception: the last error, unchanged, once ``attempts`` are spent or at once when it is
-            not retryable.
-    """
-
-    def retry(exc: BaseException) -> bool:
-        if not is_retryable(exc):
-            return False
-        if on_retry is not None:
-            on_retry(exc)
-        return True
-
-    async for attempt in AsyncRetrying(
-        stop=stop_after_attempt(max(1, attempts)),
-        wait=wait_exponential(multiplier=initial, max=cap) + wait_random(0, initial),
-        retry=retry_if_exception(retry),
-        reraise=True,
-    ):
-        with attempt:
-            return await fn()
-    raise AssertionError("unreachable")  # pragma: no cover

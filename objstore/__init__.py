@@ -18,7 +18,7 @@ __all__ = ["ListPage", "ObjectInfo", "ObjectStore", "PartInfo", "SCHEMES", "Stor
 SCHEMES = ("file", "s3", "oss")
 S3_OPTIONS = frozenset({
     "endpoint_url", "region", "profile", "credentials_file", "ca_bundle", "addressing_style", "checksum", "provider",
-    "connect_timeout", "read_timeout", "max_attempts", "max_pool_connections",
+    "connect_timeout", "read_timeout", "request_timeout", "max_attempts", "max_pool_connections",
 })  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """The object-store error tree (Babel's, and PCache's under-store errors); S3 error codes are
-mapped to it by one table in :mod:`objstore.s3`."""
+mapped to it by one table, :data:`ERRORS_BY_CODE`, for both S3 clients
+(:mod:`objstore.s3`, :mod:`objstore.s3fast`)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,30 @@ class TransientError(StoreError, ConnectionError):
     """A connection reset, timeout or 5xx: retry."""
 
     retryable = True
+
+
+#: S3 error codes (and HTTP statuses) to the error each stands for (:mod:`objstore.s3`)
+ERRORS_BY_CODE: dict[str, type[StoreError]] = {
+    "NoSuchBucket": NoSuchBucket,
+    "NoSuchKey": NoSuchKey,
+    "NoSuchUpload": NoSuchUpload,
+    "404": NoSuchKey,
+    "NotFound": NoSuchKey,
+    "AccessDenied": AccessDenied,
+    "403": AccessDenied,
+    "InvalidAccessKeyId": AccessDenied,
+    "SignatureDoesNotMatch": AccessDenied,
+    "PreconditionFailed": PreconditionFailed,
+    "412": PreconditionFailed,
+    "SlowDown": Throttled,
+    "Throttling": Throttled,
+    "ThrottlingException": Throttled,
+    "RequestLimitExceeded": Throttled,
+    "TooManyRequests": Throttled,  # S3-compatible stores and gateways that throttle with 429
+    "TooManyRequestsException": Throttled,
+    "429": Throttled,
+    "503": Throttled,
+    "RequestTimeout": TransientError,  # S3's 400 for a connection idle too long: send again
+    "InternalError": TransientError,
+    "500": TransientError,
+}

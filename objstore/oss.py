@@ -39,7 +39,7 @@ class OSSStore(S3Store):
 
     default_checksum = "none"
     default_addressing_style = "virtual"
-    fast_ranged_gets = False  # OSS's own headers and signing quirks: every request on aiobotocore
+    fast_path = False  # OSS's own headers (CRC-64) and signing quirks: every request on aiobotocore
 
     def __init__(self, uri: str, bucket: str, prefix: str, options: dict[str, str]) -> None:
         """Raises BadURI without an ``endpoint_url`` or an OSS ``region`` (``oss-cn-hangzhou``)."""

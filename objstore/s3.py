@@ -1,4 +1,6 @@
-"""``s3://bucket/prefix`` through aiobotocore (any S3-compatible store).
+"""``s3://bucket/prefix`` (any S3-compatible store): single-object requests (HEAD, GET, PutObject)
+through ``obstore`` (:mod:`objstore.s3fast`, a sixth of the CPU per request), listing,
+multipart uploads and deletes through aiobotocore.
 
 URI options as query parameters (``s3://b/p?endpoint_url=http://127.0.0.1:9000``):
 
@@ -8,7 +10,8 @@ URI options as query parameters (``s3://b/p?endpoint_url=http://127.0.0.1:9000``
 * ``addressing_style``: ``auto`` (default), ``path`` or ``virtual``;
 * ``checksum``: ``crc32`` (default) or ``none``, see below;
 * ``provider``: ``rclone``, see below;
-* ``connect_timeout`` / ``read_timeout`` (seconds), ``max_attempts`` (tries in all,
+* ``connect_timeout`` / ``read_timeout`` (seconds; read: the longest wait for the next bytes),
+  ``request_timeout`` (seconds, the longest a whole obstore request may take; 600), ``max_attempts`` (tries in all,
   the first included; 5), ``max_pool_connections``.
 
 Credentials come from the usual AWS chain (never from the URI itself). Every call has connect/read timeouts,
@@ -18,7 +21,8 @@ what is left is mapped to the error tree of :mod:`objstore.errors` by :data:`ERR
 What follows was found running the conformance suite on a second S3
 implementation, rclone ``serve s3`` v1.75, with botocore 1.43 / aiobotocore 3.10.
 
-Integrity checksums. botocore >= 1.36 defaults to
+Integrity checksums (of the aiobotocore requests: multipart parts, and what
+:mod:`objstore.s3fast` hands back; obstore's PutObject carries a SHA-256). botocore >= 1.36 defaults to
 ``request_checksum_calculation=when_supported``: a CRC32 of every PutObject /
 UploadPart body, sent over http as an ``x-amz-checksum-crc32`` header but over
 https as an ``aws-chunked`` body with a trailer, which aiohttp sends with
@@ -66,57 +70,39 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import inspect
+import logging
 import zlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ParamValidationError,
+)
 
+from objstore import s3fast
 from objstore.base import ListPage, ObjectInfo, PartInfo, StoreLimits, object_uri
 from objstore.errors import (
+    ERRORS_BY_CODE,
     AccessDenied,
     BadURI,
-    NoSuchBucket,
     NoSuchKey,
     NoSuchUpload,
-    PreconditionFailed,
     StoreError,
-    Throttled,
     TransientError,
 )
+from objstore.retry import with_retries
 from objstore.tree import check_key
 
-if TYPE_CHECKING:
-    from obstore import GetOptions
-    from obstore.store import ClientConfig, S3Config, S3Credential
+T = TypeVar("T")
 
-ERRORS_BY_CODE: dict[str, type[StoreError]] = {
-    "NoSuchBucket": NoSuchBucket,
-    "NoSuchKey": NoSuchKey,
-    "NoSuchUpload": NoSuchUpload,
-    "404": NoSuchKey,
-    "NotFound": NoSuchKey,
-    "AccessDenied": AccessDenied,
-    "403": AccessDenied,
-    "InvalidAccessKeyId": AccessDenied,
-    "SignatureDoesNotMatch": AccessDenied,
-    "PreconditionFailed": PreconditionFailed,
-    "412": PreconditionFailed,
-    "SlowDown": Throttled,
-    "Throttling": Throttled,
-    "ThrottlingException": Throttled,
-    "RequestLimitExceeded": Throttled,
-    "TooManyRequests": Throttled,  # S3-compatible stores and gateways that throttle with 429
-    "TooManyRequestsException": Throttled,
-    "429": Throttled,
-    "503": Throttled,
-    "RequestTimeout": TransientError,  # S3's 400 for a connection idle too long: send again
-    "InternalError": TransientError,
-    "500": TransientError,
-}
+logger = logging.getLogger(__name__)
 
 
 def translate(exc: Exception, uri: str) -> StoreError:
@@ -139,6 +125,8 @@ def translate(exc: Exception, uri: str) -> StoreError:
         return cls(f"{code or status}: {err.get('Message', '')}".rstrip(": "), uri=uri, request_id=request_id)
     if isinstance(exc, NoCredentialsError):  # no retry can help: say so at once
         return AccessDenied(f"no credentials ({exc}): set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or profile=", uri=uri)
+    if isinstance(exc, ParamValidationError):  # e.g. metadata that is not ASCII: no retry can help
+        return StoreError(f"{type(exc).__name__}: {exc}".strip(), uri=uri)
     if isinstance(exc, EndpointConnectionError | BotoCoreError):
         return TransientError(f"{type(exc).__name__}: {exc}", uri=uri)
     return StoreError(f"{type(exc).__name__}: {exc}", uri=uri)
@@ -164,8 +152,12 @@ class S3Store:
 
     default_checksum = "crc32"
     default_addressing_style = "auto"
-    #: ranged GETs through obstore (see :func:`_obstore_client`)
+    #: single-object requests through obstore (:mod:`objstore.s3fast`)
+    fast_path = True
+    #: ranged GETs through obstore too (off once a server answers a range with 200)
     fast_ranged_gets = True
+    #: a whole GET's bytes are checked against an MD5-shaped ETag (off once the store's are not MD5s)
+    etags_are_md5 = True
 
     def __init__(self, uri: str, bucket: str, prefix: str, options: dict[str, str]) -> None:
         """Raises BadURI for an unknown ``checksum``, ``provider`` or ``addressing_style``."""
@@ -196,12 +188,13 @@ class S3Store:
         if (self.addressing_style == "virtual" and endpoint is not None) or options.get("ca_bundle"):
             # a virtual-hosted bucket on a custom endpoint (botocore's URLs), or a private CA
             # (rustls refused rclone's self-signed certificate that Python's ssl takes)
-            self.fast_ranged_gets = False
+            self.fast_path = False
         self.keys_are_paths = self.provider == "rclone"  # keys are file paths on the server
-        self.retries = 0  # requests botocore sent again (throttling, 5xx, resets) that then succeeded
+        self.retries = 0  # requests sent again (throttling, 5xx, resets), by botocore or _retrying
         self._client: Any = None
         self._session: Any = None
-        self._ranged: Any = None  # the obstore client of ranged GETs
+        self._obstore: Any = None  # the obstore client (objstore.s3fast)
+        self._creds: s3fast.Credentials | None = None  # what it signs with
         self._stack = contextlib.AsyncExitStack()
 
     async def _c(self) -> Any:
@@ -273,6 +266,9 @@ class S3Store:
         return ListPage(objects, prefixes, bool(resp.get("IsTruncated")))
 
     async def head(self, key: str) -> ObjectInfo:
+        if (fast := await self._fast(key)) is not None:
+            with contextlib.suppress(s3fast.NotAPath):
+                return await self._retrying(lambda: s3fast.head(fast, self._key(key), key, object_uri(self.uri, key)))
         client = await self._c()
         try:
             resp = await client.head_object(Bucket=self.bucket, Key=self._key(key))
@@ -284,14 +280,7 @@ class S3Store:
         )  # fmt: skip
 
     async def get(self, key: str, offset: int = 0, length: int | None = None, *, if_match: str = "") -> bytes:
-        if length is not None and (fast := await self._ranged_store(key)) is not None:
-            try:
-                return await _ranged_get(fast, self._key(key), offset, length, if_match, object_uri(self.uri, key))
-            except _NotAPath:
-                pass  # a key the Rust client's paths cannot name: botocore's request below
-            except _NotPartial:  # rclone serve s3 answers a range with 200 (and Content-Range)
-                self.fast_ranged_gets = False
-        return (await self._get_object(key, offset, length, if_match))[0]
+        return (await self._get(key, offset, length, if_match))[0]
 
     async def get_with_metadata(self, key: str) -> tuple[bytes, dict[str, str]]:
         """A whole object and its user metadata, in one GET (a copy carries the metadata on).
@@ -299,7 +288,39 @@ class S3Store:
         Raises:
             NoSuchKey, NoSuchBucket, AccessDenied, Throttled, TransientError, StoreError.
         """
-        return await self._get_object(key, 0, None, "")
+        return await self._get(key, 0, None, "")
+
+    async def _get(self, key: str, offset: int, length: int | None, if_match: str) -> tuple[bytes, dict[str, str]]:
+        """A GET through obstore where it can name the key and the server honours ranges, else
+        aiobotocore; a whole object read through obstore is checked against an MD5 ETag
+        (:mod:`objstore.s3fast`, "Download check")."""
+        whole = offset == 0 and length is None
+        if (whole or self.fast_ranged_gets) and (fast := await self._fast(key)) is not None:
+            where = object_uri(self.uri, key)
+            try:
+                data, metadata, etag = await self._retrying(
+                    lambda: s3fast.get(fast, self._key(key), offset, length, if_match, where)
+                )
+            except s3fast.NotAPath:
+                pass  # a key the Rust client's paths cannot name: botocore's request below
+            except s3fast.NotPartial:  # rclone serve s3 answers a range with 200 (and Content-Range)
+                self.fast_ranged_gets = False
+            else:
+                if not (whole and self.etags_are_md5 and s3fast.etag_matches(data, etag) is False):
+                    return data, metadata
+                return await self._get_again(key, if_match or etag, data)
+        return await self._get_object(key, offset, length, if_match)
+
+    async def _get_again(self, key: str, etag: str, first: bytes) -> tuple[bytes, dict[str, str]]:
+        """The whole object through aiobotocore (its stored CRC32 checked) after obstore's bytes
+        did not match the ETag: the store's ETags are no MD5s when these do not match it either."""
+        data, metadata = await self._get_object(key, 0, None, etag)
+        if s3fast.etag_matches(data, etag) is False:
+            self.etags_are_md5 = False
+            logger.info("%s: ETags are not MD5s of the content; whole GETs are not checked against them", self.uri)
+        elif data != first:
+            logger.warning("%s: a GET returned bytes not matching the ETag; read again", object_uri(self.uri, key))
+        return data, metadata
 
     async def _get_object(
         self, key: str, offset: int, length: int | None, if_match: str
@@ -322,16 +343,21 @@ class S3Store:
             raise translate(exc, object_uri(self.uri, key)) from exc
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectInfo:
+        metadata = dict(metadata or {})
+        if s3fast.plain_metadata(metadata) and (fast := await self._fast(key)) is not None:
+            with contextlib.suppress(s3fast.NotAPath):
+                etag = await self._retrying(
+                    lambda: s3fast.put(fast, self._key(key), data, metadata, object_uri(self.uri, key))
+                )
+                return ObjectInfo(key, len(data), 0.0, etag, metadata)
         client = await self._c()
         try:
             resp = await client.put_object(
-                Bucket=self.bucket, Key=self._key(key), Body=data, Metadata=metadata or {}, **self._body_checksum(data)
+                Bucket=self.bucket, Key=self._key(key), Body=data, Metadata=metadata, **self._body_checksum(data)
             )
         except Exception as exc:
             raise translate(exc, object_uri(self.uri, key)) from exc
-        return ObjectInfo(
-            key, len(data), 0.0, resp.get("ETag", "").strip('"'), dict(metadata or {}), self._checksums(resp)
-        )
+        return ObjectInfo(key, len(data), 0.0, resp.get("ETag", "").strip('"'), metadata, self._checksums(resp))
 
     async def create_multipart(self, key: str, size: int, part_size: int, metadata: dict[str, str]) -> str:
         client = await self._c()
@@ -392,126 +418,36 @@ class S3Store:
             if errors:
                 raise StoreError(f"{len(errors)} deletions failed, first: {errors[0]}", uri=self.uri)
 
-    async def _ranged_store(self, key: str) -> Any:
-        """The ``obstore`` client for ranged GETs (:func:`_obstore_client`), or None where this
-        store does not use one: virtual-hosted addressing on a custom endpoint, a ``ca_bundle``,
-        no credentials
-        (the aiobotocore call then says why), or a key the Rust client cannot name."""
-        if not (self.fast_ranged_gets and _plain_path(self._key(key))):
+    async def _retrying(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """An obstore request tried up to ``max_attempts`` times while it fails with a retryable
+        error (:func:`objstore.retry.with_retries`), as botocore's standard mode does for the
+        others; each retry is counted in :attr:`retries`."""
+
+        def count(_exc: BaseException) -> None:
+            self.retries += 1
+
+        return await with_retries(fn, attempts=int(self.options.get("max_attempts", 5)), on_retry=count)
+
+    async def _fast(self, key: str) -> Any:
+        """The ``obstore`` client (:mod:`objstore.s3fast`), or None where this store does not
+        use one: OSS, virtual-hosted addressing on a custom endpoint, a ``ca_bundle``, no
+        credentials (the aiobotocore call then says why), or a key the Rust client cannot name."""
+        if not (self.fast_path and s3fast.plain_path(self._key(key))):
             return None
-        if self._ranged is None:
+        if self._obstore is None:
             await self._c()
             creds = await self._session.get_credentials()
             if creds is None:
-                self.fast_ranged_gets = False
+                self.fast_path = False
                 return None
-            self._ranged = _obstore_client(self, creds)
-        return self._ranged
+            self._creds = s3fast.Credentials(creds)
+            await self._creds.refresh()
+            self._obstore = s3fast.make_client(self, self._creds)
+        elif self._creds is not None:
+            await self._creds.refresh()
+        return self._obstore
 
     async def close(self) -> None:
         await self._stack.aclose()
         self._client = None
-        self._ranged = None
-
-
-# Ranged GETs (PCache read-through, Babel's ranged reads) go through obstore, the Rust
-# ``object_store`` client: on 8 MiB ranges from moto it moves 2.5x the bytes per second of
-# aiobotocore with a third of the CPU, and a 256 KiB GET costs 1.1 ms of CPU instead of 3.6
-# (measured 2026-12-04 on the CI machine; bench/ufs.py). Everything else (listing, HEAD, PUT,
-# multipart, whole-object GETs with their checksum check) stays on aiobotocore, whose session
-# also resolves the credentials both use (environment, profile, credentials file, IMDS).
-
-
-class _NotAPath(Exception):
-    """A key that object_store's ``Path`` would change (empty or dot segments)."""
-
-
-class _NotPartial(Exception):
-    """The server answered a ranged GET with ``200``, which object_store refuses."""
-
-
-def _plain_path(key: str) -> bool:
-    return bool(key) and all(seg not in ("", ".", "..") for seg in key.split("/"))
-
-
-def _obstore_client(store: S3Store, creds: Any) -> Any:
-    """An ``obstore`` S3 client with ``store``'s endpoint, region, timeouts, retries and
-    credentials (re-read from the botocore credentials every 5 minutes: refreshable ones rotate)."""
-    from datetime import UTC, datetime, timedelta
-
-    from obstore.store import S3Store as RustS3Store
-
-    async def provide() -> S3Credential:
-        frozen = creds.get_frozen_credentials()
-        if inspect.isawaitable(frozen):
-            frozen = await frozen
-        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
-                "token": frozen.token, "expires_at": datetime.now(UTC) + timedelta(minutes=5)}  # fmt: skip
-
-    opts = store.options
-    connect, read = float(opts.get("connect_timeout", 10)), float(opts.get("read_timeout", 60))
-    client: ClientConfig = {
-        "connect_timeout": timedelta(seconds=connect),
-        "read_timeout": timedelta(seconds=read),
-        "allow_http": True,
-        "pool_max_idle_per_host": opts.get("max_pool_connections", "64"),
-    }
-    config: S3Config = {"region": opts.get("region", "us-east-1")}
-    endpoint = store.endpoint_url()
-    if endpoint:
-        config["endpoint"] = endpoint  # path-style: http(s)://host/bucket/key
-    else:
-        config["virtual_hosted_style_request"] = store.addressing_style != "path"  # AWS
-    return RustS3Store(
-        store.bucket,
-        config=config,
-        client_options=client,
-        retry_config={
-            "max_retries": int(opts.get("max_attempts", 5)) - 1,
-            "retry_timeout": timedelta(seconds=connect + read),
-        },
-        credential_provider=provide,
-    )
-
-
-async def _ranged_get(client: Any, key: str, offset: int, length: int, if_match: str, where: str) -> bytes:
-    """``length`` bytes at ``offset`` of bucket key ``key`` (fewer at the object's end), only
-    from the version with ETag ``if_match`` when given.
-
-    Raises:
-        NoSuchKey, NoSuchBucket, PreconditionFailed, AccessDenied, Throttled, TransientError,
-        StoreError: the store's answer. _NotAPath: the client cannot name ``key``. _NotPartial:
-            the server ignored the range.
-    """
-    import obstore
-    from obstore import exceptions as oe
-
-    options: GetOptions = {"range": (offset, offset + length)}
-    if if_match:
-        options["if_match"] = if_match if if_match.startswith('"') else f'"{if_match}"'
-    try:
-        result = await obstore.get_async(client, key, options=options)
-        return bytes(await result.bytes_async())
-    except oe.InvalidPathError as exc:
-        raise _NotAPath(str(exc)) from exc
-    except (oe.NotFoundError, FileNotFoundError) as exc:  # obstore raises the builtin one
-        cls: type[StoreError] = NoSuchBucket if "NoSuchBucket" in str(exc) else NoSuchKey
-        raise cls("NoSuchBucket" if cls is NoSuchBucket else "NoSuchKey", uri=where) from exc
-    except oe.PreconditionError as exc:
-        raise PreconditionFailed("PreconditionFailed: the object changed (If-Match)", uri=where) from exc
-    except (oe.PermissionDeniedError, oe.UnauthenticatedError, PermissionError) as exc:
-        raise AccessDenied(_first_line(exc), uri=where) from exc
-    except oe.BaseError as exc:
-        text = str(exc)
-        if "non-partial response" in text:
-            raise _NotPartial(text) from exc
-        if "416 Range Not Satisfiable" in text:  # as botocore's InvalidRange: not retried
-            raise StoreError("InvalidRange: the range starts past the object's end", uri=where) from exc
-        throttled = any(s in text for s in ("SlowDown", "429", "503", "Throttl"))
-        raise (Throttled if throttled else TransientError)(_first_line(exc), uri=where) from exc
-    except OSError as exc:  # a connection error the client gave up on
-        raise TransientError(f"{type(exc).__name__}: {exc}", uri=where) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        self._obstore = None

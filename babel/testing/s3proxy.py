@@ -51,7 +51,7 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -94,13 +94,15 @@ class ProxyStats:
     """What the proxy has seen since it started or since :meth:`S3Proxy.reset_stats`.
 
     ``requests`` counts every request by operation (:data:`OPS`); ``throttled`` and
-    ``failed`` the 503s and 500s injected; ``delayed`` the requests that slept ``delay``.
+    ``failed`` the 503s and 500s injected; ``delayed`` the requests that slept ``delay``;
+    ``last_answer`` is when the last answer of each operation was sent (``time.monotonic()``).
     """
 
     requests: dict[str, int]
     throttled: int
     failed: int
     delayed: int
+    last_answer: dict[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -236,6 +238,9 @@ class S3Proxy:
         ops: operations and HTTP methods the knobs apply to (None: all).
         seed: seed of the random draws, for reproducible faults.
         upstream_timeout: seconds to wait for the upstream's answer.
+
+    :attr:`corrupt_gets` (an int, 0 at first) is the number of the next successful GetObject
+    answers whose body gets one byte flipped (a fault of the wire or of a store's disk).
     """
 
     throttle_rate = _Knob(_rate)
@@ -277,10 +282,12 @@ class S3Proxy:
         self.ops = ops
         self._rng = random.Random(seed)
         self._requests: Counter[str] = Counter()
+        self._last: dict[str, float] = {}
         self._throttled = self._failed = self._delayed = 0
         # OSS emulation: CRC-64 by (bucket, key), and by upload id then part number: (crc, size)
         self._crcs: dict[tuple[str, str], int] = {}
         self._parts: dict[str, dict[int, tuple[int, int]]] = {}
+        self.corrupt_gets = 0
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -323,12 +330,13 @@ class S3Proxy:
     def stats(self) -> ProxyStats:
         """A snapshot of the counters."""
         with self._lock:
-            return ProxyStats(dict(self._requests), self._throttled, self._failed, self._delayed)
+            return ProxyStats(dict(self._requests), self._throttled, self._failed, self._delayed, dict(self._last))
 
     def reset_stats(self) -> None:
         """Zero the counters."""
         with self._lock:
             self._requests.clear()
+            self._last.clear()
             self._throttled = self._failed = self._delayed = 0
 
     def object_crc64(self, bucket: str, key: str) -> int | None:
@@ -337,6 +345,13 @@ class S3Proxy:
             return self._crcs.get((bucket, key))
 
     # ------------------------------------------------------- per request --
+
+    def _take_corruption(self) -> bool:
+        with self._lock:
+            if self.corrupt_gets <= 0:
+                return False
+            self.corrupt_gets -= 1
+            return True
 
     def _decide(self, op: str, method: str) -> tuple[float, int]:
         """Count a request; return (seconds to sleep, HTTP status to inject or 0)."""
@@ -519,7 +534,7 @@ class _Handler(BaseHTTPRequestHandler):
         if delay:
             time.sleep(delay)
         if fault:
-            self._send_error(fault)
+            self._send_error(fault, op)
             return
         upload = _payload_crc(op, self.headers, body) if proxy.oss else None
         try:
@@ -527,12 +542,15 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError as exc:
             logger.warning("s3proxy: upstream %s failed: %s", proxy.upstream, exc)
             self._drop_upstream()
-            self._send_error(502)
+            self._send_error(502, op)
             return
         # a CompleteMultipartUpload can fail with a 200 and an <Error> body: read it before deciding;
         # a body of unknown length is read whole and sent with one
-        whole = method == "HEAD" or op == "complete_multipart" or resp.getheader("Content-Length") is None
+        corrupt = op == "get" and resp.status in (200, 206) and proxy._take_corruption()
+        whole = method == "HEAD" or op == "complete_multipart" or resp.getheader("Content-Length") is None or corrupt
         resp_body = resp.read() if whole else None
+        if corrupt and resp_body:
+            resp_body = bytes([resp_body[0] ^ 0xFF]) + resp_body[1:]
         oss_crc = None
         if proxy.oss:
             oss_crc = proxy._oss_after(op, bucket, key, query, self.headers, body, upload, resp.status, resp_body)
@@ -562,6 +580,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise
         if resp.will_close:
             self._drop_upstream()
+        with proxy._lock:
+            proxy._last[op] = time.monotonic()
 
     def _forward(self, method: str, body: bytes) -> http.client.HTTPResponse:
         """Send the request upstream, with the client's own headers; one retry on a stale keep-alive."""
@@ -593,7 +613,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._upstream.close()
             self._upstream = None
 
-    def _send_error(self, status: int) -> None:
+    def _send_error(self, status: int, op: str) -> None:
+        with self.server.proxy._lock:
+            self.server.proxy._last[op] = time.monotonic()
         code, message = _FAULTS[status]
         request_id = uuid.uuid4().hex[:16].upper()
         payload = _error_xml(code, message, request_id)

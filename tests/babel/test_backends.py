@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import os
 import random
 import time
 from pathlib import Path
@@ -113,7 +114,7 @@ def test_ranged_gets_through_obstore_keep_the_contract(s3_uri: str, moto_endpoin
             info = await store.put("r/x.bin", b"0123456789")
             await store.put("r//odd.bin", b"abcdef")
             assert await store.get("r/x.bin", 2, 3) == b"234"
-            assert store._ranged is not None  # the fast path served it
+            assert store._obstore is not None  # the fast path served it
             assert await store.get("r/x.bin", 8, 5) == b"89"  # short at the object's end
             assert await store.get("r/x.bin", 0, 4, if_match=info.etag) == b"0123"
             with pytest.raises(PreconditionFailed) as stale:
@@ -134,6 +135,70 @@ def test_ranged_gets_through_obstore_keep_the_contract(s3_uri: str, moto_endpoin
             await gone.close()
 
     run(go())
+
+
+@pytest.mark.parametrize("server", ["s3", "rclone"])
+def test_single_object_requests_through_obstore_keep_the_contract(request, server: str) -> None:
+    """PUT, HEAD and whole GETs go through obstore on moto and rclone serve s3 with botocore's
+    answers: user metadata back under lower-case keys, ETags, sizes, missing keys; metadata
+    obstore would take for a header (``content-type``) goes through botocore and comes back
+    the same; metadata that is not ASCII is refused at once."""
+    from objstore.errors import StoreError
+
+    uri = request.getfixturevalue(f"{server}_uri")
+
+    async def go():
+        store = open_store(uri)
+        try:
+            meta = {"babel-mtime": "1700000000.5", "Mixed-Case": "v"}
+            put = await store.put("m/a.bin", b"payload", meta)
+            assert store._obstore is not None  # the fast path served it
+            head = await store.head("m/a.bin")
+            assert (head.size, head.etag) == (7, put.etag) and len(put.etag) == 32
+            assert head.metadata == {"babel-mtime": "1700000000.5", "mixed-case": "v"}
+            assert await store.get_with_metadata("m/a.bin") == (b"payload", head.metadata)
+            assert await store.get("m/a.bin") == b"payload"
+            assert await store.get("m/a.bin", 3) == b"load"  # from an offset to the end
+            await store.put("m/odd.bin", b"x", {"content-type": "not-a-header"})
+            assert (await store.head("m/odd.bin")).metadata == {"content-type": "not-a-header"}
+            with pytest.raises(StoreError, match="ASCII") as bad:  # botocore refuses it: said at once
+                await store.put("m/odd.bin", b"x", {"note": "caf\u00e9"})
+            assert not bad.value.retryable
+            with pytest.raises(NoSuchKey):
+                await store.head("m/missing.bin")
+            with pytest.raises(NoSuchKey):
+                await store.get_with_metadata("m/missing.bin")
+        finally:
+            await store.close()
+
+    run(go())
+
+
+def test_a_whole_get_that_does_not_match_its_etag_is_read_again(s3_uri: str, moto_endpoint: str) -> None:
+    """A whole GET through obstore is checked against the object's MD5 ETag: bytes damaged on the
+    way (one flipped byte from the proxy) are read again through botocore, and the right bytes
+    come back; throttled obstore requests are retried and counted."""
+
+    async def go(uri):
+        store = open_store(uri)
+        try:
+            assert await store.get_with_metadata("c/x.bin") == (body, {})
+            assert store.etags_are_md5  # the store's ETags are MD5s: the check stays on
+            return store.retries
+        finally:
+            await store.close()
+
+    body = os.urandom(64 * 1024)
+    setup = open_store(s3_uri)
+    run(setup.put("c/x.bin", body))
+    run(setup.close())
+    with S3Proxy(moto_endpoint) as proxy:
+        proxy.corrupt_gets = 1
+        run(go(s3_uri.replace(moto_endpoint, proxy.endpoint)))
+        assert proxy.stats().requests["get"] == 2 and proxy.corrupt_gets == 0
+    with S3Proxy(moto_endpoint, throttle_rate=0.5, throttle_status=429, seed=1) as proxy:
+        retries = sum(run(go(s3_uri.replace(moto_endpoint, proxy.endpoint))) for _ in range(8))
+        assert retries == proxy.stats().throttled > 0
 
 
 def test_missing_bucket_and_bad_uris(tmp_path: Path, moto_endpoint: str) -> None:
