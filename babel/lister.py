@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from babel.errors import Throttled
@@ -190,7 +190,7 @@ async def list_parallel_pages(
     after: str = "",
     until: str | None = None,
     flat: bool | None = None,
-) -> AsyncIterator[list[ObjectInfo]]:
+) -> AsyncGenerator[list[ObjectInfo], None]:
     """Yield every object under ``prefix`` in pages (lists, in no order across pages), listing
     many key ranges at once.
 

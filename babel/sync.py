@@ -15,6 +15,11 @@ at any point (even ``kill -9``) resumes with :func:`run_sync` on the same journa
 5. **verify** — metadata validation of every copied object (always), plus sampled or
    full content CRCs (:mod:`babel.verify`); ``v/`` records.
 
+Phases 1 to 3 run as one pipeline (:meth:`SyncJob._pipeline`) when a job starts or had not
+finished listing: the destination is listed, then the source's pages are planned as they
+arrive and their copies start at once, each verified as it lands; ``--dry-run`` and a job
+resumed after its listing run the phases one after the other.
+
 Sources: Ling report (arXiv 2503.05139 §2.3.2) for the phases; rclone ``fs/sync`` for
 the copy/delete semantics.
 """
@@ -29,7 +34,16 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+)
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -57,6 +71,7 @@ class Progress:
 
     phase: Callable[[str, int, int], None] = lambda name, total_bytes, total_objects: None
     advance: Callable[[int, int], None] = lambda nbytes, nobjects: None
+    grow: Callable[[int, int], None] = lambda nbytes, nobjects: None  # the phase's totals grow (pipeline)
 
 
 @dataclass
@@ -171,6 +186,7 @@ class SyncJob:
         self.src: ObjectStore = open_store(src_uri)
         self.dst: ObjectStore = open_store(dst_uri)
         self._keys_are_paths: bool | None = None  # of the destination (_dst_keys_are_paths)
+        self._checkers = asyncio.Semaphore(options.checkers)  # verification requests in flight
 
     # ------------------------------------------------------------ phases --
 
@@ -203,12 +219,16 @@ class SyncJob:
             self._list_into(self.dst, "d", missing_ok=_is_filesystem(self.dst)),
         )
         self.report.listed_src, self.report.listed_dst = src_n, dst_n
+        self._note_not_files()
+        self.journal.mark("listed", {"src": src_n, "dst": dst_n, "not_files": self.report.not_files})
+
+    def _note_not_files(self) -> None:
+        """Count the source entries that are no regular files (symlinks, FIFOs), which the source skipped."""
         kinds = list(getattr(self.src, "not_files", {}).values())
         self.report.not_files = {kind: kinds.count(kind) for kind in sorted(set(kinds))}
         if kinds:
             logger.warning("%d source entries are no regular files and are not copied: %s", len(kinds),
                            ", ".join(f"{n} {k}s" for k, n in self.report.not_files.items()))  # fmt: skip
-        self.journal.mark("listed", {"src": src_n, "dst": dst_n, "not_files": self.report.not_files})
 
     async def plan(self) -> None:
         """Phase 2: copy/skip/delete decisions into ``p/`` records."""
@@ -216,67 +236,11 @@ class SyncJob:
             return
         self.journal.clear("p")
         self._phase("planning", 0, self.report.listed_src)
-        checkers = asyncio.Semaphore(self.opts.checkers)
-        pending: set[asyncio.Task] = set()
-        counts = {"copy": 0, "skip": 0, "delete": 0, "copy_bytes": 0}
-
-        def record(src: ObjectInfo | None, dst: ObjectInfo | None, decision: Decision) -> None:
-            counts[decision.action] += 1
-            if decision.action == "copy":
-                assert src is not None
-                counts["copy_bytes"] += src.size
-                self.journal.put("p", src.key, {"a": "copy", "r": decision.reason})
-            elif decision.action == "delete":
-                assert dst is not None
-                self.journal.put("p", dst.key, {"a": "delete", "r": decision.reason})
-            self.progress.advance(0, 1 if src is not None else 0)
-
-        async def head_then_decide(src: ObjectInfo, dst: ObjectInfo) -> None:
-            try:
-                async with checkers:
-                    full = await self._retry(lambda: self.dst.head(dst.key))
-            except FileNotFoundError:
-                full = None  # deleted since it was listed
-            record(src, full, self._decide(src, full))
-
+        planning = _Planning(self)
         for src, dst in merge_join(self.journal.scan_listing("s"), self.journal.scan_listing("d")):
-            key = (src or dst).key  # type: ignore[union-attr]
-            if not self.filters.admits(key):
-                continue
-            if src is None:
-                if self.opts.delete:
-                    record(None, dst, Decision("delete", "extraneous"))
-                continue
-            if src.key.endswith("/") and await self._dst_keys_are_paths():
-                if src.size:  # a marker with content: skipping it would lose bytes without a word
-                    reason = (f"a directory marker with {src.size} bytes of content cannot be stored on"
-                              f" {self.dst.uri} (its keys are file paths): not copied")  # fmt: skip
-                    self.journal.put("p", src.key, {"a": "fail", "r": reason})
-                    counts["fail"] = counts.get("fail", 0) + 1
-                else:
-                    record(src, dst, Decision("skip", "directory marker"))
-                continue
-            if (
-                dst is not None
-                and dst.size == src.size
-                and needs_head(dst, size_only=self.opts.size_only)
-                and not self.opts.size_only
-                and not self.opts.ignore_times
-            ):
-                task = asyncio.create_task(head_then_decide(src, dst))
-                pending.add(task)
-                if len(pending) >= 4 * self.opts.checkers:
-                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    pending.difference_update(done)
-                    for t in done:
-                        t.result()
-                continue
-            record(src, dst, self._decide(src, dst))
-        if pending:
-            for outcome in await asyncio.gather(*pending, return_exceptions=True):
-                if isinstance(outcome, BaseException):
-                    raise outcome
-        self.journal.mark("planned", counts)
+            await planning.pair(src, dst)
+        await planning.finish()
+        self.journal.mark("planned", planning.counts)
 
     async def _dst_keys_are_paths(self) -> bool:
         """Whether the destination keeps keys as file paths, where a ``dir/`` marker would become a
@@ -308,8 +272,7 @@ class SyncJob:
     async def copy(self) -> None:
         """Phase 3: every planned copy not yet recorded as done."""
         counts = self.journal.get("m", "planned")
-        self.report.skipped = counts["skip"]
-        self.report.planned_delete = counts["delete"]
+        self._planned(counts)
         if counts.get("fail"):  # objects the plan found impossible to copy, by name (every run says so)
             for key, rec in self.journal.scan("p"):
                 if rec["a"] == "fail":
@@ -318,20 +281,89 @@ class SyncJob:
         for key in self._to_copy():
             todo_objects += 1
             todo_bytes += self._source(key).size
-        # what an interrupted run had on its way (small objects, parts) is sent again now
-        resent = sum(int(n) for _key, n in self.journal.scan("i"))
-        if resent:
-            self.journal.clear("i")
-            self.journal.put("m", "resent", (self.journal.get("m", "resent") or 0) + resent)
-        self.report.resent_bytes = self.journal.get("m", "resent") or 0
-        vanished_before = self.journal.get("m", "vanished") or 0
-        self.report.vanished = vanished_before
-        self.report.already_done = counts["copy"] - todo_objects - vanished_before
+        self._take_resent()
+        self.report.already_done = counts["copy"] - todo_objects - self.report.vanished + counts.get("done", 0)
         if self.opts.dry_run:
             self.report.copied = todo_objects
             self.report.copied_bytes = todo_bytes
             return
         self._phase("copying", todo_bytes, todo_objects)
+        xfer = self._transferer()
+        await _bounded((self._copy_one(xfer, self._source(k)) for k in self._to_copy()), self._copy_slots())
+        self.report.retries += xfer.stats.retries
+
+    async def _pipeline(self) -> None:
+        """Phases 1 to 3 at once (a job that has not finished listing; not ``--dry-run``): the
+        destination is listed first, then every page of the source listing is planned as it
+        arrives (each key looked up in the destination's listing) and its copies start while the
+        listing goes on; each copied object is verified as it lands (``v/``, which the verify
+        phase then only counts). Memory stays bounded: when copies fall behind, planning and
+        then listing wait. Resumable at every point: a run killed before the listing and plan
+        were complete lists and plans again, finding what it copied at the destination (skipped
+        there), and one killed later goes on with the copies left (:meth:`copy`)."""
+        for kind in ("s", "d", "p"):
+            self.journal.clear(kind)
+        self._phase("listing", 0, 0)
+        self.report.listed_dst = await self._list_into(self.dst, "d", missing_ok=_is_filesystem(self.dst))
+        self._take_resent()
+        self._phase("copying", 0, 0)
+        xfer = self._transferer()
+        ready: list[ObjectInfo] = []
+
+        async def on_copy(info: ObjectInfo) -> None:
+            ready.append(info)
+            self.progress.grow(info.size, 1)
+
+        planning = _Planning(self, on_copy)
+
+        async def planned_copies() -> AsyncIterator[Awaitable[None]]:
+            after, until = self.key_range
+            pages = list_parallel_pages(self.src, concurrency=self.opts.list_concurrency, after=after, until=until)
+            async with contextlib.aclosing(pages):  # a failed copy stops the listing's workers too
+                async for page in pages:
+                    self.journal.put_listing("s", page)
+                    self.report.listed_src += len(page)
+                    for src in page:
+                        await planning.pair(src, self.journal.get_listing("d", src.key))
+                        while ready:
+                            yield self._copy_one(xfer, ready.pop(), verify=True)
+            if self.opts.delete:  # extraneous destination keys: the whole source listing is known now
+                for only_src, dst in merge_join(self.journal.scan_listing("s"), self.journal.scan_listing("d")):
+                    if only_src is None:
+                        await planning.pair(None, dst)
+            await planning.finish()
+            self._note_not_files()
+            listed = {"src": self.report.listed_src, "dst": self.report.listed_dst, "not_files": self.report.not_files}
+            self.journal.mark("listed", listed)
+            self.journal.mark("planned", planning.counts)  # from here a resume goes on with copy()
+            self._planned(planning.counts)
+            self.report.already_done = planning.counts.get("done", 0)
+            for info in ready:
+                yield self._copy_one(xfer, info, verify=True)
+
+        try:
+            await _bounded(planned_copies(), self._copy_slots())
+        finally:
+            self.report.retries += xfer.stats.retries
+
+    def _planned(self, counts: dict[str, int]) -> None:
+        self.report.skipped = counts["skip"]
+        self.report.planned_delete = counts["delete"]
+
+    def _take_resent(self) -> None:
+        """Count what an interrupted run had on its way (small objects, parts): sent again now."""
+        resent = sum(int(n) for _key, n in self.journal.scan("i"))
+        if resent:
+            self.journal.clear("i")
+            self.journal.put("m", "resent", (self.journal.get("m", "resent") or 0) + resent)
+        self.report.resent_bytes = self.journal.get("m", "resent") or 0
+        self.report.vanished = self.journal.get("m", "vanished") or 0
+
+    def _copy_slots(self) -> int:
+        """Copies alive at once: twice the transfers, so the next ones wait ready (and verify)."""
+        return max(2 * self.opts.transfers, 32)
+
+    def _transferer(self) -> Transferer:
         xfer = Transferer(
             self.src,
             self.dst,
@@ -344,36 +376,36 @@ class SyncJob:
             bandwidth=self.bandwidth,
         )
         xfer.stats.listeners.append(lambda n: self.progress.advance(n, 0))
+        return xfer
 
-        async def one(info: ObjectInfo) -> None:
-            try:
-                result: CopyResult = await xfer.copy(info)
-            except NoSuchKey as exc:
-                if not await self._source_gone(info.key):
-                    self._copy_failed(info.key, exc)
-                    return
-                await self._vanished(xfer, info.key)
-                return
-            except (BabelError, OSError, ValueError) as exc:  # ValueError: e.g. a key the destination cannot encode
+    async def _copy_one(self, xfer: Transferer, info: ObjectInfo, *, verify: bool = False) -> None:
+        """Copy one object and record the outcome; ``verify``: check the copy at once (``v/``)."""
+        try:
+            result: CopyResult = await xfer.copy(info)
+        except NoSuchKey as exc:
+            if not await self._source_gone(info.key):
                 self._copy_failed(info.key, exc)
                 return
-            self._copied(info, result)
+            await self._vanished(xfer, info.key)
+            return
+        except (BabelError, OSError, ValueError) as exc:  # ValueError: e.g. a key the destination cannot encode
+            self._copy_failed(info.key, exc)
+            return
+        rec = self._copied(info, result)
+        if verify:
+            async with self._checkers:
+                await self._verify_record(info.key, rec)
 
-        await _bounded((one(self._source(k)) for k in self._to_copy()), max(2 * self.opts.transfers, 32))
-        self.report.retries += xfer.stats.retries
-
-    def _copied(self, info: ObjectInfo, result: CopyResult) -> None:
-        """Record a finished copy: its ``c/`` record (what verification checks) and the report."""
-        self.journal.put(
-            "c",
-            info.key,
-            {"size": result.size, "crc32c": result.crc32c, "parts": result.parts, "store": result.store_checksum},
-        )
+    def _copied(self, info: ObjectInfo, result: CopyResult) -> dict[str, Any]:
+        """Record a finished copy: its ``c/`` record (what verification checks, returned) and the report."""
+        rec = {"size": result.size, "crc32c": result.crc32c, "parts": result.parts, "store": result.store_checksum}
+        self.journal.put("c", info.key, rec)
         self.journal.delete("e", info.key)
         self.report.copied += 1
         self.report.copied_bytes += result.size
         self.report.parts_reused += result.resumed_parts
         self.progress.advance(0, 1)
+        return rec
 
     def _copy_failed(self, key: str, exc: BaseException) -> None:
         message = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode()
@@ -452,19 +484,14 @@ class SyncJob:
         if self.opts.dry_run:
             return
         self._phase("verifying", 0, self.report.copied + self.report.already_done)
-        sem = asyncio.Semaphore(self.opts.checkers)
 
         async def one(key: str, rec: dict[str, Any]) -> None:
             previous = self.journal.get("v", key)
             if previous is not None and previous.get("mode") == self.opts.verify:
                 results = [VerifyResult(**r) for r in previous["results"]]
             else:
-                async with sem:
-                    try:
-                        results = await self._verify_one(key, rec)
-                    except (BabelError, OSError, ValueError) as exc:
-                        results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
-                self.journal.put("v", key, {"mode": self.opts.verify, "results": [asdict(r) for r in results]})
+                async with self._checkers:
+                    results = await self._verify_record(key, rec)
             runtime = self.report.verification["runtime"]
             runtime["crc32c_in_stream"] += 1
             if rec.get("store"):
@@ -474,6 +501,15 @@ class SyncJob:
             self.progress.advance(0, 1)
 
         await _bounded((one(k, r) for k, r in self.journal.scan("c")), 4 * self.opts.checkers)
+
+    async def _verify_record(self, key: str, rec: dict[str, Any]) -> builtins.list[VerifyResult]:
+        """Verify one copied object (:meth:`_verify_one`; an error is a failed check) into its ``v/`` record."""
+        try:
+            results = await self._verify_one(key, rec)
+        except (BabelError, OSError, ValueError) as exc:
+            results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
+        self.journal.put("v", key, {"mode": self.opts.verify, "results": [asdict(r) for r in results]})
+        return results
 
     async def _verify_one(self, key: str, rec: dict[str, Any]) -> builtins.list[VerifyResult]:  # .list: a phase
         """The checks of one copied object; a throttled or transient store error is retried
@@ -539,9 +575,12 @@ class SyncJob:
         try:
             await asyncio.gather(_check_reachable(self.src), _check_reachable(self.dst))
             _check_destination(self.dst)
-            await self.list()
-            await self.plan()
-            await self.copy()
+            if self.opts.dry_run or self.journal.marked("listed"):
+                await self.list()
+                await self.plan()
+                await self.copy()
+            else:
+                await self._pipeline()
             await self.delete()
             await self.verify()
         except BabelError as exc:
@@ -558,6 +597,91 @@ class SyncJob:
             self.report.state = "partial" if (self.report.failed or bad) else "ok"
         self.journal.update(state=self.report.state, phase="done", summary=self.report.to_dict(), pid=None)
         return self.report
+
+
+class _Planning:
+    """The decisions of one job, pair by pair (:mod:`babel.planner`): ``p/`` records and their
+    counts; a destination entry without Babel's metadata is HEADed first (``checkers`` at a
+    time, in the background); ``on_copy`` (the pipeline's) hears of every planned copy."""
+
+    def __init__(self, job: SyncJob, on_copy: Callable[[ObjectInfo], Awaitable[None]] | None = None) -> None:
+        self.job = job
+        self.on_copy = on_copy
+        self.counts: dict[str, int] = {"copy": 0, "skip": 0, "delete": 0, "copy_bytes": 0}
+        self.checkers = asyncio.Semaphore(job.opts.checkers)
+        self.pending: set[asyncio.Task] = set()
+
+    async def pair(self, src: ObjectInfo | None, dst: ObjectInfo | None) -> None:
+        """Plan one key: ``(src, dst)``, ``(src, None)`` or ``(None, dst)``."""
+        job, opts = self.job, self.job.opts
+        key = (src or dst).key  # type: ignore[union-attr]
+        if not job.filters.admits(key):
+            return
+        if src is None:
+            if opts.delete:
+                await self.record(None, dst, Decision("delete", "extraneous"))
+            return
+        if src.key.endswith("/") and await job._dst_keys_are_paths():
+            if src.size:  # a marker with content: skipping it would lose bytes without a word
+                reason = (f"a directory marker with {src.size} bytes of content cannot be stored on"
+                          f" {job.dst.uri} (its keys are file paths): not copied")  # fmt: skip
+                job.journal.put("p", src.key, {"a": "fail", "r": reason})
+                self.counts["fail"] = self.counts.get("fail", 0) + 1
+                if self.on_copy is not None:  # the pipeline reports it now (copy() does otherwise)
+                    job._error(src.key, reason)
+            else:
+                await self.record(src, dst, Decision("skip", "directory marker"))
+            return
+        if (
+            dst is not None
+            and dst.size == src.size
+            and needs_head(dst, size_only=opts.size_only)
+            and not opts.size_only
+            and not opts.ignore_times
+        ):
+            task = asyncio.create_task(self._head_then_decide(src, dst))
+            self.pending.add(task)
+            if len(self.pending) >= 4 * opts.checkers:
+                done, _ = await asyncio.wait(self.pending, return_when=asyncio.FIRST_COMPLETED)
+                self.pending.difference_update(done)
+                for t in done:
+                    t.result()
+            return
+        await self.record(src, dst, job._decide(src, dst))
+
+    async def _head_then_decide(self, src: ObjectInfo, dst: ObjectInfo) -> None:
+        try:
+            async with self.checkers:
+                full = await self.job._retry(lambda: self.job.dst.head(dst.key))
+        except FileNotFoundError:
+            full = None  # deleted since it was listed
+        await self.record(src, full, self.job._decide(src, full))
+
+    async def record(self, src: ObjectInfo | None, dst: ObjectInfo | None, decision: Decision) -> None:
+        journal = self.job.journal
+        if decision.action == "skip" and src is not None and journal.get("c", src.key) is not None:
+            self.counts["done"] = self.counts.get("done", 0) + 1  # copied by an earlier run of this job
+        else:
+            self.counts[decision.action] += 1
+        if decision.action == "copy":
+            assert src is not None
+            self.counts["copy_bytes"] += src.size
+            journal.put("p", src.key, {"a": "copy", "r": decision.reason})
+            if self.on_copy is not None:
+                await self.on_copy(src)
+        elif decision.action == "delete":
+            assert dst is not None
+            journal.put("p", dst.key, {"a": "delete", "r": decision.reason})
+        if self.on_copy is None:
+            self.job.progress.advance(0, 1 if src is not None else 0)
+
+    async def finish(self) -> None:
+        """Wait for the HEADs still in flight; their errors are raised."""
+        if self.pending:
+            for outcome in await asyncio.gather(*self.pending, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            self.pending.clear()
 
 
 class _RetryingReads:
@@ -629,13 +753,15 @@ async def _check_reachable(store: ObjectStore) -> None:
     ) from error
 
 
-async def _bounded(coros, limit: int) -> None:
-    """Run coroutines from a (lazy) iterable with at most ``limit`` alive; memory stays bounded."""
+async def _bounded(coros: Iterable[Awaitable[None]] | AsyncIterable[Awaitable[None]], limit: int) -> None:
+    """Run coroutines from a lazy iterable (or async iterable) with at most ``limit`` alive, so
+    memory stays bounded and a producer waits for room; the first failure stops taking more,
+    and is raised once the running ones ended (a failing producer's error likewise)."""
     sem = asyncio.Semaphore(limit)
     tasks: set[asyncio.Task] = set()
     failure: list[BaseException] = []
 
-    async def guarded(coro) -> None:
+    async def guarded(coro: Awaitable[None]) -> None:
         try:
             await coro
         except BaseException as exc:
@@ -643,14 +769,31 @@ async def _bounded(coros, limit: int) -> None:
         finally:
             sem.release()
 
-    for coro in coros:
-        await sem.acquire()
-        if failure:
-            coro.close()
-            break
-        task = asyncio.create_task(guarded(coro))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    async def items() -> AsyncGenerator[Awaitable[None], None]:
+        if isinstance(coros, AsyncIterable):
+            async for coro in coros:
+                yield coro
+        else:
+            for coro in coros:
+                yield coro
+
+    source = items()
+    try:
+        async for coro in source:
+            await sem.acquire()
+            if failure:
+                cast(Coroutine, coro).close()
+                sem.release()
+                break
+            task = asyncio.create_task(guarded(coro))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+    except Exception as exc:  # the producer failed (the source's listing): the copies under way end first
+        failure.insert(0, exc)
+    finally:
+        await source.aclose()
+        if isinstance(coros, AsyncGenerator):
+            await coros.aclose()
     if tasks:
         await asyncio.gather(*tasks)
     if failure:

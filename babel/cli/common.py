@@ -44,7 +44,7 @@ SIZE = Size()
 class RichProgress:
     """A rich progress bar per phase on stderr, against the phase's total: bytes (copying) or
     objects (planning, deleting, verifying), with rates and ETA; listing has no total yet and
-    counts what it found."""
+    counts what it found; while copying starts during the listing, the total grows with it."""
 
     def __init__(self, enabled: bool) -> None:
         self.console = Console(stderr=True)
@@ -72,7 +72,7 @@ class RichProgress:
 
     def sink(self) -> ProgressSink:
         """The callbacks :func:`babel.sync.run_sync` drives."""
-        return ProgressSink(phase=self.phase, advance=self.advance)
+        return ProgressSink(phase=self.phase, advance=self.advance, grow=self.grow)
 
     def phase(self, name: str, total_bytes: int, total_objects: int) -> None:
         if self.task is not None:
@@ -83,6 +83,14 @@ class RichProgress:
         self.task = self.bar.add_task(
             name, total=total_bytes or total_objects or None, objects=0, rate=0.0, amount=self._amount(0, 0)
         )
+
+    def grow(self, nbytes: int, nobjects: int) -> None:
+        """The phase's totals grow (copies planned while the listing goes on)."""
+        if self.task is None:
+            return
+        self.total_bytes += nbytes
+        self.total_objects += nobjects
+        self.bar.update(self.task, total=self.total_bytes or self.total_objects or None)
 
     def _amount(self, done_bytes: float, elapsed: float) -> str:
         """What the bar measures, done of total: bytes while copying, else objects."""
