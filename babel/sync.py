@@ -508,7 +508,7 @@ class SyncJob:
             results = await self._verify_one(key, rec)
         except (BabelError, OSError, ValueError) as exc:
             results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
-        self.journal.put("v", key, {"mode": self.opts.verify, "results": [asdict(r) for r in results]})
+        self.journal.put("v", key, {"mode": self.opts.verify, "results": [dict(vars(r)) for r in results]})
         return results
 
     async def _verify_one(self, key: str, rec: dict[str, Any]) -> builtins.list[VerifyResult]:  # .list: a phase

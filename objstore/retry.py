@@ -8,6 +8,8 @@ Throttling (503 SlowDown, 429), 5xx, connection resets and timeouts carry ``retr
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -46,9 +48,15 @@ async def with_retries(
             on_retry(exc)
         return True
 
+    try:  # the first try outside tenacity: it costs ~0.1 ms of CPU per call, and most calls succeed
+        return await fn()
+    except Exception as exc:
+        if attempts <= 1 or not retry(exc):
+            raise
+    await asyncio.sleep(initial + random.uniform(0, initial))
     async for attempt in AsyncRetrying(
-        stop=stop_after_attempt(max(1, attempts)),
-        wait=wait_exponential(multiplier=initial, max=cap) + wait_random(0, initial),
+        stop=stop_after_attempt(attempts - 1),
+        wait=wait_exponential(multiplier=2 * initial, max=cap) + wait_random(0, initial),
         retry=retry_if_exception(retry),
         reraise=True,
     ):

@@ -70,9 +70,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import email.utils
 import logging
 import zlib
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -85,6 +87,7 @@ from botocore.exceptions import (
     NoCredentialsError,
     ParamValidationError,
 )
+from botocore.utils import parse_timestamp as botocore_parse_timestamp
 
 from objstore import s3fast
 from objstore.base import ListPage, ObjectInfo, PartInfo, StoreLimits, object_uri
@@ -140,6 +143,22 @@ ADDRESSING_STYLES = ("auto", "path", "virtual")
 def crc32_header(data: bytes) -> str:
     """The ``x-amz-checksum-crc32`` value of ``data``: its CRC32, big-endian, base64."""
     return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def parse_timestamp(value: Any) -> datetime:
+    """A response's timestamp (ListObjectsV2's ISO 8601 ``LastModified``, a header's RFC 822
+    date) as an aware datetime: botocore's default parser (dateutil) took 0.8 ms per listed key,
+    most of a listing's CPU; this takes 1 µs, falling back to botocore's for anything else."""
+    parsed: datetime | None = None
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            with contextlib.suppress(TypeError, ValueError):
+                parsed = email.utils.parsedate_to_datetime(value)
+    if parsed is None:
+        return botocore_parse_timestamp(value)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)  # UTC, as botocore reads it
 
 
 def _drop_expect(request: Any, **kwargs: Any) -> None:
@@ -200,6 +219,7 @@ class S3Store:
     async def _c(self) -> Any:
         if self._client is None:
             session = self._session = get_session()
+            session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
             if self.options.get("profile"):
                 session.set_config_variable("profile", self.options["profile"])
             if self.options.get("credentials_file"):
