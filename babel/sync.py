@@ -326,7 +326,7 @@ class SyncJob:
                     for src in page:
                         await planning.pair(src, self.journal.get_listing("d", src.key))
                         while ready:
-                            yield self._copy_one(xfer, ready.pop(), verify=True)
+                            yield self._copy_one(xfer, ready.pop(0), verify=True)
             if self.opts.delete:  # extraneous destination keys: the whole source listing is known now
                 for only_src, dst in merge_join(self.journal.scan_listing("s"), self.journal.scan_listing("d")):
                     if only_src is None:
