@@ -33,6 +33,7 @@ import logging
 import os
 import secrets
 import shutil
+import ssl
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -52,7 +53,7 @@ from babel.backends import open_store
 from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, TransientError
 from babel.journal import Journal, new_job_id
 from babel.lister import list_parallel_pages
-from babel.options import SyncOptions, options_from_dict
+from babel.options import BadOption, SyncOptions, options_from_dict
 from babel.planner import Decision, decide, merge_join, needs_head
 from babel.retry import ATTEMPTS, with_retries
 from babel.transfer import Bandwidth, CopyResult, Transferer
@@ -187,6 +188,7 @@ class SyncJob:
         self.dst: ObjectStore = open_store(dst_uri)
         self._keys_are_paths: bool | None = None  # of the destination (_dst_keys_are_paths)
         self._checkers = asyncio.Semaphore(options.checkers)  # verification requests in flight
+        self._incomplete = False  # a job-level failure (deletions refused): partial without a failed object
 
     # ------------------------------------------------------------ phases --
 
@@ -303,7 +305,7 @@ class SyncJob:
         there), and one killed later goes on with the copies left (:meth:`copy`)."""
         for kind in ("s", "d", "p"):
             self.journal.clear(kind)
-        self._phase("listing", 0, 0)
+        self._phase("listing", 0, 0, label="list dst")  # the source is listed while copying
         self.report.listed_dst = await self._list_into(self.dst, "d", missing_ok=_is_filesystem(self.dst))
         self._take_resent()
         self._phase("copying", 0, 0)
@@ -452,13 +454,12 @@ class SyncJob:
         if not self.opts.delete or self.report.planned_delete == 0:
             return
         if self.report.failed:
-            self._error("", f"not deleting {self.report.planned_delete} objects: some copies failed")
+            self._job_error(f"not deleting {self.report.planned_delete} objects: some copies failed")
             return
         if 0 <= self.opts.max_delete < self.report.planned_delete:
-            self._error(
-                "",
+            self._job_error(
                 f"refusing to delete {self.report.planned_delete} objects: more than --max-delete "
-                f"{self.opts.max_delete}",
+                f"{self.opts.max_delete}"
             )
             return
         if self.opts.dry_run:
@@ -557,14 +558,23 @@ class SyncJob:
 
     # ------------------------------------------------------------ driver --
 
-    def _phase(self, name: str, total_bytes: int, total_objects: int) -> None:
-        """Enter a phase: recorded in ``job.json`` (``babel jobs`` shows it) and shown by the progress bar."""
+    def _phase(self, name: str, total_bytes: int, total_objects: int, *, label: str = "") -> None:
+        """Enter a phase: recorded in ``job.json`` (``babel jobs`` shows it) and shown by the
+        progress bar (as ``label`` when given)."""
         self.journal.update(phase=name)
-        self.progress.phase(name, total_bytes, total_objects)
+        self.progress.phase(label or name, total_bytes, total_objects)
 
     def _error(self, key: str, message: str) -> None:
+        """One object failed (``key``): counted in ``failed`` and listed with its cause."""
         self.report.failed += 1
+        self._job_error(message, key)
+
+    def _job_error(self, message: str, key: str = "") -> None:
+        """A failure listed in the report's errors; without a key (the job's own, e.g. deletions
+        refused) it counts no object but still makes the job partial."""
         self.report.errors_total += 1
+        if not key:
+            self._incomplete = True
         if len(self.report.errors) < MAX_REPORTED:
             self.report.errors.append({"key": key, "error": message})
 
@@ -594,7 +604,7 @@ class SyncJob:
         if self.report.state != "failed":
             v = self.report.verification
             bad = v["metadata"]["failed"] + v["sample"]["failed"] + v["full"]["failed"]
-            self.report.state = "partial" if (self.report.failed or bad) else "ok"
+            self.report.state = "partial" if (self.report.failed or bad or self._incomplete) else "ok"
         self.journal.update(state=self.report.state, phase="done", summary=self.report.to_dict(), pid=None)
         return self.report
 
@@ -719,17 +729,19 @@ def _check_destination(store: ObjectStore) -> None:
 
 REACH_TIMEOUT = 4.0  # seconds per TCP connect of the start-up check
 REACH_TRIES = 3  # connects before an endpoint is called unreachable (about 10 s at most)
+ANSWER_TIMEOUT = 10.0  # seconds the start-up check waits for the first byte of an HTTP answer
 
 
 async def _check_reachable(store: ObjectStore) -> None:
-    """Fail fast when an object store's endpoint takes no TCP connection at all (refused, no
-    route, unknown host): the job's request retries, made to ride out a store's hiccups, would
-    spend over a minute on one that is not there. A store that answers, even slowly or with an
-    error, passes; so do stores without an endpoint URL (AWS's own, file systems), and every
-    store when an HTTP(S) proxy is configured.
+    """Fail fast when an object store's endpoint does not answer HTTP: it takes no TCP connection
+    (refused, no route, unknown host), or takes one and sends nothing back (a hung server, a
+    black-holing firewall): the job's request retries, made to ride out a store's hiccups, would
+    spend minutes on one that is not there. A ``HEAD /`` that gets any answer, even an error,
+    within :data:`ANSWER_TIMEOUT` passes; so do stores without an endpoint URL (AWS's own, file
+    systems), and every store when an HTTP(S) proxy is configured.
 
     Raises:
-        TransientError: ``REACH_TRIES`` connects in a row failed.
+        TransientError: ``REACH_TRIES`` connects in a row failed, or a connection got no answer.
     """
     endpoint_url = getattr(store, "endpoint_url", None)
     url = endpoint_url() if callable(endpoint_url) else None
@@ -737,16 +749,36 @@ async def _check_reachable(store: ObjectStore) -> None:
         return  # behind a proxy only the proxy takes connections: the requests themselves will tell
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    tls: ssl.SSLContext | None = None
+    if parts.scheme == "https":  # liveness only: nothing is sent but the probe, so no certificate check
+        tls = ssl.create_default_context()
+        tls.check_hostname = False
+        tls.verify_mode = ssl.CERT_NONE
     error: BaseException | None = None
     for attempt in range(REACH_TRIES):
         try:
             async with asyncio.timeout(REACH_TIMEOUT):
-                _reader, writer = await asyncio.open_connection(host, port)
-            writer.close()
-            return
+                reader, writer = await asyncio.open_connection(host, port, ssl=tls)
         except (OSError, TimeoutError) as exc:
             error = exc
             await asyncio.sleep(0.5 * (attempt + 1))
+            continue
+        try:
+            writer.write(f"HEAD / HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n".encode())
+            async with asyncio.timeout(ANSWER_TIMEOUT):
+                await writer.drain()
+                answer = await reader.read(1)
+        except (OSError, TimeoutError) as exc:
+            raise TransientError(
+                f"endpoint {url} took the connection but sent no answer within {ANSWER_TIMEOUT:.0f} s"
+                f" ({type(exc).__name__}): a hung server or a firewall dropping its answers",
+                uri=store.uri,
+            ) from exc
+        finally:
+            writer.close()
+        if not answer:
+            raise TransientError(f"endpoint {url} closed the connection without an HTTP answer", uri=store.uri)
+        return
     raise TransientError(
         f"endpoint {url} unreachable: {REACH_TRIES} connections failed ({type(error).__name__}: {error})",
         uri=store.uri,
@@ -780,7 +812,11 @@ async def _bounded(coros: Iterable[Awaitable[None]] | AsyncIterable[Awaitable[No
     source = items()
     try:
         async for coro in source:
-            await sem.acquire()
+            try:
+                await sem.acquire()
+            except BaseException:  # cancelled (Ctrl-C) while waiting for a slot: it never runs
+                cast(Coroutine, coro).close()
+                raise
             if failure:
                 cast(Coroutine, coro).close()
                 sem.release()
@@ -858,11 +894,15 @@ async def run_sync(
     Raises:
         BadURI: an unknown scheme or malformed URI (before anything runs).
         BadOption: an option out of bounds (:meth:`SyncOptions.check`).
-        FileNotFoundError: ``job_id`` names no job in ``state_dir``.
+        FileNotFoundError: ``job_id`` names no job in ``state_dir``. BadOption: it names a verify job.
     """
     if job_id is not None:
         journal = Journal(state_dir, job_id)
         desc = journal.describe()
+        if desc.get("kind") == "verify":
+            journal.close()
+            raise BadOption("--resume", f"{job_id} is a verify job, not a sync: give the babel verify command"
+                            " again (babel sync --ignore-times repairs what it found)")  # fmt: skip
         src_uri, dst_uri = desc["src"], desc["dst"]
         options = options_from_dict(desc["options"])
     else:
@@ -968,6 +1008,7 @@ async def run_verify(
             if src is None or dst is None:
                 side = "destination" if dst is None else "source"
                 _note_verify(report, "metadata", VerifyResult(key, "metadata", False, f"missing at the {side}", 0, 0))
+                report.failed += 1
                 return
             async with sem:
                 try:
@@ -986,6 +1027,8 @@ async def run_verify(
                     results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
             for result in results:
                 _note_verify(report, result.mode, result)
+            if not all(r.ok for r in results):
+                report.failed += 1  # objects, not checks: one object may fail several
             job.progress.advance(0, 1)
 
         pairs = merge_join(journal.scan_listing("s"), journal.scan_listing("d"))

@@ -67,6 +67,7 @@ STANDARD_ATTRIBUTES = frozenset(
 _RESERVED = frozenset(a.lower() for a in STANDARD_ATTRIBUTES)
 _PRINTABLE = re.compile(r"[\x20-\x7e]*")
 _MD5_ETAG = re.compile(r"[0-9a-f]{32}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class NotAPath(Exception):
@@ -78,8 +79,13 @@ class NotPartial(Exception):
 
 
 def plain_path(key: str) -> bool:
-    """Whether object_store names bucket key ``key`` unchanged."""
-    return bool(key) and all(seg not in ("", ".", "..") for seg in key.split("/"))
+    """Whether object_store names bucket key ``key`` unchanged: no empty, ``.`` or ``..``
+    segment and no control character (its ``Path`` refuses them; S3 takes them)."""
+    return (
+        bool(key)
+        and all(seg not in ("", ".", "..") for seg in key.split("/"))
+        and _CONTROL.search(key) is None
+    )
 
 
 def plain_metadata(metadata: dict[str, str]) -> bool:
@@ -229,8 +235,8 @@ def translate(exc: Exception, where: str) -> Exception:
     """The :mod:`objstore.errors` error (or NotAPath / NotPartial) an obstore failure stands for."""
     from obstore import exceptions as oe
 
-    if isinstance(exc, oe.InvalidPathError):
-        return NotAPath(str(exc))
+    if isinstance(exc, oe.InvalidPathError) or (isinstance(exc, ValueError) and "parse path" in str(exc)):
+        return NotAPath(str(exc))  # any other key object_store's Path refuses: botocore sends it
     if isinstance(exc, oe.NotFoundError | FileNotFoundError):  # obstore raises the builtin one
         if "NoSuchBucket" in str(exc):
             return NoSuchBucket("NoSuchBucket", uri=where)

@@ -119,7 +119,8 @@ def print_report(
     report: SyncReport, *, as_json: bool, extra: dict[str, Any] | None = None, resume: str | None = None
 ) -> None:
     """The final summary: a table on stderr, or the JSON report (plus ``extra``) on stdout;
-    ``resume`` says how to go on with a job that did not end ok (default ``babel sync --resume JOB``)."""
+    ``resume`` says how to go on with a job that did not end ok, as ``"LABEL: COMMAND"`` (default
+    ``"resume: babel sync --resume JOB"``; ``""``: nothing to say)."""
     doc = {**report.to_dict(), **(extra or {})}
     if as_json:
         json.dump(doc, sys.stdout, indent=1, sort_keys=True)
@@ -183,6 +184,7 @@ def print_report(
         )  # fmt: skip
     if report.fatal:
         table.add_row("[red]fatal", report.fatal)
-    if report.state != "ok" and not report.dry_run:
-        table.add_row("resume", resume or f"babel sync --resume {report.job}")
+    if report.state != "ok" and not report.dry_run and resume != "":
+        label, _, command = (resume or f"resume: babel sync --resume {report.job}").partition(": ")
+        table.add_row(label, command)
     console.print(table)

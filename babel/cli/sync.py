@@ -194,7 +194,7 @@ def _shared(src, dst, etcd, job, state_dir, options, shard_keys, chunk_keys, lea
                    "command again", err=True)  # fmt: skip
         return EXIT_FATAL
     resume = (f"canceled: babel cancel {job} --etcd {etcd} --forget once every process exited, then submit it again"
-              if report.state == "canceled" else f"the same command again (--etcd {etcd} --job {job})")  # fmt: skip
+              if report.state == "canceled" else f"resume: the same command again (--etcd {etcd} --job {job})")  # fmt: skip
     print_report(report, as_json=as_json, extra={"shared": {"etcd": etcd, "member": member, "chunks_by_me": mine}},
                  resume=resume)  # fmt: skip
     return report.exit_code

@@ -42,7 +42,16 @@ def verify_cmd(src, dst, mode, include, exclude, checkers, samples, state_dir, a
     with RichProgress(progress and not as_json) as bar:
         report = asyncio.run(run_verify(src, dst, options, state_dir=state_dir or default_state_dir(),
                                         progress=bar.sink()))  # fmt: skip
-    print_report(report, as_json=as_json)
+    repair = (
+        ""
+        if report.state == "failed"
+        # a failed verify (e.g. unreachable) has nothing to repair
+        else (
+            f"repair: babel sync '{src}' '{dst}' --ignore-times (copies them again; --include /KEY for each"
+            " failed object, or every object is copied again)"
+        )
+    )
+    print_report(report, as_json=as_json, resume=repair)
     return report.exit_code
 
 

@@ -175,6 +175,7 @@ def test_empty_source_and_mass_delete_guard(tmp_path: Path, new_bucket, s3) -> N
     # --max-delete refuses the whole deletion
     report = sync(src_uri, dst_uri, tmp_path / "state", delete=True, max_delete=1000)
     assert report["state"] == "partial" and report["deleted"] == 0 and report["planned_delete"] == 1200
+    assert report["failed"] == 0 and "--max-delete" in report["errors"][0]["error"]  # no object failed
     assert len(bucket_contents(s3, dst_bucket)) == 1200
     # more than 1000 deletions (two DeleteObjects batches) when allowed
     report = sync(src_uri, dst_uri, tmp_path / "state", delete=True)
@@ -228,6 +229,18 @@ def test_corruption_caught_by_full_and_by_sample_when_sampled(tmp_path: Path, ne
     assert verify("sample")["state"] == "ok"  # sampling is a pre-check: it missed this byte
     report = verify("full")
     assert report["state"] == "partial" and report["verification"]["failures"][0]["check"] == "full"
+    assert report["failed"] == 1  # objects that failed (it read 0 while errors_total said 1)
+
+    # the CLI names the repair, and refuses to "resume" a verify job as a sync (which skipped the
+    # damaged object, said ok and overwrote the verify job's failure)
+    env = {"BABEL_STATE_DIR": str(tmp_path / "cli")}
+    r = babel("verify", src_uri, dst_uri, "--mode", "full", "--no-progress", env=env)
+    assert r.returncode == 1 and "babel sync" in r.stderr and "--ignore-times" in r.stderr, r.stderr
+    assert "--resume" not in r.stderr
+    job = next((tmp_path / "cli").glob("*/job.json")).parent.name
+    r = babel("sync", "--resume", job, "--json", "--no-progress", env=env)
+    assert r.returncode == 3 and "is a verify job" in r.stderr, r.stderr
+    assert json.loads((tmp_path / "cli" / job / "job.json").read_text())["state"] == "partial"
 
 
 def test_cli_exit_codes_and_clear_errors(tmp_path: Path, moto_endpoint, new_bucket) -> None:
@@ -267,6 +280,23 @@ def test_an_unreachable_endpoint_is_one_fatal_line_within_15_seconds(tmp_path: P
     took = time.monotonic() - t0
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"127.0.0.1:{port} unreachable" in json.loads(r.stdout)["fatal"] and took < 15, took
+
+
+def test_an_endpoint_that_never_answers_is_one_fatal_line_within_15_seconds(tmp_path: Path) -> None:
+    """A server that takes connections and sends nothing (hung, or a firewall dropping answers)
+    is named in one fatal line within 15 s (it took 2.5 minutes of retried requests)."""
+    import socket
+
+    with socket.socket() as sock:  # listening, never accepting: the kernel completes the handshakes
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        port = sock.getsockname()[1]
+        t0 = time.monotonic()
+        r = babel("sync", f"file://{tmp_path}", f"s3://bkt/p?endpoint_url=http://127.0.0.1:{port}", "--json",
+                  "--no-progress", env={"BABEL_STATE_DIR": str(tmp_path / "state")})  # fmt: skip
+        took = time.monotonic() - t0
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "sent no answer" in json.loads(r.stdout)["fatal"] and took < 15, (r.stdout, took)
 
 
 def _wait_phase(state: Path, phase: str, timeout: float = 60) -> str:
