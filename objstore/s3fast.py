@@ -81,11 +81,7 @@ class NotPartial(Exception):
 def plain_path(key: str) -> bool:
     """Whether object_store names bucket key ``key`` unchanged: no empty, ``.`` or ``..``
     segment and no control character (its ``Path`` refuses them; S3 takes them)."""
-    return (
-        bool(key)
-        and all(seg not in ("", ".", "..") for seg in key.split("/"))
-        and _CONTROL.search(key) is None
-    )
+    return bool(key) and all(seg not in ("", ".", "..") for seg in key.split("/")) and _CONTROL.search(key) is None
 
 
 def plain_metadata(metadata: dict[str, str]) -> bool:
