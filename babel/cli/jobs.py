@@ -45,6 +45,9 @@ def jobs_cmd(
     else:
         jobs = list_jobs(state_dir or default_state_dir())
     jobs = jobs[:limit]
+    for job in jobs if not daemon_addr else ():
+        if job.get("state") == "running" and not process_alive(job.get("pid")):
+            job["state"] = "interrupted"  # its process died: `babel sync --resume ID` (table and JSON alike)
     if as_json:
         click.echo(json.dumps(jobs, indent=1, sort_keys=True))
         return 0
@@ -59,11 +62,8 @@ def jobs_cmd(
         table.add_column(name, no_wrap=True)
     for job in jobs:
         s = job.get("summary") or {}
-        state = job.get("state", "?")
-        if state == "running" and not daemon_addr and not process_alive(job.get("pid")):
-            state = "interrupted"  # its process died: `babel sync --resume ID`
         table.add_row(
-            job.get("id", "?"), job.get("kind", "sync"), state, job.get("phase", ""), job.get("src", ""), job.get("dst", ""),
+            job.get("id", "?"), job.get("kind", "sync"), job.get("state", "?"), job.get("phase", ""), job.get("src", ""), job.get("dst", ""),
             str(s.get("copied", "")), str(s.get("failed", "")),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.get("updated", 0))),
         )  # fmt: skip

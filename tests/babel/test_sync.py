@@ -362,6 +362,8 @@ def test_kill_9_then_resume_finishes_without_recopying(
     proc.wait()
     doc = json.loads((state / job / "job.json").read_text())
     assert doc["state"] == "running"  # killed: never finished
+    listed = babel("jobs", "--json", env={"BABEL_STATE_DIR": str(state)})
+    assert [j["state"] for j in json.loads(listed.stdout)] == ["interrupted"]  # as the table says it
 
     try:
         r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
