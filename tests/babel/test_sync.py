@@ -325,6 +325,14 @@ def _kill_while_copying(args: list[str], state: Path, after: float = 1.5) -> str
     return job
 
 
+def _landed_parts(s3, bucket: str) -> int:
+    """Parts the store holds for the bucket's open multipart uploads."""
+    uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    return sum(
+        len(s3.list_parts(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"]).get("Parts", [])) for u in uploads
+    )
+
+
 @pytest.mark.parametrize("point", ["listing", "copying", "mid-multipart", "verifying"])
 def test_kill_9_then_resume_finishes_without_recopying(
     tmp_path: Path, new_bucket, s3, moto_endpoint: str, point: str
@@ -356,8 +364,13 @@ def test_kill_9_then_resume_finishes_without_recopying(
         deadline = time.monotonic() + 60
         while s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) < 12 and time.monotonic() < deadline:
             time.sleep(0.02)
+    elif point == "mid-multipart":  # kill once parts have landed ("copying" begins before the source is listed)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _landed_parts(s3, bucket) < 2:
+            time.sleep(0.05)
+        time.sleep(0.3)
     else:
-        time.sleep(1.5 if point == "mid-multipart" else 0.3)
+        time.sleep(0.3)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     doc = json.loads((state / job / "job.json").read_text())
