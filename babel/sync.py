@@ -801,15 +801,7 @@ async def _bounded(coros: Iterable[Awaitable[None]] | AsyncIterable[Awaitable[No
         finally:
             sem.release()
 
-    async def items() -> AsyncGenerator[Awaitable[None], None]:
-        if isinstance(coros, AsyncIterable):
-            async for coro in coros:
-                yield coro
-        else:
-            for coro in coros:
-                yield coro
-
-    source = items()
+    source = coros if isinstance(coros, AsyncIterable) else _as_async(coros)
     try:
         async for coro in source:
             try:
@@ -827,13 +819,17 @@ async def _bounded(coros: Iterable[Awaitable[None]] | AsyncIterable[Awaitable[No
     except Exception as exc:  # the producer failed (the source's listing): the copies under way end first
         failure.insert(0, exc)
     finally:
-        await source.aclose()
-        if isinstance(coros, AsyncGenerator):
-            await coros.aclose()
+        if isinstance(source, AsyncGenerator):  # a producer left early (a failure) stops its own work
+            await source.aclose()
     if tasks:
         await asyncio.gather(*tasks)
     if failure:
         raise failure[0]
+
+
+async def _as_async(items: Iterable[T]) -> AsyncGenerator[T, None]:
+    for item in items:
+        yield item
 
 
 def create_job(src_uri: str, dst_uri: str, options: SyncOptions | None, state_dir: str) -> str:

@@ -287,8 +287,9 @@ class S3Store:
 
     async def head(self, key: str) -> ObjectInfo:
         if (fast := await self._fast(key)) is not None:
+            client, bucket_key = fast
             with contextlib.suppress(s3fast.NotAPath):
-                return await self._retrying(lambda: s3fast.head(fast, self._key(key), key, object_uri(self.uri, key)))
+                return await self._retrying(lambda: s3fast.head(client, bucket_key, key, object_uri(self.uri, key)))
         client = await self._c()
         try:
             resp = await client.head_object(Bucket=self.bucket, Key=self._key(key))
@@ -316,10 +317,11 @@ class S3Store:
         (:mod:`objstore.s3fast`, "Download check")."""
         whole = offset == 0 and length is None
         if (whole or self.fast_ranged_gets) and (fast := await self._fast(key)) is not None:
+            client, bucket_key = fast
             where = object_uri(self.uri, key)
             try:
                 data, metadata, etag = await self._retrying(
-                    lambda: s3fast.get(fast, self._key(key), offset, length, if_match, where)
+                    lambda: s3fast.get(client, bucket_key, offset, length, if_match, where)
                 )
             except s3fast.NotAPath:
                 pass  # a key the Rust client's paths cannot name: botocore's request below
@@ -365,9 +367,10 @@ class S3Store:
     async def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> ObjectInfo:
         metadata = dict(metadata or {})
         if s3fast.plain_metadata(metadata) and (fast := await self._fast(key)) is not None:
+            client, bucket_key = fast
             with contextlib.suppress(s3fast.NotAPath):
                 etag = await self._retrying(
-                    lambda: s3fast.put(fast, self._key(key), data, metadata, object_uri(self.uri, key))
+                    lambda: s3fast.put(client, bucket_key, data, metadata, object_uri(self.uri, key))
                 )
                 return ObjectInfo(key, len(data), 0.0, etag, metadata)
         client = await self._c()
@@ -448,11 +451,13 @@ class S3Store:
 
         return await with_retries(fn, attempts=int(self.options.get("max_attempts", 5)), on_retry=count)
 
-    async def _fast(self, key: str) -> Any:
-        """The ``obstore`` client (:mod:`objstore.s3fast`), or None where this store does not
-        use one: OSS, virtual-hosted addressing on a custom endpoint, a ``ca_bundle``, no
-        credentials (the aiobotocore call then says why), or a key the Rust client cannot name."""
-        if not (self.fast_path and s3fast.plain_path(self._key(key))):
+    async def _fast(self, key: str) -> tuple[Any, str] | None:
+        """The ``obstore`` client (:mod:`objstore.s3fast`) and the bucket key of ``key``, or None
+        where this store does not use one: OSS, virtual-hosted addressing on a custom endpoint, a
+        ``ca_bundle``, no credentials (the aiobotocore call then says why), or a key the Rust
+        client cannot name."""
+        bucket_key = self._key(key)
+        if not (self.fast_path and s3fast.plain_path(bucket_key)):
             return None
         if self._obstore is None:
             await self._c()
@@ -465,7 +470,7 @@ class S3Store:
             self._obstore = s3fast.make_client(self, self._creds)
         elif self._creds is not None:
             await self._creds.refresh()
-        return self._obstore
+        return self._obstore, bucket_key
 
     async def close(self) -> None:
         await self._stack.aclose()
