@@ -208,7 +208,7 @@ async def cut_key_space(
     try:
         page_size = max(1, min(1000, chunk_keys))
         # flat: a page of a delimiter listing holds a level's keys with whole directories between them
-        async for page in list_parallel_pages(store, concurrency=concurrency, page_size=page_size, flat=True):
+        async for page in list_parallel_pages(store, concurrency=concurrency, page_size=page_size):
             pages.append((page[0].key, page[-1].key, len(page)))
             listed += len(page)
     finally:

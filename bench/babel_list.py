@@ -5,11 +5,17 @@ A key space is served by a store that answers each list request after a fixed la
 answers from a sorted in-memory key list, as a remote service does, so the measurement is the
 listing algorithm against latency; ``--store file`` uses Babel's real ``file://`` backend on a
 scratch directory, where this process also pays for the directory walks. The key space is
-listed serially and with ``babel.lister.list_parallel``; both are timed, peak RSS recorded.
-Layout: nested "dataset" directories plus one flat directory holding half of the keys, so both
-common-prefix fan-out and StartAfter range splitting are needed.
+listed serially and with ``babel.lister.list_parallel``; both are timed. Layout: nested "dataset"
+directories (20 per 200k keys, of 100 subdirectories of 50 keys) plus one flat directory holding
+half of the keys, so both directory probes and StartAfter range splitting are needed.
 
-Target: parallel / serial speed-up >= 36x (paper), aim 50x. Ends with ``RESULT key=value ...``.
+Memory: the parallel listing of ``--keys`` and of ten times as many keys, each page built afresh
+by the "server" (as a client parsing an answer does), RSS sampled at every page; the growth over
+the RSS before the listing is reported for both sizes (it must stay flat: the lister holds pages
+in flight and a queue of ranges, never the keys).
+
+Target: parallel / serial speed-up >= 36x (paper), aim 50x; memory growth flat from 200k to 2M
+keys. Ends with ``RESULT key=value ...``.
 
 Usage: python bench/babel_list.py [--quick] [--keys N] [--latency S] [--concurrency N]
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import gc
 import resource
 import shutil
 import statistics
@@ -34,7 +41,10 @@ from babel.lister import list_parallel_pages, list_serial_pages  # noqa: E402
 
 
 class Delayed:
-    """An ObjectStore wrapper that adds ``latency`` seconds to every list request."""
+    """An ObjectStore wrapper that answers every list request ``latency`` seconds after it was sent.
+
+    The answer is computed first and its time counted in the latency (a remote server's work
+    happens on the server): the in-process "server" costs the lister no extra round time."""
 
     def __init__(self, store, latency: float) -> None:
         self._store = store
@@ -43,8 +53,10 @@ class Delayed:
 
     async def list_page(self, *args, **kwargs):
         self.requests += 1
-        await asyncio.sleep(self.latency)
-        return await self._store.list_page(*args, **kwargs)
+        sent = time.perf_counter()
+        answer = await self._store.list_page(*args, **kwargs)
+        await asyncio.sleep(max(0.0, self.latency - (time.perf_counter() - sent)))
+        return answer
 
     def __getattr__(self, name):
         return getattr(self._store, name)
@@ -53,14 +65,15 @@ class Delayed:
 class MemoryStore:
     """ListObjectsV2 over a sorted key list (``/`` delimiter, start_after, pages)."""
 
-    def __init__(self, keys: list[str]) -> None:
+    def __init__(self, keys: list[str], *, fresh: bool = False) -> None:
         from objstore.base import ObjectInfo
 
         self.keys = sorted(keys)
         self.infos = [ObjectInfo(k, 0, 0.0) for k in self.keys]  # the server's records, built once
+        self.fresh = fresh  # hand out new records per page (memory runs) rather than shared ones
 
     async def list_page(self, prefix="", *, delimiter=None, start_after="", max_keys=1000):
-        from objstore.base import ListPage
+        from objstore.base import ListPage, ObjectInfo
 
         keys = self.keys
         i = (
@@ -71,6 +84,8 @@ class MemoryStore:
         if delimiter is None:  # flat pages are slices: the "server" costs this process next to nothing
             end = bisect.bisect_left(keys, prefix + "\U0010ffff") if prefix else len(keys)
             j = min(end, i + max_keys)
+            if self.fresh:
+                return ListPage([ObjectInfo(o.key, o.size, o.mtime) for o in self.infos[i:j]], [], j < end)
             return ListPage(self.infos[i:j], [], j < end)
         objects, prefixes = [], []
         while i < len(keys) and len(objects) + len(prefixes) < max_keys:
@@ -123,6 +138,24 @@ def build(root: Path, keys: int) -> int:
     return made
 
 
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+async def memory_run(keys: int, latency: float, concurrency: int) -> tuple[float, float, int]:
+    """List ``keys`` keys in parallel with fresh pages; returns (seconds, RSS growth MiB, keys)."""
+    store = Delayed(MemoryStore(key_names(keys), fresh=True), latency)
+    gc.collect()
+    base = peak = rss_mib()
+    start = time.perf_counter()
+    count = 0
+    async for page in list_parallel_pages(store, concurrency=concurrency):
+        count += len(page)
+        peak = max(peak, rss_mib())
+    return time.perf_counter() - start, peak - base, count
+
+
 async def timed(fn, make_store, latency: float, **kwargs) -> tuple[float, int, int]:
     store = Delayed(make_store(), latency)
     start = time.perf_counter()
@@ -137,7 +170,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="20k keys, 1 rep (under a minute)")
     ap.add_argument("--keys", type=int, help="keys to list (default 200k, quick 20k)")
     ap.add_argument("--latency", type=float, default=0.020, help="seconds added per list request")
-    ap.add_argument("--concurrency", type=int, default=64, help="parallel lister's requests in flight")
+    ap.add_argument("--concurrency", type=int, default=256, help="parallel lister's requests in flight")
     ap.add_argument("--reps", type=int, help="repetitions (default 3, quick 1)")
     ap.add_argument("--store", choices=["memory", "file"], default="memory", help="what answers the list requests")
     args = ap.parse_args()
@@ -146,6 +179,7 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="babel-list-"))
     try:
         t = time.perf_counter()
+        memory = names = None
         if args.store == "file":
             made = build(scratch / "root", keys)
             uri = f"file://{scratch}/root"
@@ -174,7 +208,13 @@ def main() -> int:
             )
         s_time = statistics.median(x[0] for x in serial)
         p_time = statistics.median(x[0] for x in parallel)
-        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        memory = names = None  # the memory runs build their own key spaces
+        sizes = [keys, keys * 10]
+        mem = []
+        for n in sizes:
+            mem.append(asyncio.run(memory_run(n, args.latency, args.concurrency)))
+            assert mem[-1][2] == n, (mem[-1][2], n)
+            print(f"memory run: {n} keys in {mem[-1][0]:.2f}s, RSS +{mem[-1][1]:.1f} MiB", file=sys.stderr)
         print(
             f"\nBabel listing: {made} keys ({args.store} store), {args.latency * 1000:.0f} ms per request, medians of {reps}"
         )
@@ -182,7 +222,9 @@ def main() -> int:
         print(
             f"  parallel (concurrency {args.concurrency:3d})  {p_time:8.2f} s  {made / p_time:10.0f} keys/s  {parallel[0][2]} requests"
         )
-        print(f"  speed-up {s_time / p_time:.1f}x (target >= 36x, aim 50x); peak RSS {rss_mib:.0f} MiB")
+        print(f"  speed-up {s_time / p_time:.1f}x (target >= 36x, aim 50x)")
+        for n, (secs, growth, _) in zip(sizes, mem, strict=True):
+            print(f"  memory: {n:9d} keys listed in {secs:6.2f} s, RSS growth {growth:6.1f} MiB (fresh pages)")
         print_result(
             {
                 "speedup": s_time / p_time,
@@ -193,7 +235,10 @@ def main() -> int:
                 "concurrency": args.concurrency,
                 "serial_requests": serial[0][2],
                 "parallel_requests": parallel[0][2],
-                "peak_rss_mib": rss_mib,
+                "rss_growth_mib": mem[0][1],
+                "big_keys": sizes[1],
+                "big_parallel_s": mem[1][0],
+                "big_rss_growth_mib": mem[1][1],
             }
         )
     finally:

@@ -72,13 +72,16 @@ import base64
 import contextlib
 import email.utils
 import logging
+import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import botocore.handlers
 from aiobotocore.config import AioConfig
+from aiobotocore.parsers import AioResponseParserFactory, AioRestXMLParser
 from aiobotocore.session import get_session
 from botocore.exceptions import (
     BotoCoreError,
@@ -161,6 +164,91 @@ def parse_timestamp(value: Any) -> datetime:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)  # UTC, as botocore reads it
 
 
+_S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+_LIST_INTS = frozenset({"MaxKeys", "KeyCount", "Size"})
+
+
+class FastListParser(AioRestXMLParser):
+    """botocore's REST-XML parser with ListObjectsV2 answers read straight from the XML.
+
+    botocore walks its shape model for every element: ~42 µs of CPU per listed key (a 1,000-key
+    page: 42 ms), most of a large listing's cost. This reads the same fields with ElementTree
+    (~8 µs per key) into the same dict (``Contents``: ``Key``, ``LastModified`` as a datetime,
+    ``Size`` as int, ``ETag``, ``StorageClass``, ...; ``CommonPrefixes``; ``IsTruncated``;
+    ``EncodingType``, so botocore's handler still URL-decodes the keys). Anything else, an error
+    answer, or XML it cannot read goes through botocore's own parsing.
+    """
+
+    def _add_modeled_parse(self, response: dict[str, Any], shape: Any, final_parsed: dict[str, Any]) -> Any:
+        if shape is not None and shape.name == "ListObjectsV2Output" and response.get("body"):
+            try:
+                final_parsed.update(self._list_v2(response["body"]))
+                return final_parsed
+            except (ET.ParseError, ValueError, TypeError):
+                pass  # botocore's parser reads it, or raises its own error
+        return super()._add_modeled_parse(response, shape, final_parsed)
+
+    def _list_v2(self, body: bytes) -> dict[str, Any]:
+        root = ET.fromstring(body)
+        if root.tag not in (_S3_NS + "ListBucketResult", "ListBucketResult"):
+            raise ValueError(f"not a ListBucketResult: {root.tag}")
+        out: dict[str, Any] = {}
+        contents: list[dict[str, Any]] = []
+        prefixes: list[dict[str, str]] = []
+        for node in root:
+            tag = node.tag.rpartition("}")[2]
+            if tag == "Contents":
+                item: dict[str, Any] = {}
+                for field in node:
+                    name = field.tag.rpartition("}")[2]
+                    text = field.text or ""
+                    if name == "LastModified":
+                        item[name] = parse_timestamp(text)
+                    elif name in _LIST_INTS:
+                        item[name] = int(text)
+                    elif name == "ChecksumAlgorithm":  # a flattened list
+                        item.setdefault(name, []).append(text)
+                    elif len(field) == 0:
+                        item[name] = text
+                contents.append(item)
+            elif tag == "CommonPrefixes":
+                for field in node:
+                    if field.tag.rpartition("}")[2] == "Prefix":
+                        prefixes.append({"Prefix": field.text or ""})
+            elif tag == "IsTruncated":
+                out[tag] = (node.text or "").strip().lower() == "true"
+            elif tag in _LIST_INTS:
+                out[tag] = int(node.text or 0)
+            elif len(node) == 0:
+                out[tag] = node.text or ""
+        if contents:
+            out["Contents"] = contents
+        if prefixes:
+            out["CommonPrefixes"] = prefixes
+        return out
+
+
+def _handle_200_error(operation_model: Any, response_dict: dict[str, Any], **kwargs: Any) -> None:
+    """``before-parse`` hook in place of botocore's check for an error inside a ``200`` answer,
+    which parses every body a second time (a 1,000-key listing page: ~9 ms of CPU): a
+    ListObjectsV2 body that ends with its closing tag is complete and not an ``<Error>`` document.
+    Everything else is checked by botocore's hook (a cut or error answer becomes a retried 500)."""
+    if operation_model.name == "ListObjectsV2" and response_dict.get("status_code") == 200:
+        body = response_dict.get("body")
+        if isinstance(body, bytes) and body.rstrip().endswith(b"</ListBucketResult>"):
+            return
+    botocore.handlers._handle_200_error(operation_model, response_dict, **kwargs)
+
+
+class FastParserFactory(AioResponseParserFactory):
+    """Creates :class:`FastListParser` for S3's REST-XML protocol."""
+
+    def create_parser(self, protocol_name: str) -> Any:
+        if protocol_name == "rest-xml":
+            return FastListParser(**self._defaults)
+        return super().create_parser(protocol_name)
+
+
 def _drop_expect(request: Any, **kwargs: Any) -> None:
     """``before-send`` hook: no ``Expect: 100-continue`` (see the module docstring)."""
     request.headers.pop("Expect", None)
@@ -219,7 +307,11 @@ class S3Store:
     async def _c(self) -> Any:
         if self._client is None:
             session = self._session = get_session()
-            session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
+            session.unregister("before-parse.s3.*", botocore.handlers._handle_200_error)
+            session.get_component("event_emitter").register_first("before-parse.s3.*", _handle_200_error)
+            factory = FastParserFactory()
+            factory.set_parser_defaults(timestamp_parser=parse_timestamp)
+            session.register_component("response_parser_factory", factory)
             if self.options.get("profile"):
                 session.set_config_variable("profile", self.options["profile"])
             if self.options.get("credentials_file"):

@@ -1,7 +1,25 @@
 """PCache: an all-flash distributed file cache co-deployed on training nodes (Ling report §2.3)."""
 
-from pcache.client import Client, PCacheClient
-from pcache.common.errors import PCacheError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # loaded on first use: the client (aiohttp) is not needed by every pcache module
+    from pcache.client import Client, PCacheClient
+    from pcache.common.errors import PCacheError
 
 __all__ = ["Client", "PCacheClient", "PCacheError"]
 __version__ = "0.1.0"
+
+_HOME = {"Client": "pcache.client", "PCacheClient": "pcache.client", "PCacheError": "pcache.common.errors"}
+
+
+def __getattr__(name: str) -> Any:
+    """``Client``, ``PCacheClient`` and ``PCacheError``, imported when first used (PEP 562)."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pcache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

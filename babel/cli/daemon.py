@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import click
 
-from babel.daemon import DEFAULT_ALLOW, DEFAULT_LISTEN, DaemonConfig, serve, split_addr
+from babel.cli.common import run_async
+from babel.daemon.config import DEFAULT_LISTEN, DaemonConfig, split_addr
+from babel.daemon.security import DEFAULT_ALLOW
 from babel.journal import default_state_dir
 
 
@@ -86,7 +87,9 @@ def daemon_cmd(
         listen=listen, state_dir=state_dir or default_state_dir(), max_jobs=max_jobs, token_file=token_file,
         allow=tuple(allow) or DEFAULT_ALLOW, allow_endpoints=tuple(allow_endpoints), allowed_hosts=tuple(allowed_hosts),
     )  # fmt: skip
-    asyncio.run(serve(cfg))
+    from babel.daemon.api import serve  # the HTTP server: loaded only by this command
+
+    run_async(serve(cfg))
     return 0
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
 
 import click
 
+from babel.cli.common import run_async
 from babel.sync import iter_listing
 from pcache.common.cli import human_bytes
 
@@ -44,7 +44,7 @@ def ls_cmd(uri: str, long_: bool, summary: bool, as_json: bool, concurrency: int
                     out.append(o.key)
             sys.stdout.write("\n".join(out) + "\n")
 
-    asyncio.run(go())
+    run_async(go())
     if summary or long_:
         click.echo(f"{count} objects, {human_bytes(total)} ({total} bytes), listed in {time.monotonic() - start:.1f} s",
                    err=not summary)  # fmt: skip

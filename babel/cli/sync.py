@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import click
 
-from babel.cli.common import SIZE, RichProgress, print_report
+from babel.cli.common import SIZE, RichProgress, print_report, run_async
 from babel.journal import default_state_dir
 from babel.options import CONCURRENCY, SAMPLES, BadOption, SyncOptions
 from babel.scaleout import CHUNK_KEYS, DEFAULT_TTL, SHARD_KEYS
@@ -127,7 +125,7 @@ def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, 
     started: list[str] = []
     try:
         with RichProgress(progress and not as_json) as bar:
-            report = asyncio.run(run_sync(src or "", dst or "", options, state_dir=state_dir, job_id=resume,
+            report = run_async(run_sync(src or "", dst or "", options, state_dir=state_dir, job_id=resume,
                                           progress=bar.sink(), on_job=started.append))  # fmt: skip
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the journal is closed; record it and say how to go on
         if not started:
@@ -184,7 +182,7 @@ def _shared(src, dst, etcd, job, state_dir, options, shard_keys, chunk_keys, lea
             await shared.close()
 
     try:
-        report, mine, member = asyncio.run(main())
+        report, mine, member = run_async(main())
     except FileNotFoundError as exc:
         raise click.ClickException(f"{exc} at {etcd}: give SRC and DST to submit it") from exc
     except BabelError as exc:

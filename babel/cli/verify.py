@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import click
 
-from babel.cli.common import RichProgress, print_report
+from babel.cli.common import RichProgress, print_report, run_async
 from babel.journal import default_state_dir
 from babel.sync import SyncOptions, run_verify
 
@@ -40,7 +38,7 @@ def verify_cmd(src, dst, mode, include, exclude, checkers, samples, state_dir, a
     options = SyncOptions(include=tuple(include), exclude=tuple(exclude), checkers=checkers, samples=samples,
                           verify="none" if mode == "metadata" else mode)  # fmt: skip
     with RichProgress(progress and not as_json) as bar:
-        report = asyncio.run(run_verify(src, dst, options, state_dir=state_dir or default_state_dir(),
+        report = run_async(run_verify(src, dst, options, state_dir=state_dir or default_state_dir(),
                                         progress=bar.sink()))  # fmt: skip
     repair = (
         ""

@@ -60,14 +60,45 @@ Modules: :mod:`~babel.daemon.engine` (the :class:`Daemon`: queue, schedules, his
 :mod:`~babel.daemon.config` and :mod:`~babel.daemon.errors`.
 """
 
-from babel.daemon.api import make_app, serve
-from babel.daemon.checkpoints import join_uri, natural_key, newest_checkpoint
-from babel.daemon.client import CLIENT_TIMEOUT, cancel_job, fetch_job, fetch_jobs, submit
-from babel.daemon.config import DEFAULT_LISTEN, DaemonConfig, Schedule, split_addr
-from babel.daemon.engine import Daemon
-from babel.daemon.errors import Conflict, Forbidden, NotFound, RequestRejected, Unauthorized, UnsupportedMediaType
-from babel.daemon.security import DEFAULT_ALLOW, TOKEN_ENV, check_allowed, client_token, server_token
-from babel.daemon.validate import options_from_json
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # loaded on first use: the HTTP server (aiohttp.web) costs every babel command 0.15 s
+    from babel.daemon.api import make_app, serve
+    from babel.daemon.checkpoints import join_uri, natural_key, newest_checkpoint
+    from babel.daemon.client import CLIENT_TIMEOUT, cancel_job, fetch_job, fetch_jobs, submit
+    from babel.daemon.config import DEFAULT_LISTEN, DaemonConfig, Schedule, split_addr
+    from babel.daemon.engine import Daemon
+    from babel.daemon.errors import Conflict, Forbidden, NotFound, RequestRejected, Unauthorized, UnsupportedMediaType
+    from babel.daemon.security import DEFAULT_ALLOW, TOKEN_ENV, check_allowed, client_token, server_token
+    from babel.daemon.validate import options_from_json
+
+_HOME = {
+    "make_app": "api", "serve": "api",
+    "join_uri": "checkpoints", "natural_key": "checkpoints", "newest_checkpoint": "checkpoints",
+    "CLIENT_TIMEOUT": "client", "cancel_job": "client", "fetch_job": "client", "fetch_jobs": "client",
+    "submit": "client",
+    "DEFAULT_LISTEN": "config", "DaemonConfig": "config", "Schedule": "config", "split_addr": "config",
+    "Daemon": "engine",
+    "Conflict": "errors", "Forbidden": "errors", "NotFound": "errors", "RequestRejected": "errors",
+    "Unauthorized": "errors", "UnsupportedMediaType": "errors",
+    "DEFAULT_ALLOW": "security", "TOKEN_ENV": "security", "check_allowed": "security", "client_token": "security",
+    "server_token": "security",
+    "options_from_json": "validate",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """The package's names, each imported from its module when first used (PEP 562)."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'babel.daemon' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"babel.daemon.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CLIENT_TIMEOUT",

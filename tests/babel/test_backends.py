@@ -15,7 +15,7 @@ import pytest
 from babel import list_parallel, list_serial, open_store
 from babel.checksum import crc64ecma
 from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, Throttled, TransientError
-from babel.lister import split_points
+from babel.lister import list_parallel_pages, split_points
 from babel.testing import S3Proxy, decode_aws_chunked
 from objstore.base import META_CRC32C, META_MTIME, GiB, MiB, StoreLimits
 
@@ -250,6 +250,120 @@ def test_split_points_cut_where_keys_are() -> None:
     page = [f"tree/d000/e{e:03d}/f{f:04d}" for e in range(20) for f in range(50)]
     points = split_points(page[0], page[-1], None, 16, page, page_keys=1000, page_size=1000, prefix="tree/")
     assert len(points) >= 8 and all(q.startswith("tree/d000/e") for q in points[:4]), points
+
+
+class _Bucket:
+    """ListObjectsV2 over a sorted key list in memory, delimiter ``/`` or none. ``rolls_up_start``:
+    a delimiter listing whose StartAfter lies inside a common prefix returns that prefix (as S3 and
+    moto do; gofakes3 and this project's file store do not)."""
+
+    def __init__(self, keys: list[str], rolls_up_start: bool) -> None:
+        import bisect
+
+        self.keys = sorted(keys)
+        self.bisect = bisect
+        self.rolls_up_start = rolls_up_start
+        self.calls = 0
+
+    async def list_page(self, prefix="", *, delimiter=None, start_after="", max_keys=1000):
+        from objstore.base import ListPage, ObjectInfo
+
+        self.calls += 1
+        await asyncio.sleep(0)
+        keys = self.keys
+        i = self.bisect.bisect_right(keys, max(start_after, prefix)) if start_after >= prefix else 0
+        i = max(i, self.bisect.bisect_left(keys, prefix))
+        objects: list[ObjectInfo] = []
+        prefixes: list[str] = []
+        while i < len(keys) and keys[i].startswith(prefix) and len(objects) + len(prefixes) < max_keys:
+            cut = keys[i].find("/", len(prefix)) if delimiter else -1
+            if cut < 0:
+                objects.append(ObjectInfo(keys[i], 1, 0.0))
+                i += 1
+                continue
+            common = keys[i][: cut + 1]
+            if common > start_after or self.rolls_up_start:
+                prefixes.append(common)
+            i = self.bisect.bisect_left(keys, common + "\U0010ffff")
+        return ListPage(objects, prefixes, i < len(keys) and keys[i].startswith(prefix))
+
+
+def _random_tree(rng: random.Random) -> list[str]:
+    """Directories of random depth and size: small leaves, big ones, marker keys (``d/``), objects
+    beside directories (``d.txt`` sorts before ``d/``), hashes in flat directories."""
+    keys: set[str] = set()
+
+    def fill(path: str, depth: int) -> None:
+        for _ in range(rng.choice([0, 1, 3, 30, 300])):
+            keys.add(f"{path}{rng.getrandbits(32):08x}")
+        if path and rng.random() < 0.3:
+            keys.add(path)  # a marker
+        if depth < 3:
+            for d in range(rng.choice([0, 2, 5, 40])):
+                name = rng.choice(["d", "e", "x"]) + f"{d:03d}"
+                if rng.random() < 0.3:
+                    keys.add(f"{path}{name}.txt")
+                fill(f"{path}{name}/", depth + 1)
+
+    fill("", 0)
+    return sorted(keys)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_parallel_listing_covers_each_key_once_in_runs(seed: int) -> None:
+    # every key exactly once, every page a run of consecutive keys, whatever the layout and bounds
+    rng = random.Random(seed)
+    keys = _random_tree(rng)
+    bucket = _Bucket(keys, rolls_up_start=bool(seed % 2))
+    prefix = rng.choice(["", "", "d001/", "e000/", "x"])
+    under = [k for k in keys if k.startswith(prefix)]
+    after, until = "", None
+    if under and seed % 3 == 0:  # a shard of a shared job
+        a, b = sorted(rng.sample(range(len(under)), 2)) if len(under) > 1 else (0, 0)
+        after, until = under[a], under[b]
+        under = under[a + 1 : b + 1]
+
+    async def go():
+        pages = []
+        kw = dict(page_size=rng.choice([7, 50, 1000]), concurrency=rng.choice([1, 4, 64]), after=after, until=until)
+        async for page in list_parallel_pages(bucket, prefix, **kw):
+            pages.append([o.key for o in page])
+        return pages
+
+    pages = run(go())
+    got = [k for page in pages for k in page]
+    assert sorted(got) == under and len(got) == len(under), (len(got), len(under))
+    where = {k: i for i, k in enumerate(under)}
+    for page in pages:
+        start = where[page[0]]
+        assert page == under[start : start + len(page)], page[:3]  # consecutive: nothing between
+
+
+def test_parallel_listing_learns_directory_layouts() -> None:
+    # 10 directories of 5,000 keys in 100 subdirectories, plus 10,000 hashes in one flat directory:
+    # probes find the layout, so the pages are listed at once rather than one after the other
+    keys = [f"tree/d{d:03d}/e{e:03d}/f{f:04d}" for d in range(10) for e in range(100) for f in range(50)]
+    keys += [f"flat/{(i * 2654435761) % (1 << 32):08x}-{i}" for i in range(10_000)]
+    bucket = _Bucket(keys, rolls_up_start=True)
+    inflight = peak = 0
+
+    async def slow(prefix="", **kw):
+        nonlocal inflight, peak
+        inflight += 1
+        peak = max(peak, inflight)
+        await asyncio.sleep(0.05)  # a round trip: requests issued together are in flight together
+        inflight -= 1
+        return await _Bucket.list_page(bucket, prefix, **kw)
+
+    bucket.list_page = slow  # type: ignore[method-assign]
+
+    async def go():
+        return sum([len(page) async for page in list_parallel_pages(bucket, concurrency=256)])
+
+    assert run(go()) == len(keys)
+    pages = len(keys) // 1000
+    assert bucket.calls < 2 * pages, bucket.calls  # few wasted requests
+    assert peak >= pages * 2 // 3, peak  # most pages asked for at once (serial paging: 1)
 
 
 @pytest.mark.parametrize("kind", ["file", "s3", "rclone", "oss"])
@@ -587,3 +701,59 @@ def test_proxy_keeps_sigv4_valid_in_front_of_rclone(rclone_uri: str, rclone_endp
                 await store.close()
 
         run(go())
+
+
+# ------------------------------------------------------------ listing parser --
+
+LIST_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+    b"<Name>b</Name><Prefix>p%2F</Prefix><KeyCount>3</KeyCount><MaxKeys>3</MaxKeys><Delimiter>%2F</Delimiter>"
+    b"<IsTruncated>true</IsTruncated><EncodingType>url</EncodingType><StartAfter>p%2F0</StartAfter>"
+    b"<Contents><Key>p%2Fa%26b%20c%2B</Key><LastModified>2026-01-02T03:04:05.123Z</LastModified>"
+    b"<ETag>&quot;9dd4e461268c8034f5c8564e155c67a6&quot;</ETag><Size>12</Size><StorageClass>STANDARD</StorageClass>"
+    b"<Owner><ID>x</ID><DisplayName>y</DisplayName></Owner></Contents>"
+    b"<Contents><Key>p%2F%C3%BC%01%3C</Key><LastModified>2026-01-02T03:04:06.000Z</LastModified>"
+    b"<ETag>&quot;e-2&quot;</ETag><ChecksumAlgorithm>CRC32</ChecksumAlgorithm><Size>0</Size></Contents>"
+    b"<CommonPrefixes><Prefix>p%2Fd%2F</Prefix></CommonPrefixes><CommonPrefixes><Prefix>p%2Fe%2F</Prefix></CommonPrefixes>"
+    b"<NextContinuationToken>tok+/=</NextContinuationToken></ListBucketResult>"
+)
+
+
+def test_fast_list_parser_reads_what_botocore_reads() -> None:
+    # the same dict as botocore's shape-model parser, nested fields (Owner) aside
+    import botocore.parsers
+    import botocore.session
+
+    from objstore.s3 import FastListParser, parse_timestamp
+
+    shape = botocore.session.get_session().get_service_model("s3").operation_model("ListObjectsV2").output_shape
+    response = {"body": LIST_BODY, "headers": {}, "status_code": 200}
+    slow = botocore.parsers.RestXMLParser(timestamp_parser=parse_timestamp).parse(dict(response), shape)
+    fast = run(FastListParser(timestamp_parser=parse_timestamp).parse(dict(response), shape))
+    for item in slow["Contents"]:
+        item.pop("Owner", None)
+    slow.pop("ResponseMetadata"), fast.pop("ResponseMetadata")
+    assert fast == slow
+    assert fast["Contents"][0]["Size"] == 12 and fast["IsTruncated"] is True and fast["KeyCount"] == 3
+    # not a listing: botocore's parser reads it (and raises its own errors)
+    bad = {"body": b"<NotAList><Name>b</Name></NotAList>", "headers": {}, "status_code": 200}
+    assert "Contents" not in run(FastListParser(timestamp_parser=parse_timestamp).parse(bad, shape))
+
+
+def test_listing_answered_200_with_an_error_or_cut_is_retried() -> None:
+    # S3 may answer 200 with an <Error> document, or a connection may cut the body: both are a 500
+    import botocore.session
+
+    from objstore.s3 import _handle_200_error
+
+    model = botocore.session.get_session().get_service_model("s3").operation_model("ListObjectsV2")
+    cases = {
+        LIST_BODY: 200,
+        LIST_BODY + b"\n": 200,
+        LIST_BODY[: len(LIST_BODY) // 2]: 500,
+        b'<?xml version="1.0"?><Error><Code>InternalError</Code><Message>x</Message></Error>': 500,
+    }
+    for body, status in cases.items():
+        response = {"body": body, "headers": {}, "status_code": 200}
+        _handle_200_error(model, response)
+        assert response["status_code"] == status, body[-40:]
