@@ -15,7 +15,7 @@ import pytest
 from babel import list_parallel, list_serial, open_store
 from babel.checksum import crc64ecma
 from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, Throttled, TransientError
-from babel.lister import list_parallel_pages, split_points
+from babel.lister import PAST, list_parallel_pages, split_points
 from babel.testing import S3Proxy, decode_aws_chunked
 from objstore.base import META_CRC32C, META_MTIME, GiB, MiB, StoreLimits
 
@@ -400,6 +400,32 @@ def test_parallel_listing_equals_serial(kind: str, tmp_path: Path, request) -> N
     assert len(parallel) == len(set(parallel)) == len(keys)  # nothing twice
     assert set(parallel) == keys
     assert parallel_calls >= serial_calls  # fan-out and splits: more, smaller requests in flight at once
+
+
+@pytest.mark.parametrize("kind", ["file", "s3", "rclone", "oss"])
+def test_start_after_past_a_common_prefix(kind: str, tmp_path: Path, request) -> None:
+    # the lister goes on after a directory with StartAfter = "dir/" + U+10FFFF: every store
+    # must take it and answer the keys after that directory, the directory's marker included before
+    keys = ["a.txt", "dir/", "dir/x/1", "dir/z", "dir0", "e/f"]
+    uri = f"file://{tmp_path}/root" if kind == "file" else request.getfixturevalue(f"{kind}_uri")
+    if kind == "file":
+        Path(tmp_path / "root").mkdir()
+    if kind in ("file", "rclone"):
+        keys.remove("dir/")  # a file system has no key "dir/" beside files under dir/
+    run(fill(uri, keys))
+
+    async def go():
+        store = open_store(uri)
+        try:
+            flat = await store.list_page("", start_after="dir/" + PAST)
+            level = await store.list_page("", delimiter="/", start_after="dir/" + PAST)
+            return [o.key for o in flat.objects], [o.key for o in level.objects] + level.prefixes
+        finally:
+            await store.close()
+
+    flat, level = run(go())
+    assert flat == ["dir0", "e/f"]
+    assert sorted(level) == ["dir0", "e/"]
 
 
 # ------------------------------------------------------- multipart, metadata --
