@@ -106,8 +106,9 @@ def split_points(
     rest (or a dense unbounded one, e.g. hashes) is cut evenly, into pieces of ~0.7 page (most are
     then listed in one request); an unbounded one into ``far_pieces`` (default ``pieces``) at 1, 3,
     7, 15, ... pages' worth above ``low`` (the near pieces are likely full, the far ones cheap to
-    find empty, and any that turn out large are cut again when listed). Keys of datasets share long prefixes and use few characters,
-    so cutting the code-point range in half, the obvious alternative, leaves every key on one side.
+    find empty, and any that turn out large are cut again when listed). Keys of datasets share
+    long prefixes and use few characters, so cutting the code-point range in half, the obvious
+    alternative, leaves every key on one side.
     """
     if pieces <= 1 or page_keys <= 0:
         return []

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import gc
 import resource
 import shutil
@@ -40,6 +39,7 @@ from benchlib import print_result  # first: it puts the checkout on sys.path
 
 from babel import open_store  # noqa: E402
 from babel.lister import list_parallel_pages, list_serial_pages  # noqa: E402
+from babel.testing import MemoryBucket  # noqa: E402
 
 
 class Delayed:
@@ -62,52 +62,6 @@ class Delayed:
 
     def __getattr__(self, name):
         return getattr(self._store, name)
-
-
-class MemoryStore:
-    """ListObjectsV2 over a sorted key list (``/`` delimiter, start_after, pages)."""
-
-    def __init__(self, keys: list[str], *, fresh: bool = False) -> None:
-        from objstore.base import ObjectInfo
-
-        self.keys = sorted(keys)
-        self.infos = [ObjectInfo(k, 0, 0.0) for k in self.keys]  # the server's records, built once
-        self.fresh = fresh  # hand out new records per page (memory runs) rather than shared ones
-
-    async def list_page(self, prefix="", *, delimiter=None, start_after="", max_keys=1000):
-        from objstore.base import ListPage, ObjectInfo
-
-        keys = self.keys
-        i = (
-            bisect.bisect_right(keys, max(start_after, prefix))
-            if start_after >= prefix
-            else bisect.bisect_left(keys, prefix)
-        )
-        if delimiter is None:  # flat pages are slices: the "server" costs this process next to nothing
-            end = bisect.bisect_left(keys, prefix + "\U0010ffff") if prefix else len(keys)
-            j = min(end, i + max_keys)
-            if self.fresh:
-                return ListPage([ObjectInfo(o.key, o.size, o.mtime) for o in self.infos[i:j]], [], j < end)
-            return ListPage(self.infos[i:j], [], j < end)
-        objects, prefixes = [], []
-        while i < len(keys) and len(objects) + len(prefixes) < max_keys:
-            key = keys[i]
-            if not key.startswith(prefix):
-                break
-            cut = key.find("/", len(prefix)) if delimiter == "/" else -1
-            if cut >= 0:
-                common = key[: cut + 1]
-                if common > start_after:
-                    prefixes.append(common)
-                i = bisect.bisect_left(keys, common + "\U0010ffff")
-                continue
-            objects.append(self.infos[i])
-            i += 1
-        truncated = i < len(keys) and keys[i].startswith(prefix)
-        return ListPage(objects, prefixes, truncated)
-
-    async def close(self):
-        pass
 
 
 def key_names(keys: int) -> list[str]:
@@ -147,7 +101,7 @@ def rss_mib() -> float:
 
 async def memory_run(keys: int, latency: float, concurrency: int) -> tuple[float, float, int]:
     """List ``keys`` keys in parallel with fresh pages; returns (seconds, RSS growth MiB, keys)."""
-    store = Delayed(MemoryStore(key_names(keys), fresh=True), latency)
+    store = Delayed(MemoryBucket(key_names(keys), fresh=True), latency)
     gc.collect()
     base = peak = rss_mib()
     start = time.perf_counter()
@@ -192,7 +146,7 @@ def main() -> int:
         else:
             names = key_names(keys)
             made = len(names)
-            memory = MemoryStore(names)
+            memory = MemoryBucket(names)
 
             def make_store():
                 return memory

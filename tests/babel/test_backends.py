@@ -16,7 +16,7 @@ from babel import list_parallel, list_serial, open_store
 from babel.checksum import crc64ecma
 from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, Throttled, TransientError
 from babel.lister import PAST, list_parallel_pages, split_points
-from babel.testing import S3Proxy, decode_aws_chunked
+from babel.testing import MemoryBucket, S3Proxy, decode_aws_chunked
 from objstore.base import META_CRC32C, META_MTIME, GiB, MiB, StoreLimits
 
 pytestmark = pytest.mark.s3
@@ -252,42 +252,6 @@ def test_split_points_cut_where_keys_are() -> None:
     assert len(points) >= 8 and all(q.startswith("tree/d000/e") for q in points[:4]), points
 
 
-class _Bucket:
-    """ListObjectsV2 over a sorted key list in memory, delimiter ``/`` or none. ``rolls_up_start``:
-    a delimiter listing whose StartAfter lies inside a common prefix returns that prefix (as S3 and
-    moto do; gofakes3 and this project's file store do not)."""
-
-    def __init__(self, keys: list[str], rolls_up_start: bool) -> None:
-        import bisect
-
-        self.keys = sorted(keys)
-        self.bisect = bisect
-        self.rolls_up_start = rolls_up_start
-        self.calls = 0
-
-    async def list_page(self, prefix="", *, delimiter=None, start_after="", max_keys=1000):
-        from objstore.base import ListPage, ObjectInfo
-
-        self.calls += 1
-        await asyncio.sleep(0)
-        keys = self.keys
-        i = self.bisect.bisect_right(keys, max(start_after, prefix)) if start_after >= prefix else 0
-        i = max(i, self.bisect.bisect_left(keys, prefix))
-        objects: list[ObjectInfo] = []
-        prefixes: list[str] = []
-        while i < len(keys) and keys[i].startswith(prefix) and len(objects) + len(prefixes) < max_keys:
-            cut = keys[i].find("/", len(prefix)) if delimiter else -1
-            if cut < 0:
-                objects.append(ObjectInfo(keys[i], 1, 0.0))
-                i += 1
-                continue
-            common = keys[i][: cut + 1]
-            if common > start_after or self.rolls_up_start:
-                prefixes.append(common)
-            i = self.bisect.bisect_left(keys, common + "\U0010ffff")
-        return ListPage(objects, prefixes, i < len(keys) and keys[i].startswith(prefix))
-
-
 def _random_tree(rng: random.Random) -> list[str]:
     """Directories of random depth and size: small leaves, big ones, marker keys (``d/``), objects
     beside directories (``d.txt`` sorts before ``d/``), hashes in flat directories."""
@@ -314,7 +278,7 @@ def test_parallel_listing_covers_each_key_once_in_runs(seed: int) -> None:
     # every key exactly once, every page a run of consecutive keys, whatever the layout and bounds
     rng = random.Random(seed)
     keys = _random_tree(rng)
-    bucket = _Bucket(keys, rolls_up_start=bool(seed % 2))
+    bucket = MemoryBucket(keys, rolls_up_start=bool(seed % 2))
     prefix = rng.choice(["", "", "d001/", "e000/", "x"])
     under = [k for k in keys if k.startswith(prefix)]
     after, until = "", None
@@ -344,7 +308,7 @@ def test_parallel_listing_learns_directory_layouts() -> None:
     # probes find the layout, so the pages are listed at once rather than one after the other
     keys = [f"tree/d{d:03d}/e{e:03d}/f{f:04d}" for d in range(10) for e in range(100) for f in range(50)]
     keys += [f"flat/{(i * 2654435761) % (1 << 32):08x}-{i}" for i in range(10_000)]
-    bucket = _Bucket(keys, rolls_up_start=True)
+    bucket = MemoryBucket(keys, rolls_up_start=True)
     inflight = peak = 0
 
     async def slow(prefix="", **kw):
@@ -353,7 +317,7 @@ def test_parallel_listing_learns_directory_layouts() -> None:
         peak = max(peak, inflight)
         await asyncio.sleep(0.05)  # a round trip: requests issued together are in flight together
         inflight -= 1
-        return await _Bucket.list_page(bucket, prefix, **kw)
+        return await MemoryBucket.list_page(bucket, prefix, **kw)
 
     bucket.list_page = slow  # type: ignore[method-assign]
 
