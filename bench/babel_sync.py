@@ -49,6 +49,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -394,11 +395,31 @@ def rclone_cmd(src_bucket: str, dst_bucket: str, n: int) -> list[str]:
     ]  # fmt: skip
 
 
-TOOLS = ("babel", "babel_sample", "rclone")
+def s5cmd_cmd(src: str, dst: str, src_bucket: str, dst_bucket: str, staging: Path, n: int) -> list[str]:
+    """s5cmd's way from one endpoint to another: sync A to a local directory, then it to B.
+
+    s5cmd speaks to one ``--endpoint-url`` per run (its server-side copy needs both buckets on
+    one endpoint), so a copy between two stores goes through local disk; the two runs are one
+    shell command, so wall time, CPU (``wait4`` counts waited-for children) and peak RSS cover
+    both. ``--numworkers N`` objects and ``--concurrency N`` parts of ``--part-size 8`` MiB in
+    flight, as Babel's 8 MiB parts under ``--transfers N``.
+    """
+    flags = f"--numworkers {n}"
+    sync = f"sync --concurrency {n} --part-size {PART // MiB}"
+    here = shlex.quote(str(staging))
+    return ["sh", "-c", (
+        f"s5cmd --endpoint-url {src} {flags} {sync} 's3://{src_bucket}/*' {here}/ && "
+        f"s5cmd --endpoint-url {dst} {flags} {sync} {here}/ s3://{dst_bucket}/"
+    )]  # fmt: skip
+
+
+TOOLS = ("babel", "babel_sample", "rclone", "s5cmd")
+PEERS = ("rclone", "s5cmd")
 LABELS = {
     "babel": "babel sync --verify none",
     "babel_sample": "babel sync --verify sample",
     "rclone": "rclone sync",
+    "s5cmd": "s5cmd sync A->disk->B",
 }
 
 
@@ -410,6 +431,13 @@ def one_run(tool: str, w: Workload, ctx: dict, rep: int) -> Run:
     n = ctx["concurrency"]
     if tool == "rclone":
         run, _ = run_timed(rclone_cmd(w.bucket, dst_bucket, n), ctx["rclone_env"], (moto, serve), tool)
+    elif tool == "s5cmd":
+        staging = ctx["scratch"] / f"s5cmd-staging-{w.name}-{rep}"
+        cmd = s5cmd_cmd(moto.endpoint, serve.endpoint, w.bucket, dst_bucket, staging, n)
+        try:
+            run, _ = run_timed(cmd, ctx["env"] | {"AWS_REGION": REGION}, (moto, serve), tool)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     else:
         src = f"s3://{w.bucket}?endpoint_url={moto.endpoint}"
         dst = f"s3://{dst_bucket}?endpoint_url={serve.endpoint}&provider=rclone"
@@ -426,11 +454,114 @@ def one_run(tool: str, w: Workload, ctx: dict, rep: int) -> Run:
     return run
 
 
+def _obstore(endpoint: str, bucket: str):
+    from obstore.store import S3Store
+
+    return S3Store(
+        bucket, endpoint=endpoint, access_key_id=ACCESS, secret_access_key=SECRET, region=REGION,
+        client_options={"allow_http": True},
+    )  # fmt: skip
+
+
+def _server_run(ctx: dict, work) -> Run:
+    """Time ``work()`` (a coroutine function) run here, with both servers' CPU."""
+    import asyncio
+
+    moto, serve = ctx["moto"], ctx["serve"]
+    ctx["loads"].append(os.getloadavg()[0])
+    before = [cpu_seconds(s.proc.pid) for s in (moto, serve)]
+    cpu0, start = time.process_time(), time.perf_counter()
+    asyncio.run(work())
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    after = [cpu_seconds(s.proc.pid) for s in (moto, serve)]
+    return Run(elapsed, cpu, 0.0, after[0] - before[0], after[1] - before[1])
+
+
+def read_a_alone(w: Workload, ctx: dict) -> Run:
+    """Read every byte of the workload from region A once, writing nothing: a bound on any copy's time.
+
+    GETs through ``obstore`` from this process, ``--concurrency`` in flight: whole objects,
+    and ``PART``-sized ranges of a larger one (as both tools read it); bodies are discarded.
+    On this machine moto serves every request under one GIL, so this is the bound of the
+    small-file workload, whatever the tool.
+    """
+    import asyncio
+
+    import obstore
+
+    store = _obstore(ctx["moto"].endpoint, w.bucket)
+    reads = [(key, start) for key, (size, _) in sorted(w.expected.items()) for start in range(0, max(size, 1), PART)]
+
+    async def work() -> None:
+        slots = asyncio.Semaphore(ctx["concurrency"])
+
+        async def one(key: str, start: int) -> None:
+            async with slots:
+                size = w.expected[key][0]
+                if size <= PART:
+                    await (await obstore.get_async(store, key)).bytes_async()
+                else:
+                    await obstore.get_range_async(store, key, start=start, end=min(start + PART, size))
+
+        await asyncio.gather(*(one(key, start) for key, start in reads))
+
+    return _server_run(ctx, work)
+
+
+def write_b_alone(w: Workload, ctx: dict, rep: int) -> Run:
+    """Write the workload's sizes to region B from memory, reading nothing: the other bound.
+
+    PutObjects of random bytes through ``obstore``, ``--concurrency`` in flight; a large
+    object as a multipart upload of ``PART``-sized parts, ``--concurrency`` at once (as both
+    tools write it). ``rclone serve s3`` does most of the work of a large copy (every part
+    to disk, hashed, then joined into the file), so this is the bound of the large workload.
+    """
+    import asyncio
+
+    import obstore
+
+    bucket = f"{w.name}-write-b-{rep}"
+    ctx["serve_client"].create_bucket(Bucket=bucket)
+    store = _obstore(ctx["serve"].endpoint, bucket)
+    noise = memoryview(os.urandom(max(PART, MAX_SMALL)))
+
+    def chunks(size: int):
+        for start in range(0, size, PART):
+            yield noise[: min(PART, size - start)]
+
+    async def work() -> None:
+        slots = asyncio.Semaphore(ctx["concurrency"])
+
+        async def one(key: str, size: int) -> None:
+            if size <= PART:
+                async with slots:
+                    await obstore.put_async(store, key, noise[:size], use_multipart=False)
+            else:
+                await obstore.put_async(
+                    store, key, chunks(size), use_multipart=True, chunk_size=PART, max_concurrency=ctx["concurrency"]
+                )
+
+        await asyncio.gather(*(one(key, size) for key, (size, _) in sorted(w.expected.items())))
+
+    try:
+        return _server_run(ctx, work)
+    finally:
+        shutil.rmtree(ctx["serve_root"] / bucket, ignore_errors=True)
+
+
+BOUNDS = ("read_a", "write_b")
+
+
 def measure(w: Workload, ctx: dict, reps: int) -> None:
-    w.runs = {t: [] for t in TOOLS}
+    w.runs = {t: [] for t in TOOLS + BOUNDS}
     for rep in range(reps):
         order = TOOLS[rep % len(TOOLS) :] + TOOLS[: rep % len(TOOLS)]  # rotate: drift hits every tool
-        parts = []
+        w.runs["read_a"].append(read_a := read_a_alone(w, ctx))
+        w.runs["write_b"].append(write_b := write_b_alone(w, ctx, rep))
+        parts = [
+            f"reading A alone {read_a.seconds:.2f}s (moto {read_a.moto_cpu:.1f}s)",
+            f"writing B alone {write_b.seconds:.2f}s (serve {write_b.serve_cpu:.1f}s)",
+        ]
         for tool in order:
             run = one_run(tool, w, ctx, rep)
             w.runs[tool].append(run)
@@ -480,7 +611,7 @@ def main() -> int:
         ctx = {
             "moto": moto, "serve": serve, "concurrency": n, "keep": args.keep,
             "serve_client": s3_client(serve.endpoint), "serve_root": scratch / "region-b",
-            "state_dir": scratch / "babel-state", "loads": [], "env": env, "rclone_env": rclone_env(moto.endpoint, serve.endpoint),
+            "state_dir": scratch / "babel-state", "scratch": scratch, "loads": [], "env": env, "rclone_env": rclone_env(moto.endpoint, serve.endpoint),
         }  # fmt: skip
         if args.only in (None, "small"):
             t = time.perf_counter()
@@ -509,7 +640,7 @@ def main() -> int:
             shutil.rmtree(scratch, ignore_errors=True)
 
     print(
-        f"\nbabel sync vs rclone sync, S3 -> S3 on loopback (moto -> rclone serve s3), "
+        f"\nbabel sync vs rclone sync and s5cmd sync, S3 -> S3 on loopback (moto -> rclone serve s3), "
         f"{n} transfers/checkers, medians of {reps}"
     )
     result: dict[str, object] = {}
@@ -522,25 +653,46 @@ def main() -> int:
         )
         print(f"  {w.name}: {what}")
         print(f"    {'tool':28s} {'seconds':>8s} {'MB/s':>8s} {'obj/s':>8s} {'cpu s':>7s} {'moto cpu':>9s} "
-              f"{'serve cpu':>10s} {'peak RSS':>9s} {'rclone/x':>9s}")  # fmt: skip
-        rclone_s = med(w.runs["rclone"], "seconds")
+              f"{'serve cpu':>10s} {'peak RSS':>9s} {'rclone/x':>9s} {'s5cmd/x':>8s}")  # fmt: skip
+        peer_s = {peer: med(w.runs[peer], "seconds") for peer in PEERS}
         for tool in TOOLS:
             runs = w.runs[tool]
             s = med(runs, "seconds")
             rss = max(r.peak_rss_mib for r in runs)
             print(
                 f"    {LABELS[tool]:28s} {s:8.2f} {mbps(w.nbytes, s):8.1f} {w.objects / s:8.0f} {med(runs, 'cpu'):7.1f} "
-                f"{med(runs, 'moto_cpu'):9.1f} {med(runs, 'serve_cpu'):10.1f} {rss:6.0f} MiB {rclone_s / s:8.2f}x"
+                f"{med(runs, 'moto_cpu'):9.1f} {med(runs, 'serve_cpu'):10.1f} {rss:6.0f} MiB "
+                f"{peer_s['rclone'] / s:8.2f}x {peer_s['s5cmd'] / s:7.2f}x"
             )
-            key = {"babel": "babel", "babel_sample": "babel_sample", "rclone": "rclone"}[tool]
-            result[f"{w.name}_{key}_s"] = s
-            result[f"{w.name}_{key}_mbps"] = mbps(w.nbytes, s)
-            result[f"{w.name}_{key}_cpu_s"] = med(runs, "cpu")
-            if tool != "rclone":
+            result[f"{w.name}_{tool}_s"] = s
+            result[f"{w.name}_{tool}_mbps"] = mbps(w.nbytes, s)
+            result[f"{w.name}_{tool}_cpu_s"] = med(runs, "cpu")
+            if tool not in PEERS:
                 peak_rss = max(peak_rss, rss)
-        result[f"{w.name}_ratio"] = rclone_s / med(w.runs["babel"], "seconds")
-        result[f"{w.name}_sample_ratio"] = rclone_s / med(w.runs["babel_sample"], "seconds")
-    print("  rclone/x: rclone's median time / this row's (>1: faster than rclone); target >= 1x, aim 2x on small files")
+        for bound, label in (("read_a", "(reading A alone: GETs)"), ("write_b", "(writing B alone: PUTs)")):
+            runs = w.runs[bound]
+            b_s = med(runs, "seconds")
+            print(
+                f"    {label:28s} {b_s:8.2f} {mbps(w.nbytes, b_s):8.1f} {w.objects / b_s:8.0f} "
+                f"{med(runs, 'cpu'):7.1f} {med(runs, 'moto_cpu'):9.1f} {med(runs, 'serve_cpu'):10.1f} {'':>9s} "
+                f"{peer_s['rclone'] / b_s:8.2f}x {peer_s['s5cmd'] / b_s:7.2f}x"
+            )
+            result[f"{w.name}_{bound}_s"] = b_s
+        bound_s = max(result[f"{w.name}_{bound}_s"] for bound in BOUNDS)  # type: ignore[type-var]
+        fastest = min(peer_s.values())
+        result[f"{w.name}_ratio"] = fastest / med(w.runs["babel"], "seconds")
+        result[f"{w.name}_sample_ratio"] = fastest / med(w.runs["babel_sample"], "seconds")
+        result[f"{w.name}_faster_peer"] = min(peer_s, key=peer_s.__getitem__)
+        result[f"{w.name}_reachable_ratio"] = fastest / bound_s  # the most any copy could reach here
+        result[f"{w.name}_cpu_per_object_ms"] = 1e3 * med(w.runs["babel"], "cpu") / w.objects
+        result[f"{w.name}_rclone_cpu_per_object_ms"] = 1e3 * med(w.runs["rclone"], "cpu") / w.objects
+    print(
+        "  rclone/x, s5cmd/x: that peer's median time / this row's (>1: faster than the peer); targets against\n"
+        "  the faster peer: >= 2x on small files, >= 1.2x on the large object (RESULT small_ratio, large_ratio).\n"
+        "  'reading A alone' GETs every byte from A and writes nothing, 'writing B alone' PUTs the same sizes to B\n"
+        "  from memory: no copy takes less time than the slower of the two, so their ratios are the most any tool\n"
+        "  can reach against that peer on these servers (RESULT *_reachable_ratio, against the faster peer)"
+    )
     loads = ctx["loads"] or [0.0]
     print(
         f"  1-minute load average before the runs: median {statistics.median(loads):.1f}, max {max(loads):.1f} "

@@ -179,6 +179,52 @@ def test_single_object_requests_through_obstore_keep_the_contract(request, serve
     run(go())
 
 
+@pytest.mark.parametrize("server", ["s3", "rclone"])
+def test_upload_bodies_travel_unsigned_under_a_signed_crc32(request, server: str) -> None:
+    """Multipart parts and botocore's PutObjects carry an ``x-amz-checksum-crc32`` header, signed,
+    and ``UNSIGNED-PAYLOAD`` for the body (on http:// botocore would SHA-256 every byte for the
+    signature); both servers take them. With ``checksum=none`` nothing else covers the body, so
+    its SHA-256 is signed as before."""
+    import base64
+    import hashlib
+    import zlib
+
+    uri = request.getfixturevalue(f"{server}_uri")
+    body = random.Random(3).randbytes(5 * MiB + 7)
+
+    async def go(options: str) -> dict[str, dict[str, str]]:
+        store = open_store(uri + options)
+        sent: dict[str, dict[str, str]] = {}
+
+        def capture(request, event_name: str, **_) -> None:
+            sent[event_name.rsplit(".", 1)[-1]] = {
+                k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()
+            }
+
+        try:
+            (await store._c()).meta.events.register("before-send.s3", capture)
+            uid = await store.create_multipart("u/big.bin", len(body), 5 * MiB, {})
+            parts = [await store.upload_part("u/big.bin", uid, 1, body[: 5 * MiB])]
+            parts.append(await store.upload_part("u/big.bin", uid, 2, body[5 * MiB :]))
+            await store.complete_multipart("u/big.bin", uid, parts)
+            assert await store.get("u/big.bin") == body
+            await store.put("u/odd.bin", b"through botocore", {"content-type": "x"})  # not obstore's path
+            assert await store.get("u/odd.bin") == b"through botocore"
+        finally:
+            await store.close()
+        return sent
+
+    sent = run(go(""))
+    for op, data in (("UploadPart", body[5 * MiB :]), ("PutObject", b"through botocore")):
+        headers = sent[op]
+        assert headers["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
+        assert headers["x-amz-checksum-crc32"] == base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+        assert "x-amz-checksum-crc32" in headers["authorization"].split("SignedHeaders=")[1].split(",")[0]
+    sent = run(go("&checksum=none" if "?" in uri else "?checksum=none"))
+    assert sent["UploadPart"]["x-amz-content-sha256"] == hashlib.sha256(body[5 * MiB :]).hexdigest()
+    assert "x-amz-checksum-crc32" not in sent["UploadPart"]
+
+
 def test_a_whole_get_that_does_not_match_its_etag_is_read_again(s3_uri: str, moto_endpoint: str) -> None:
     """A whole GET through obstore is checked against the object's MD5 ETag: bytes damaged on the
     way (one flipped byte from the proxy) are read again through botocore, and the right bytes
