@@ -325,6 +325,13 @@ class S3Store:
         self._stack = contextlib.AsyncExitStack()
 
     async def _c(self) -> Any:
+        """The aiobotocore client, made on first use.
+
+        botocore wraps a ``bytes`` body of PutObject/UploadPart in a ``BytesIO`` (to seek it for
+        hashing and retries); aiohttp then copies it whole (``getbuffer`` unshares it) and again
+        in 256 KiB reads. Here the body stays ``bytes``: retries resend the same object, the CRC32
+        header is computed before, and aiohttp hands it to the socket without a copy.
+        """
         if self._client is None:
             session = self._session = get_session()
             session.register_component("data_loader", _shared_loader())
@@ -362,6 +369,10 @@ class S3Store:
                 )
             )
             client.meta.events.register_last("before-send.s3", _drop_expect)
+            for op in ("PutObject", "UploadPart"):  # bytes go to aiohttp as they are (see _c's docstring)
+                client.meta.events.unregister(
+                    f"before-parameter-build.s3.{op}", botocore.handlers.convert_body_to_file_like_object
+                )
             client.meta.events.register("after-call.s3", self._count_retries)
             self._client = client
         return self._client
