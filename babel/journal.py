@@ -137,6 +137,18 @@ class Journal:
         if kind in self._observers:
             self._observers[kind](key, value)
 
+    def put_dropping(self, kind: str, key: str, value: Any, drop: str) -> None:
+        """Store one JSON record and drop the ``drop`` kind's record of the same key, in one
+        WriteBatch (one write to the log: a finished copy and its stale error, atomically)."""
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        batch.put(_k(kind, key), json.dumps(value, separators=(",", ":")).encode())
+        batch.delete(_k(drop, key))
+        self._db.write(batch, self._wopts)
+        if kind in self._observers:
+            self._observers[kind](key, value)
+        if drop in self._observers:
+            self._observers[drop](key, None)
+
     def get(self, kind: str, key: str) -> Any:
         """One JSON record, or None."""
         raw = self._db.get(_k(kind, key))

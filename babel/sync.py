@@ -396,13 +396,12 @@ class SyncJob:
         rec = self._copied(info, result)
         if verify:
             async with self._checkers:
-                await self._verify_record(info.key, rec)
+                await self._verify_record(info.key, rec, info)
 
     def _copied(self, info: ObjectInfo, result: CopyResult) -> dict[str, Any]:
         """Record a finished copy: its ``c/`` record (what verification checks, returned) and the report."""
         rec = {"size": result.size, "crc32c": result.crc32c, "parts": result.parts, "store": result.store_checksum}
-        self.journal.put("c", info.key, rec)
-        self.journal.delete("e", info.key)
+        self.journal.put_dropping("c", info.key, rec, drop="e")
         self.report.copied += 1
         self.report.copied_bytes += result.size
         self.report.parts_reused += result.resumed_parts
@@ -503,19 +502,23 @@ class SyncJob:
 
         await _bounded((one(k, r) for k, r in self.journal.scan("c")), 4 * self.opts.checkers)
 
-    async def _verify_record(self, key: str, rec: dict[str, Any]) -> builtins.list[VerifyResult]:
+    async def _verify_record(
+        self, key: str, rec: dict[str, Any], src: ObjectInfo | None = None
+    ) -> builtins.list[VerifyResult]:
         """Verify one copied object (:meth:`_verify_one`; an error is a failed check) into its ``v/`` record."""
         try:
-            results = await self._verify_one(key, rec)
+            results = await self._verify_one(key, rec, src)
         except (BabelError, OSError, ValueError) as exc:
             results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
         self.journal.put("v", key, {"mode": self.opts.verify, "results": [dict(vars(r)) for r in results]})
         return results
 
-    async def _verify_one(self, key: str, rec: dict[str, Any]) -> builtins.list[VerifyResult]:  # .list: a phase
+    async def _verify_one(  # builtins.list: SyncJob.list is a phase
+        self, key: str, rec: dict[str, Any], src: ObjectInfo | None = None
+    ) -> builtins.list[VerifyResult]:
         """The checks of one copied object; a throttled or transient store error is retried
         (:meth:`_retry`), so a failed check means the bytes or metadata differ."""
-        src = self._source(key)
+        src = src or self._source(key)  # the listing entry: given by a copy that just landed
         try:
             dst = await self._retry(lambda: self.dst.head(key))
         except FileNotFoundError:

