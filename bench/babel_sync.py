@@ -585,7 +585,7 @@ def med(runs: list[Run], attr: str) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1,000 files, 256 MiB object, 1 rep (1-2 minutes on 2 cores)")
+    ap.add_argument("--quick", action="store_true", help="1,000 files, 256 MiB, 1 rep (about a minute)")
     ap.add_argument("--files", type=int, help="small files (default 10,000, quick 1,000)")
     ap.add_argument("--large-size", type=parse_size, help="bytes of the large object (default 2 GiB, quick 256 MiB)")
     ap.add_argument("--reps", type=int, help="repetitions (default 3, quick 1)")
