@@ -121,9 +121,13 @@ def test_writes_with_a_stopped_worker_wait_for_it_at_most_once(big_file) -> None
                 waits.append(time.monotonic() - start)
             start = time.monotonic()
         waits.append(time.monotonic() - start)  # close: the last blocks and the commit
-    slow = [w for w in waits if w > 1.0]
-    print(f"writer: longest wait {max(waits):.2f} s, {len(slow)} waits over 1 s")
-    assert max(waits) <= MAX_STALL and len(slow) <= 1
+    # a wait on the stopped worker lasts about its stall timeout (2 s), a busy machine's hiccup less:
+    # more than one such write means the writer went back to the hung worker (the close, which
+    # drains the write-behind on a loaded machine, is only held to MAX_STALL)
+    stall = 0.75 * ClientConfig().stall_timeout
+    stalls = [w for w in waits[:-1] if w > stall]
+    print(f"writer: longest wait {max(waits):.2f} s, {len(stalls)} waits over {stall:.1f} s: {waits}")
+    assert max(waits) <= MAX_STALL and len(stalls) <= 1
     wait_rejoined(cluster)
     with Client(master=cluster.master_address) as pc:
         assert pc.read_file("/written") == data * 16
