@@ -74,6 +74,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import email.utils
+import functools
 import logging
 import xml.etree.ElementTree as ET
 import zlib
@@ -258,9 +259,7 @@ def _drop_expect(request: Any, **kwargs: Any) -> None:
     request.headers.pop("Expect", None)
 
 
-_LOADER: Loader | None = None
-
-
+@functools.cache
 def _shared_loader() -> Loader:
     """One botocore data loader for every client of the process.
 
@@ -268,10 +267,7 @@ def _shared_loader() -> Loader:
     of JSON, ~0.1 s of CPU to parse); each botocore session makes its own, so without this every
     store would parse them again (a sync opens at least two).
     """
-    global _LOADER
-    if _LOADER is None:
-        _LOADER = create_loader()
-    return _LOADER
+    return create_loader()
 
 
 class S3Store:
