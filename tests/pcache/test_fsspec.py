@@ -1,0 +1,195 @@
+"""``pcache://`` through fsspec: the entry point, fsspec's own abstract suite, and what users do with it."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import pickle
+import uuid
+
+import fsspec
+import pytest
+from fsspec.tests import abstract
+
+from pcache.client.filesystem import PCacheFileSystem, split_url
+
+
+@pytest.fixture(scope="module")
+def pfs(shared_cluster) -> PCacheFileSystem:
+    return fsspec.filesystem("pcache", master=shared_cluster.master_address, skip_instance_cache=True)
+
+
+class PCacheFixtures(abstract.AbstractFixtures):
+    """fsspec's fixtures bound to a real 3-worker cluster."""
+
+    @pytest.fixture
+    def fs(self, pfs):
+        return pfs
+
+    @pytest.fixture
+    def fs_join(self):
+        return lambda *parts: "/".join(parts)
+
+    @pytest.fixture
+    def fs_path(self):
+        return f"/fsspec-{uuid.uuid4().hex[:8]}"
+
+
+class TestPCacheCopy(abstract.AbstractCopyTests, PCacheFixtures):
+    pass
+
+
+class TestPCacheGet(abstract.AbstractGetTests, PCacheFixtures):
+    pass
+
+
+class TestPCachePut(abstract.AbstractPutTests, PCacheFixtures):
+    pass
+
+
+class TestPCacheOpen(abstract.AbstractOpenTests, PCacheFixtures):
+    pass
+
+
+class TestPCachePipe(abstract.AbstractPipeTests, PCacheFixtures):
+    pass
+
+
+def test_the_entry_point_names_the_class():
+    assert fsspec.get_filesystem_class("pcache") is PCacheFileSystem
+
+
+def test_urls_split_by_hand_keep_glob_characters():
+    assert split_url("pcache://h:1,g:2/a/b?[x]#") == ("h:1,g:2", "/a/b?[x]#")
+    assert split_url("pcache://h:1") == ("h:1", "/")
+    assert split_url("/plain/path") == ("", "/plain/path")
+    assert PCacheFileSystem._strip_protocol("pcache://h:1/a/b/") == "/a/b"
+    assert PCacheFileSystem._strip_protocol("pcache:///") == "/"
+    assert PCacheFileSystem._get_kwargs_from_urls("pcache://h:1/a") == {"master": "h:1"}
+    assert PCacheFileSystem._get_kwargs_from_urls("pcache:///a") == {}
+
+
+def test_fsspec_open_by_url_round_trips_a_torch_checkpoint(shared_cluster, client):
+    torch = pytest.importorskip("torch")
+    url = f"pcache://{shared_cluster.master_address}/fsspec-url/ckpt/model.pt"
+    state = {"w": torch.arange(1000, dtype=torch.float32), "step": 7}
+    with fsspec.open(url, "wb") as f:
+        torch.save(state, f)
+    with fsspec.open(url, "rb") as f:
+        back = torch.load(f)
+    assert back["step"] == 7 and torch.equal(back["w"], state["w"])
+    # the same bytes as the SDK sees them
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    assert client.read_file("/fsspec-url/ckpt/model.pt") == buf.getvalue()
+
+
+def test_ranges_info_and_listing(pfs, client):
+    data = bytes(range(256)) * 40_000  # 10 MB: more than one fsspec block and one read unit
+    pfs.pipe_file("/fsspec-ranges/d/data.bin", data)
+    assert pfs.cat_file("/fsspec-ranges/d/data.bin", start=-10) == data[-10:]
+    assert pfs.cat_file("/fsspec-ranges/d/data.bin", start=5, end=-5) == data[5:-5]
+    assert pfs.cat_file("/fsspec-ranges/d/data.bin", start=len(data) + 5) == b""
+    with pfs.open("/fsspec-ranges/d/data.bin", "rb", block_size=1 << 20) as f:
+        f.seek(3_000_000)
+        assert f.read(2_500_000) == data[3_000_000:5_500_000]
+    info = pfs.info("pcache:///fsspec-ranges/d/data.bin")
+    assert info["type"] == "file" and info["size"] == len(data)
+    assert info["ino"] == client.stat("/fsspec-ranges/d/data.bin").inode
+    assert pfs.ls("/fsspec-ranges/d/data.bin", detail=False) == ["/fsspec-ranges/d/data.bin"]
+    assert pfs.ls("/fsspec-ranges", detail=False) == ["/fsspec-ranges/d"]
+    assert pfs.info("/fsspec-ranges/d")["type"] == "directory"
+    client.symlink("d/data.bin", "/fsspec-ranges/link")
+    link = pfs.info("/fsspec-ranges/link")
+    assert link["islink"] and link["type"] == "file" and link["size"] == len(data)
+    assert pfs.find("/fsspec-ranges") == ["/fsspec-ranges/d/data.bin", "/fsspec-ranges/link"]
+    assert pfs.cat(["/fsspec-ranges/d/data.bin", "/fsspec-ranges/link"]) == {
+        "/fsspec-ranges/d/data.bin": data,
+        "/fsspec-ranges/link": data,
+    }
+
+
+def test_errors_are_the_builtin_ones(pfs):
+    with pytest.raises(FileNotFoundError):
+        pfs.info("/fsspec-errors/missing")
+    with pytest.raises(FileNotFoundError):
+        pfs.cat_file("/fsspec-errors/missing")
+    pfs.mkdir("/fsspec-errors/dir")
+    with pytest.raises(FileExistsError):
+        pfs.mkdir("/fsspec-errors/dir")
+    with pytest.raises(IsADirectoryError):
+        pfs.open("/fsspec-errors/dir", "rb")
+    with pytest.raises(IsADirectoryError):
+        pfs.rm("/fsspec-errors/dir")
+    pfs.pipe_file("/fsspec-errors/dir/f", b"x")
+    with pytest.raises(OSError, match="not empty"):
+        pfs.rmdir("/fsspec-errors/dir")
+    pfs.rm("/fsspec-errors", recursive=True)
+    assert not pfs.exists("/fsspec-errors")
+
+
+def test_a_transaction_shows_nothing_until_commit(pfs):
+    with pfs.transaction:
+        with pfs.open("/fsspec-tx/a.bin", "wb") as f:
+            f.write(b"a" * 100)
+        assert not pfs.exists("/fsspec-tx/a.bin")
+    assert pfs.cat_file("/fsspec-tx/a.bin") == b"a" * 100
+    pfs.start_transaction()
+    with pfs.open("/fsspec-tx/b.bin", "wb") as f:
+        f.write(b"b")
+    pfs.transaction.complete(commit=False)
+    assert pfs.ls("/fsspec-tx", detail=False) == ["/fsspec-tx/a.bin"]  # discarded: no hidden sibling left
+
+
+def test_mv_is_one_rename_and_append_appends(pfs, client):
+    pfs.pipe_file("/fsspec-mv/src.bin", b"12345")
+    ino = client.stat("/fsspec-mv/src.bin").inode
+    pfs.mv("/fsspec-mv/src.bin", "/fsspec-mv/deeper/dst.bin")
+    assert client.stat("/fsspec-mv/deeper/dst.bin").inode == ino  # renamed, not copied
+    assert not pfs.exists("/fsspec-mv/src.bin")
+    with pfs.open("/fsspec-mv/deeper/dst.bin", "ab") as f:
+        assert f.tell() == 5
+        f.write(b"678")
+    assert pfs.cat_file("/fsspec-mv/deeper/dst.bin") == b"12345678"
+    pfs.touch("/fsspec-mv/deeper/dst.bin", truncate=False)
+    assert pfs.cat_file("/fsspec-mv/deeper/dst.bin") == b"12345678"
+    pfs.touch("/fsspec-mv/deeper/dst.bin")
+    assert pfs.cat_file("/fsspec-mv/deeper/dst.bin") == b""
+
+
+def test_a_pickled_filesystem_reads_in_another_instance(pfs):
+    pfs.pipe_file("/fsspec-pickle/x", b"payload")
+    again = pickle.loads(pickle.dumps(pfs))
+    assert again.cat_file("/fsspec-pickle/x") == b"payload"
+
+
+def test_open_async_on_the_callers_loop(shared_cluster):
+    async def main() -> bytes:
+        fs = PCacheFileSystem(master=shared_cluster.master_address, asynchronous=True, skip_instance_cache=True)
+        f = await fs.open_async("/fsspec-async/x.bin", "wb")
+        await f.write(b"hello ")
+        await f.write(b"async")
+        await f.close()
+        f = await fs.open_async("/fsspec-async/x.bin", "rb")
+        data = await f.read()
+        await f.close()
+        assert (await fs._info("/fsspec-async/x.bin"))["size"] == 11
+        await (await fs.client()).close()
+        return data
+
+    assert asyncio.run(main()) == b"hello async"
+
+
+def test_text_mode_globs_and_a_directory_moved_whole(pfs, shared_cluster):
+    url = f"pcache://{shared_cluster.master_address}/fsspec-text/run-1/notes.txt"
+    with fsspec.open(url, "w") as f:
+        f.write("héllo\n")
+    with fsspec.open(url, "r") as f:
+        assert f.read() == "héllo\n"
+    pfs.pipe({"/fsspec-text/run-1/a.bin": b"a", "/fsspec-text/run-1/b.bin": b"bb"})
+    assert pfs.glob("/fsspec-text/run-1/*.bin") == ["/fsspec-text/run-1/a.bin", "/fsspec-text/run-1/b.bin"]
+    assert pfs.du("/fsspec-text") == len("héllo\n".encode()) + 3
+    ino = pfs.info("/fsspec-text/run-1")["ino"]
+    pfs.mv("/fsspec-text/run-1", "/fsspec-text/run-1-done", recursive=True)
+    assert pfs.info("/fsspec-text/run-1-done")["ino"] == ino  # the directory itself, renamed
+    assert pfs.cat_file("/fsspec-text/run-1-done/b.bin") == b"bb"
