@@ -31,7 +31,14 @@ three sides in turn (local disk, memfs, PCache):
    memfs (``*_vs_ceiling``). Each mount-side pass starts after the mounts' attribute and
    entry timeouts (and the client's stat cache) have expired, as for a fresh traversal.
 
-Targets: ``cold_read_vs_ceiling >= 0.7`` and ``warm_read_vs_local >= 0.8``.
+5. ``ls -l``: ``--list-files`` empty files in ONE directory (100,000; 10,000 with ``--quick``),
+   made through the async SDK and locally; ``ls -l DIR | wc -l`` timed on both after the
+   caches expired (``ls_l_seconds``, ``ls_l_vs_local``). READDIRPLUS carries every entry's
+   attributes, so the mount answers ``ls -l`` with the directory's listing pages and the two
+   xattr probes ``ls`` makes per file (SELinux label, ACL) without a master round trip.
+
+Targets: ``cold_read_vs_ceiling >= 0.7``, ``warm_read_vs_local >= 0.8`` and ``ls -l`` of 100,000
+files in at most 10 s (``ls_l_files_per_s >= 10000``).
 
 The last line of output is ``RESULT key=value ...``; throughputs are MB/s (10**6 bytes/s),
 metadata rates are files (operations) per second.
@@ -49,6 +56,7 @@ SIGTERM unmounts); the benchmark starts it that way.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import contextlib
 import errno
@@ -74,8 +82,8 @@ from benchlib import REPO as _REPO  # noqa: E402
 from benchlib import block_files, drop_page_cache, mbps, print_result
 
 from fuse_client.mount import mounted, stop_mount, wait_mounted  # noqa: E402
-from pcache.client import Client  # noqa: E402
-from pcache.common.config import parse_size  # noqa: E402
+from pcache.client import Client, PCacheClient  # noqa: E402
+from pcache.common.config import ClientConfig, parse_size  # noqa: E402
 from pcache.common.logs import setup_logging
 from pcache.common.process import reap_children
 from pcache.local import LocalCluster  # noqa: E402
@@ -87,6 +95,7 @@ WORKERS = 2
 PER_DIR = 1000  # files per directory in the metadata tree
 CREATE_THREADS = 8  # concurrent SDK creates while preparing the metadata tree
 COLD_READ_TARGET = 0.7
+LS_L_TARGET = 10_000  # files per second of `ls -l` through the mount (100,000 in 10 s)
 WARM_READ_TARGET = 0.8
 SIDES = ("local", "memfs", "pcache")
 
@@ -384,6 +393,26 @@ def find_count(directory: str) -> int:
     return int(out.stdout.strip())
 
 
+def ls_l_count(directory: str) -> int:
+    out = subprocess.run(
+        ["sh", "-c", 'ls -l "$1" | wc -l', "sh", directory], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip()) - 1  # the "total" line
+
+
+async def sdk_create_flat(master: str, directory: str, n: int) -> None:
+    """``n`` empty files ``fNNNNNNN`` in one directory through the async SDK (256 creates in flight)."""
+    async with PCacheClient(ClientConfig(master=master)) as pc:
+        await pc.mkdir(directory, parents=True)
+        gate = asyncio.Semaphore(256)
+
+        async def one(i: int) -> None:
+            async with gate:
+                await (await pc.open(f"{directory}/f{i:07d}", "wb")).close()
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+
+
 # ------------------------------------------------------------------ benchmark --
 
 
@@ -473,6 +502,9 @@ class Bench:
         t = time.perf_counter()
         self.bench_meta()
         log(f"metadata phase: {time.perf_counter() - t:.1f}s")
+        t = time.perf_counter()
+        self.bench_listing()
+        log(f"listing phase: {time.perf_counter() - t:.1f}s")
         return {k: self.med(k) for k, v in self.samples.items() if v}
 
     def bench_io(self) -> None:
@@ -535,6 +567,29 @@ class Bench:
             f"({CREATE_THREADS} threads), local {self.info['local_create_ops']:.0f}/s"
         )
 
+    def bench_listing(self) -> None:
+        """``ls -l`` of one directory of ``--list-files`` files, PCache mount against local."""
+        n = self.args.list_files
+        t = time.perf_counter()
+        asyncio.run(sdk_create_flat(self.cluster.master_address, "/flat", n))
+        self.info["flat_create_ops"] = n / (time.perf_counter() - t)
+        (self.local / "flat").mkdir()
+        for i in range(n):
+            os.close(os.open(self.local / "flat" / f"f{i:07d}", os.O_WRONLY | os.O_CREAT, 0o644))
+        dirs = {"local": str(self.local / "flat"), "pcache": str(self.dirs()["pcache"] / "flat")}
+        settle = max(self.args.attr_timeout, self.args.entry_timeout, 1.0) + 0.1
+        os.sync()
+        for rep in range(self.args.meta_reps):
+            time.sleep(settle)  # the kernel's caches of the previous pass have expired
+            for side, d in dirs.items():
+                got = self.timed(f"{side}_ls_l", lambda d=d: ls_l_count(d))
+                if got != n:
+                    raise AssertionError(f"ls -l in {side} listed {got} files, expected {n}")
+            log(
+                f"ls -l rep {rep + 1}/{self.args.meta_reps}: "
+                + "; ".join(f"{side} {self.samples[f'{side}_ls_l'][-1]:.2f}s" for side in dirs)
+            )
+
     def bench_meta(self) -> None:
         self.make_meta_tree()
         n = self.nfiles
@@ -576,7 +631,10 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
     size, n = args.size, args.files
     rate: dict[str, float] = {}
     for key, value in secs.items():
-        rate[key] = n / value if key.endswith(("_find", "_stat")) else mbps(size, value)
+        if key.endswith("_ls_l"):
+            rate[key] = args.list_files / value
+        else:
+            rate[key] = n / value if key.endswith(("_find", "_stat")) else mbps(size, value)
     res = {
         "cold_read_vs_ceiling": ratio(rate["pcache_cold_read"], rate["memfs_cold_read"]),
         "warm_read_vs_local": ratio(rate["pcache_warm_read"], rate["local_warm_read"]),
@@ -589,6 +647,7 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
         "cold_read_vs_local": ratio(rate["pcache_cold_read"], rate["local_cold_read"]),
         "disk_cold_read_vs_local": ratio(rate["pcache_disk_cold_read"], rate["local_cold_read"]),
         "warm_read_vs_ceiling": ratio(rate["pcache_warm_read"], rate["memfs_warm_read"]),
+        "ls_l_vs_local": ratio(rate["pcache_ls_l"], rate["local_ls_l"]),
     }
     rows = [
         ("write 1 MiB + fsync (MB/s)", "write", res["write_vs_ceiling"], res["write_vs_local"], None),
@@ -597,6 +656,7 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
         ("read cold from disk (MB/s)", "disk_cold_read", None, res["disk_cold_read_vs_local"], None),
         ("find -type f (files/s)", "find", res["find_vs_ceiling"], res["find_ratio"], None),
         ("os.stat loop (files/s)", "stat", res["stat_vs_ceiling"], res["stat_ratio"], None),
+        ("ls -l one dir (files/s)", "ls_l", None, res["ls_l_vs_local"], ("files/s", LS_L_TARGET)),
     ]  # fmt: skip
     print()
     print(
@@ -618,8 +678,12 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
         verdict = ""
         if target is not None:
             which, bound = target
-            got = vs_mem if which == "ceiling" else vs_local
-            verdict = f">={bound} vs {'memfs' if which == 'ceiling' else 'local'} " + ("ok" if got >= bound else "MISS")
+            if which == "files/s":
+                got, verdict = rate[f"pcache_{key}"], f">={bound} files/s "
+            else:
+                got = vs_mem if which == "ceiling" else vs_local
+                verdict = f">={bound} vs {'memfs' if which == 'ceiling' else 'local'} "
+            verdict += "ok" if got >= bound else "MISS"
         print(
             f"{name:<30}{cell(pc, 10, '.0f')}{cell(mem, 10, '.0f')}{cell(loc, 10, '.0f')}"
             f"{cell(vs_mem, 10, '.3f')}{cell(vs_local, 10, '.3f')}  {verdict}"
@@ -637,6 +701,10 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
     print(
         f"  Tree creation: SDK {info['sdk_create_ops']:.0f}/s ({CREATE_THREADS} threads), local {info['local_create_ops']:.0f}/s."
     )
+    print(
+        f"ls -l: {args.list_files} empty files in one directory (async SDK creates {info['flat_create_ops']:.0f}/s); "
+        f"PCache {secs['pcache_ls_l']:.2f} s, local {secs['local_ls_l']:.2f} s."
+    )
     keys: dict[str, Any] = {k: round(v, 3) for k, v in res.items()}
     for side in SIDES:
         for key in ("write", "cold_read", "warm_read"):
@@ -646,6 +714,10 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
         keys[f"{side}_find_ops"] = rate[f"{side}_find"]
         keys[f"{side}_stat_ops"] = rate[f"{side}_stat"]
     keys["sdk_create_ops"] = info["sdk_create_ops"]
+    keys["ls_l_seconds"] = round(secs["pcache_ls_l"], 3)
+    keys["local_ls_l_seconds"] = round(secs["local_ls_l"], 3)
+    keys["ls_l_files_per_s"] = round(rate["pcache_ls_l"])
+    keys["list_files"] = args.list_files
     keys["pcache_read_ahead_kb"] = info["pcache_read_ahead_kb"]
     keys["size_bytes"] = size
     keys["files"] = n
@@ -663,6 +735,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=parse_size, help="bytes of the I/O file (suffixes ok: 1GiB); default 1 GiB")
     p.add_argument("--reps", type=int, help="repetitions per measure (default 5, quick 3)")
     p.add_argument("--files", type=int, help="files for find/stat (default 50000, quick 5000)")
+    p.add_argument("--list-files", type=int, help="files in the one directory of ls -l (default 100000, quick 10000)")
     p.add_argument("--meta-reps", type=int, help="repetitions of find/stat (default: --reps, at most 3)")
     p.add_argument("--attr-timeout", type=float, default=1.0, help="both mounts' attribute cache, s (default 1)")
     p.add_argument("--entry-timeout", type=float, default=1.0, help="both mounts' name cache, s (default 1)")
@@ -684,6 +757,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.files = 5000 if args.quick else 50_000
     if args.meta_reps is None:
         args.meta_reps = min(args.reps, 3)
+    if args.list_files is None:
+        args.list_files = 10_000 if args.quick else 100_000
     if args.size < IO or args.size % IO or min(args.reps, args.meta_reps, args.files) < 1:
         p.error("--size must be a positive multiple of 1 MiB, --reps, --meta-reps and --files at least 1")
     return args

@@ -134,6 +134,10 @@ class Client:
     def listdir(self, path: str) -> list[FileStat]:
         return self._run(self.aio.listdir(path))
 
+    def listdir_page(self, path: str, start_after: str = "") -> tuple[list[FileStat], bool]:
+        """One page of a directory after ``start_after``: (entries in name order, whether more follow)."""
+        return self._run(self.aio.listdir_page(path, start_after))
+
     def scandir(self, path: str) -> Iterator[FileStat]:
         """Stream a directory one page (``master.listdir_limit`` entries) at a time."""
         after = ""
