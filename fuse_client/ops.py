@@ -38,6 +38,10 @@ IO_SIZE = 1 << 20  # st_blksize: what cp, tar and Python use as their buffer
 XATTR_PREFIX = "user."
 UTIME_NOW = (1 << 30) - 1  # <sys/stat.h>
 UTIME_OMIT = (1 << 30) - 2
+FALLOC_FL_KEEP_SIZE = 0x01  # <linux/falloc.h>
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_ZERO_RANGE = 0x10
+ZERO_CHUNK = 8 << 20  # bytes of zeros written per step of a punched or zeroed range
 FUSE_READDIR_PLUS = 1  # libfuse 3: enum fuse_readdir_flags
 FUSE_FILL_DIR_PLUS = 2  # libfuse 3: enum fuse_fill_dir_flags
 
@@ -457,6 +461,32 @@ class PCacheOperations(mfusepy.Operations):
             self._committed(f, before)
         else:
             self.client.truncate(path, length)
+        return 0
+
+    @translate_errors
+    def fallocate(self, path: str, mode: int, offset: int, size: int, fh: int) -> int:
+        """fallocate(2): mode 0 extends the file to ``offset + size`` bytes (a hole: reads as zeros);
+        ``FALLOC_FL_KEEP_SIZE`` alone changes nothing; ``FALLOC_FL_PUNCH_HOLE`` and
+        ``FALLOC_FL_ZERO_RANGE`` zero the range inside the file. PCache allocates blocks when
+        they are written, so no space is reserved ahead: a later write can still get ENOSPC.
+        Collapse and insert ranges get EOPNOTSUPP. Committed like a write (at flush/close)."""
+        if offset < 0 or size <= 0:
+            raise FuseOSError(errno.EINVAL)
+        if mode & ~(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE):
+            raise FuseOSError(errno.EOPNOTSUPP)
+        f = self._get(fh)
+        if not f.writable():
+            raise FuseOSError(errno.EBADF)
+        end = offset + size
+        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE):
+            pos, zero_end = offset, min(end, f.size)  # past the end there is nothing to zero
+            while pos < zero_end:
+                n = min(ZERO_CHUNK, zero_end - pos)
+                f.pwrite(bytes(n), pos)
+                pos += n
+        if not mode & FALLOC_FL_KEEP_SIZE and end > f.size:
+            f.truncate(end)
+            self._know(f.inode, size=end)
         return 0
 
     @translate_errors

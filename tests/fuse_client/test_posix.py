@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,56 @@ def test_torch_save_and_load_through_the_mount(mnt: Path) -> None:
     back = torch.load(mnt / "state.pt")
     assert torch.equal(back["w"], state["w"]) and torch.equal(back["b"], state["b"])
     assert torch.equal(back["nested"]["x"], state["nested"]["x"])
+
+
+def test_fallocate_modes(mnt: Path) -> None:
+    path = mnt / "falloc.bin"
+    path.write_bytes(b"a" * 5000)
+    sh(f"fallocate -l 3MiB {path}", mnt)  # mode 0: the size grows, the new range reads as zeros
+    data = path.read_bytes()
+    assert len(data) == 3 * MiB and data[:5000] == b"a" * 5000 and data[5000:] == bytes(3 * MiB - 5000)
+    sh(f"fallocate --keep-size -o 0 -l 8MiB {path}", mnt)
+    assert path.stat().st_size == 3 * MiB
+    sh(f"fallocate --punch-hole -o 1000 -l 2000 {path}", mnt)
+    data = path.read_bytes()
+    assert data[:1000] == b"a" * 1000 and data[1000:3000] == bytes(2000) and data[3000:5000] == b"a" * 2000
+    sh(f"fallocate --zero-range -o 4000 -l 4MiB {path}", mnt)  # past the end: zeroed and extended
+    data = path.read_bytes()
+    assert len(data) == 4 * MiB + 4000 and data[3000:4000] == b"a" * 1000 and not any(data[4000:])
+    res = subprocess.run(["fallocate", "--collapse-range", "-o", "0", "-l", "4096", str(path)], capture_output=True)
+    assert res.returncode != 0 and b"not supported" in res.stderr
+    # what was fallocated is committed at close, for another reader of the cluster
+    os.sync()
+    assert os.stat(path).st_size == 4 * MiB + 4000
+
+
+def test_flock_and_posix_locks_between_processes_of_one_mount(mnt: Path) -> None:
+    import fcntl
+
+    path = mnt / "locked"
+    path.write_bytes(b"x")
+    probe = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+        "try:\n"
+        "    (fcntl.flock if sys.argv[2] == 'flock' else fcntl.lockf)(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "except BlockingIOError:\n"
+        "    sys.exit(3)\n"
+    )
+
+    def other_process_can_lock(kind: str) -> bool:
+        res = subprocess.run([sys.executable, "-c", probe, str(path), kind], capture_output=True, timeout=30)
+        assert res.returncode in (0, 3), res.stderr
+        return res.returncode == 0
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert not other_process_can_lock("flock")
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        assert other_process_can_lock("flock")
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        assert not other_process_can_lock("posix")
+    finally:
+        os.close(fd)  # closing drops the POSIX lock
+    assert other_process_can_lock("posix")
