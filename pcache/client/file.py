@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from pcache.client.budget import ReadBudget
 from pcache.client.data import WrongBlock
 from pcache.common.checksum import crc32c
 from pcache.common.errors import (
@@ -88,6 +89,7 @@ class FileService(Protocol):
     cfg: ClientConfig
     data: DataClient
     client_id: str  # spreads this client's readers of one file over its replicas
+    read_budget: ReadBudget  # bytes of read units all of this client's files may cache
 
     async def layout_of(self, inode: int) -> pb.FileLayout:
         """The committed layout (size, version, blocks and their replicas) of ``inode``."""
@@ -164,6 +166,10 @@ class PCacheFile:
         self._committed = False
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
+        self._budget = service.read_budget
+        # the unit a demand read last used: (file offset, bytes, unit key); the sync bridge serves
+        # small reads inside it from the caller's thread. Cleared when the unit is dropped.
+        self.hot: tuple[int, bytes, tuple[int, int]] | None = None
         self._flush_slots = asyncio.Semaphore(max(1, self.cfg.max_inflight_blocks))
         self._slot_lock = asyncio.Lock()  # concurrent pwrites into one block load its old bytes once
         self._append_lock = asyncio.Lock()
@@ -213,6 +219,7 @@ class PCacheFile:
         self.size = layout.inode.size
         self.version = layout.inode.version
         self._last_unit = None
+        self.hot = None
         return True
 
     def _check(self, want_write: bool) -> None:
@@ -288,25 +295,34 @@ class PCacheFile:
         pos = off
         while pos < off + avail:
             k = pos // unit
+            take = min((k + 1) * unit, off + avail) - pos
             data = await self._unit(idx, k)
-            start = pos - k * unit
-            take = min(len(data) - start, off + avail - pos)
-            out.append(data[start : start + take])
+            if data is None:  # no room in the client's read budget: just these bytes, uncached
+                out.append(await self._fetch(idx, pos, take))
+            else:
+                start = pos - k * unit
+                take = min(len(data) - start, take)
+                out.append(data[start : start + take])
             pos += take
         if avail < n:
             out.append(bytes(n - avail))
         return b"".join(out)
 
-    async def _unit(self, idx: int, k: int) -> bytes:
+    async def _unit(self, idx: int, k: int) -> bytes | None:
+        """Unit ``k`` of slot ``idx`` (cached, admitted against the client's read budget), after
+        starting the read-ahead of a sequential reader; None when the budget has no room."""
         slot = self.slots[idx]
         key = (slot.block_id, k)
         task = self._units.get(key)
         if task is None:
-            task = self._start_unit(idx, k)
+            task = self._start_unit(idx, k, demand=True)
         else:
             self._units.move_to_end(key)
+            self._budget.touch(self, key)
         sequential = self._last_unit is None or (idx, k) in (self._last_unit, self._next_unit(*self._last_unit))
         self._last_unit = (idx, k)
+        if task is None:
+            return None
         if sequential and self.cfg.readahead_units > 0:
             nxt: tuple[int, int] | None = (idx, k)
             for _ in range(self.cfg.readahead_units):
@@ -314,13 +330,17 @@ class PCacheFile:
                 if nxt is None:
                     break
                 s = self.slots[nxt[0]]
-                if s.data is None and s.pending is None and (s.block_id, nxt[1]) not in self._units:
-                    self._start_unit(*nxt)
+                wanted = s.data is None and s.pending is None and (s.block_id, nxt[1]) not in self._units
+                if wanted and self._start_unit(*nxt) is None:
+                    break  # the budget is full: read ahead no further
         try:
-            return await asyncio.shield(task)
+            data = await asyncio.shield(task)
         except BaseException:
-            self._units.pop(key, None)
+            self._pop_unit(key)
             raise
+        if self._units.get(key) is task:
+            self.hot = (idx * self.block_size + k * self.cfg.read_unit, data, key)
+        return data
 
     def _next_unit(self, idx: int, k: int) -> tuple[int, int] | None:
         if idx >= len(self.slots):  # the file shrank since that unit was read
@@ -332,19 +352,41 @@ class PCacheFile:
             return idx + 1, 0
         return None
 
-    def _start_unit(self, idx: int, k: int) -> asyncio.Task:
+    def _start_unit(self, idx: int, k: int, *, demand: bool = False) -> asyncio.Task | None:
+        """Start reading unit ``k`` of slot ``idx`` into the cache (``demand``: a read waits for
+        it, else read-ahead); None when the client's read budget has no room for it."""
         slot = self.slots[idx]
         unit = self.cfg.read_unit
         offset = k * unit
         length = min(unit, slot.length - offset)
+        key = (slot.block_id, k)
+        if not self._budget.admit(self, key, length, demand=demand):
+            return None
         task = asyncio.ensure_future(self._fetch(idx, offset, length))
         task.add_done_callback(_consume_exception)
-        self._units[(slot.block_id, k)] = task
+        self._units[key] = task
         while len(self._units) > 2 * self.cfg.readahead_units + 2:
-            _, old = self._units.popitem(last=False)
-            if not old.done():
-                old.cancel()
+            self._pop_unit(next(iter(self._units)))
         return task
+
+    def _pop_unit(self, key: tuple[int, int]) -> None:
+        """Forget a cached unit (cancelled if still being read) and give its bytes back."""
+        task = self._units.pop(key, None)
+        if task is not None:
+            if not task.done():
+                task.cancel()
+            self._budget.release(self, key)
+        if self.hot is not None and self.hot[2] == key:
+            self.hot = None
+
+    def drop_unit(self, key: tuple[int, int]) -> bool:
+        """The budget's eviction: drop a cached unit that is not being read (False otherwise)."""
+        task = self._units.get(key)
+        if task is not None and not task.done():
+            return False
+        self._pop_unit(key)
+        self._budget.release(self, key)  # also when the file forgot it already
+        return True
 
     async def _fetch(self, idx: int, offset: int, length: int) -> bytes:
         """Read a byte range of a clean slot's block, failing over between replicas.
@@ -577,7 +619,7 @@ class PCacheFile:
 
     def _forget_units(self, block_id: int) -> None:
         for key in [k for k in self._units if k[0] == block_id]:
-            self._units.pop(key).cancel()
+            self._pop_unit(key)
 
     async def _settle(self, slot: Slot) -> None:
         task = slot.pending
@@ -734,9 +776,9 @@ class PCacheFile:
             for slot in self.slots:
                 if slot.pending is not None and not slot.pending.done():
                     slot.pending.cancel()
-            for task in self._units.values():
-                task.cancel()
-            self._units.clear()
+            for key in list(self._units):
+                self._pop_unit(key)
+            self.hot = None
         if self._error is not None:
             await self._discard_if_created()
             raise self._error

@@ -282,7 +282,6 @@ class File(io.RawIOBase):
         self._f = afile
         self.name = afile.path
         self.mode = afile.mode
-        self._unit: tuple[int, bytes] | None = None
 
     def readable(self) -> bool:
         return self._f.readable
@@ -335,9 +334,9 @@ class File(io.RawIOBase):
     def pread(self, offset: int, length: int) -> bytes:
         """Read ``min(length, size - offset)`` bytes at ``offset``: never fewer unless at EOF.
 
-        A read-only handle keeps the last read unit (``read_unit`` bytes, aligned):
-        small positional reads inside it (FUSE sends 128 KiB - 1 MiB) are served in
-        the caller's thread without a hop to the event loop. A request that crosses
+        A read-only handle's last read unit (``read_unit`` bytes, aligned; cached under the
+        client's ``read_budget``) serves small positional reads inside it (FUSE sends
+        128 KiB - 1 MiB) in the caller's thread without a hop to the event loop. A request that crosses
         a unit or block boundary is assembled from every piece it covers (a short
         answer would be taken for EOF by the kernel and by ``read()`` loops).
 
@@ -364,25 +363,18 @@ class File(io.RawIOBase):
         direct = self._direct(offset, min(length, block_end - offset))
         if direct is not None:
             return direct
-        cached = self._unit  # one atomic read of the (start, bytes) pair: safe across threads
-        if cached is not None and cached[0] <= offset < cached[0] + len(cached[1]):
-            start = offset - cached[0]
-            return cached[1][start : start + length]
+        hot = f.hot  # one atomic read of the (offset, bytes, key) triple: safe across threads
+        if hot is not None and hot[0] <= offset < hot[0] + len(hot[1]):
+            start = offset - hot[0]
+            return hot[1][start : start + length]
         unit = f.cfg.read_unit
-        if length >= unit:
-            return self._client._run(f.pread(offset, length))
-        base = offset - offset % unit
-        data = self._client._run(f.pread(base, unit))
-        self._unit = (base, data)
-        start = offset - base
-        return data[start : start + length]
+        if length < unit:  # up to the unit's end: the next small read finds it hot
+            length = min(length, block_end - offset, (offset // unit + 1) * unit - offset)
+        return self._client._run(f.pread(offset, length))
 
     def refresh(self) -> bool:
         """Re-read a read-only handle's layout (see :meth:`PCacheFile.refresh`); True if it changed."""
-        changed = self._client._run(self._f.refresh())
-        if changed:
-            self._unit = None  # cached by offset: the bytes there may be another block's now
-        return changed
+        return self._client._run(self._f.refresh())  # drops the handle's hot unit when it changed
 
     def write(self, data) -> int:
         return self._client._run(self._f.write(data))

@@ -195,6 +195,11 @@ class ClientConfig:
     """Bytes fetched per data-plane read request."""
     readahead_units: int = 4
     """Read units prefetched ahead of a sequential reader."""
+    read_budget: int = 512 * MiB
+    """Bytes of read units (the unit being read and the read-ahead) all open files of this client
+    may cache together, under one LRU (:mod:`pcache.client.budget`): a mount's read memory stays
+    within it however many files are open. Past it, read-ahead pauses and reads fetch just the
+    bytes asked for."""
     max_inflight_blocks: int = 4
     """Blocks a writer may have in flight (write-behind bound, memory = this x block size)."""
     short_circuit: bool = True
@@ -356,6 +361,7 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("master", "commit_timeout"): (0.5, 3600),
     ("master", "log_tail_entries"): (1, 100_000_000),
     ("client", "failover_timeout"): (0, 3600),
+    ("client", "read_budget"): (0, 1 << 50),
     ("worker", "capacity_bytes"): (0, 1 << 60),
     ("worker", "reserve_bytes"): (0, 1 << 60),
     ("worker", "mem_tier_bytes"): (0, 1 << 50),

@@ -43,16 +43,20 @@ def test_kill_worker_during_1gib_read(make_cluster) -> None:
         assert replica_counts(pc, "/big") == [2] * 16
 
     # read with TCP only, so the dead worker is really on the read path
-    cfg = ClientConfig(master=cluster.master_address, short_circuit=False, io_timeout=4.0, connect_timeout=2.0)
+    cfg = ClientConfig(
+        master=cluster.master_address, short_circuit=False, io_timeout=4.0, connect_timeout=2.0, read_budget=48 * MiB
+    )
     got = hashlib.sha256()
     worst = 0.0
     killed = False
+    held = 0  # bytes of read units the reader cached at most (its read-ahead included)
     with Client(cfg) as pc, pc.open("/big", "rb") as f:
         done = 0
         while True:
             start = time.monotonic()
             chunk = f.read(8 * MiB)
             worst = max(worst, time.monotonic() - start)
+            held = max(held, pc.aio.read_budget.used)
             if not chunk:
                 break
             got.update(chunk)
@@ -63,6 +67,7 @@ def test_kill_worker_during_1gib_read(make_cluster) -> None:
     assert killed and done == GiB
     assert got.digest() == digest.digest()
     assert worst < 5.0, f"a read stalled {worst:.1f}s"
+    assert 0 < held <= 48 * MiB
 
     with Client(master=cluster.master_address) as pc:
         wait_for(lambda: replica_counts(pc, "/big") == [2] * 16, 90, "RF=2 restored")
