@@ -189,6 +189,7 @@ class DataClient:
         self._detached: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
         self._idle: dict[tuple[str, int], list[Conn]] = defaultdict(list)
+        self._socks: dict[tuple[str, int], list[socket.socket]] = defaultdict(list)  # plain-TCP readers
         self._sc_dead: dict[str, float] = {}  # UNIX socket -> until when it is skipped (TCP instead)
         self._sc_open: OrderedDict[tuple[str, int], _ScBlock] = OrderedDict()
         tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
@@ -221,6 +222,10 @@ class DataClient:
             for _, writer in conns:
                 framing.close_writer(writer)
         self._idle.clear()
+        for socks in self._socks.values():
+            for sock in socks:
+                sock.close()
+        self._socks.clear()
         for entry in self._sc_open.values():
             entry.close_when_idle()
         self._sc_open.clear()
@@ -249,7 +254,7 @@ class DataClient:
         crc: int = 0,
         *,
         first_byte: float | None = None,
-    ) -> bytes:
+    ) -> bytes | bytearray:
         """Read ``length`` bytes at ``offset`` of a block from one worker (TCP), with the block's
         ``token`` (from its location); ``crc``: the committed CRC32C of the whole block (0: unknown).
         ``first_byte``: seconds to wait for the answer to start (default ``stall_timeout``; longer
@@ -260,6 +265,8 @@ class DataClient:
             NotFound, CorruptBlock: the replica is missing or bad. WrongBlock: it holds other bytes.
             PermissionDenied: the worker refuses the token (expired: ask the master again).
         """
+        if self.tls is None:
+            return await self._read_plain(addr, block_id, offset, length, token, crc, first_byte=first_byte)
         started = time.monotonic()
         try:
             conn = await self._acquire(addr)
@@ -287,6 +294,54 @@ class DataClient:
                 self._release(addr, conn)
             else:
                 framing.close_writer(conn[1])
+
+    async def _read_plain(
+        self,
+        addr: pb.WorkerAddr,
+        block_id: int,
+        offset: int,
+        length: int,
+        token: str,
+        crc: int,
+        *,
+        first_byte: float | None,
+    ) -> bytearray:
+        """:meth:`read` over a plain socket: the payload lands in one buffer (``recv_into``)."""
+        started = time.monotonic()
+        idle = self._socks[(addr.host, addr.port)]
+        sock = None
+        while idle and sock is None:
+            sock = idle.pop()
+            if not framing.sock_alive(sock):
+                sock.close()
+                sock = None
+        try:
+            if sock is None:
+                sock = await framing.sock_connect(addr.host, addr.port, self.cfg.connect_timeout)
+        except (Unavailable, Timeout):
+            self.health.suspect(addr.worker_id)
+            raise
+        ok = False
+        try:
+            hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
+            await framing.sock_request(sock, hdr, self.cfg.stall_timeout)
+            reply, plen = await framing.sock_read_header(sock, first_byte or self.cfg.stall_timeout)  # first byte
+            data = await framing.sock_read_payload(sock, plen, self.cfg.stall_timeout)
+            ok = True
+            self.health.answered(addr.worker_id, time.monotonic() - started)
+            framing.raise_if_error(reply)
+            check_block_crc(addr, block_id, crc, reply.crc32c)
+            if len(data) != length:
+                raise CorruptBlock(f"block {block_id}: asked {length} bytes, got {len(data)}")
+            return data
+        except (Unavailable, Timeout):
+            self.health.suspect(addr.worker_id)
+            raise
+        finally:
+            if ok and len(idle) < POOL_PER_WORKER:
+                idle.append(sock)
+            else:
+                sock.close()
 
     async def read_raw(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> bytes:
         """Salvage: unchecked bytes of a block's file on one worker (TCP); the caller verifies them.

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from pcache.common.config import ClientConfig
 
 logger = logging.getLogger(__name__)
+Buffer = bytes | bytearray  # block bytes as read: a TCP read lands in a bytearray (no copy to bytes)
 
 # PermissionDenied: a block token expired (or the replica moved): the next replica, then fresh locations
 READ_FAILOVER_ERRORS = (Unavailable, Timeout, CorruptBlock, NotFound, PermissionDenied)
@@ -169,7 +170,7 @@ class PCacheFile:
         self._budget = service.read_budget
         # the unit a demand read last used: (file offset, bytes, unit key); the sync bridge serves
         # small reads inside it from the caller's thread. Cleared when the unit is dropped.
-        self.hot: tuple[int, bytes, tuple[int, int]] | None = None
+        self.hot: tuple[int, Buffer, tuple[int, int]] | None = None
         self._flush_slots = asyncio.Semaphore(max(1, self.cfg.max_inflight_blocks))
         self._slot_lock = asyncio.Lock()  # concurrent pwrites into one block load its old bytes once
         self._append_lock = asyncio.Lock()
@@ -291,7 +292,7 @@ class PCacheFile:
             return bytes(n)
         avail = min(n, slot.length - off)
         unit = self.cfg.read_unit
-        out: list[bytes] = []
+        out: list[Buffer | memoryview] = []
         pos = off
         while pos < off + avail:
             k = pos // unit
@@ -302,13 +303,13 @@ class PCacheFile:
             else:
                 start = pos - k * unit
                 take = min(len(data) - start, take)
-                out.append(data[start : start + take])
+                out.append(memoryview(data)[start : start + take])  # one copy, by the join below
             pos += take
         if avail < n:
             out.append(bytes(n - avail))
         return b"".join(out)
 
-    async def _unit(self, idx: int, k: int) -> bytes | None:
+    async def _unit(self, idx: int, k: int) -> Buffer | None:
         """Unit ``k`` of slot ``idx`` (cached, admitted against the client's read budget), after
         starting the read-ahead of a sequential reader; None when the budget has no room."""
         slot = self.slots[idx]
@@ -388,7 +389,7 @@ class PCacheFile:
         self._budget.release(self, key)  # also when the file forgot it already
         return True
 
-    async def _fetch(self, idx: int, offset: int, length: int) -> bytes:
+    async def _fetch(self, idx: int, offset: int, length: int) -> Buffer:
         """Read a byte range of a clean slot's block, failing over between replicas.
 
         When every replica fails, the handle asks the master where the block is now. In a writer,
@@ -417,7 +418,7 @@ class PCacheFile:
             f"{self.path}: no replica of block {slot.block_id} could be read ({'; '.join(errors) or 'no live replica'})"
         )
 
-    async def _read_successor(self, layout: pb.FileLayout, idx: int, offset: int, length: int) -> bytes:
+    async def _read_successor(self, layout: pb.FileLayout, idx: int, offset: int, length: int) -> Buffer:
         """Read ``length`` bytes at ``offset`` of the block that replaced slot ``idx``'s block."""
         gone = self.slots[idx].block_id
         if idx >= len(layout.blocks):
@@ -438,7 +439,7 @@ class PCacheFile:
 
     async def _hedged(
         self, order: list[pb.WorkerAddr], slot: Slot, offset: int, length: int, errors: list[str]
-    ) -> bytes | None:
+    ) -> Buffer | None:
         """Read from ``order[0]``; when it fails, or is slower than the hedging delay, from the next.
 
         The first good answer wins; the request that lost finishes or times out in the background
@@ -498,7 +499,7 @@ class PCacheFile:
         token: str,
         crc: int,
         first_byte: float | None = None,
-    ) -> bytes:
+    ) -> Buffer:
         data = self.service.data
         if not data.can_short_circuit(addr):
             try:

@@ -62,7 +62,7 @@ async def salvage(client: PCacheClient, path: str, dest: str) -> SalvageResult:
             extent = min(block_size, size - start)
             holders = list(loc.replicas) + quarantined.get(index, [])
             token = loc.token  # the master signs it for the good and the quarantined holders
-            chunks: list[bytes | None] = []
+            chunks: list[bytes | bytearray | None] = []
             for offset in range(0, loc.length if loc.block_id else 0, CHUNK_SIZE):
                 chunks.append(
                     await _chunk(client, holders, loc.block_id, offset, min(CHUNK_SIZE, loc.length - offset), token)
@@ -85,7 +85,9 @@ async def salvage(client: PCacheClient, path: str, dest: str) -> SalvageResult:
     return result
 
 
-async def _chunk(client: PCacheClient, holders: list, block_id: int, offset: int, n: int, token: str) -> bytes | None:
+async def _chunk(
+    client: PCacheClient, holders: list, block_id: int, offset: int, n: int, token: str
+) -> bytes | bytearray | None:
     for addr in holders:
         try:
             return await client.data.read(addr, block_id, offset, n, token)  # the worker checks the chunk's CRC

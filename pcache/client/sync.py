@@ -366,7 +366,7 @@ class File(io.RawIOBase):
         hot = f.hot  # one atomic read of the (offset, bytes, key) triple: safe across threads
         if hot is not None and hot[0] <= offset < hot[0] + len(hot[1]):
             start = offset - hot[0]
-            return hot[1][start : start + length]
+            return bytes(memoryview(hot[1])[start : start + length])
         unit = f.cfg.read_unit
         if length < unit:  # up to the unit's end: the next small read finds it hot
             length = min(length, block_end - offset, (offset // unit + 1) * unit - offset)

@@ -9,6 +9,7 @@ while it is still arriving. Every read and drain has a deadline.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import struct
 
@@ -20,7 +21,18 @@ PREFIX = struct.Struct(">IQ")
 MAX_HEADER_BYTES = 1 << 20
 MAX_PAYLOAD_BYTES = 1 << 40
 
-__all__ = ["CHUNK_SIZE", "read_header", "read_exactly", "write_frame", "error_header", "raise_if_error"]
+__all__ = [
+    "CHUNK_SIZE",
+    "read_header",
+    "read_exactly",
+    "write_frame",
+    "error_header",
+    "raise_if_error",
+    "sock_connect",
+    "sock_request",
+    "sock_read_header",
+    "sock_read_payload",
+]
 
 
 async def read_exactly(reader: asyncio.StreamReader, n: int, timeout: float) -> bytes:
@@ -78,12 +90,13 @@ async def read_header(
 async def write_frame(
     writer: asyncio.StreamWriter,
     header: pb.DataHeader,
-    payload: bytes | bytearray | memoryview | None = None,
+    payload: bytes | bytearray | memoryview | list[memoryview] | None = None,
     *,
     payload_len: int | None = None,
     timeout: float,
 ) -> None:
-    """Send a header and (all or the start of) a payload.
+    """Send a header and (all or the start of) a payload: one buffer, or several sent in order
+    without joining them.
 
     ``payload_len`` announces a longer payload whose remainder the caller
     streams with ``writer.write`` afterwards.
@@ -93,12 +106,12 @@ async def write_frame(
         Timeout: the peer did not drain within ``timeout`` seconds.
     """
     raw = header.SerializeToString()
-    body = payload if payload is not None else b""
-    length = len(body) if payload_len is None else payload_len
+    parts = payload if isinstance(payload, list) else [payload] if payload else []
+    length = sum(len(p) for p in parts) if payload_len is None else payload_len
     try:
         writer.write(PREFIX.pack(len(raw), length) + raw)
-        if body:
-            writer.write(body)
+        for part in parts:
+            writer.write(part)
     except (ConnectionError, OSError) as exc:
         raise Unavailable(f"connection lost: {exc}") from exc
     await drain(writer, timeout)
@@ -188,3 +201,124 @@ def close_writer(writer: asyncio.StreamWriter) -> None:
         writer.close()
     except Exception:  # noqa: BLE001 - closing a broken transport may raise anything
         pass
+
+
+# ---------------------------------------------------------------- plain sockets --
+# A client's block reads on plain TCP go through these, not a StreamReader: the payload is
+# received straight into one preallocated buffer (``recv_into``), where a StreamReader copies
+# every byte three more times (its buffer's extend, the slice, ``bytes``). TLS keeps the streams.
+
+
+async def sock_connect(host: str, port: int, timeout: float) -> socket.socket:
+    """A non-blocking TCP connection (``TCP_NODELAY``) within ``timeout`` seconds.
+
+    Raises:
+        Unavailable: refused or unreachable. Timeout: no answer in time.
+    """
+    loop = asyncio.get_running_loop()
+    sock: socket.socket | None = None
+    try:
+        async with asyncio.timeout(timeout):
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            family, kind, proto, _name, address = infos[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await loop.sock_connect(sock, address)
+            return sock
+    except TimeoutError as exc:
+        _close(sock)
+        raise Timeout(f"connect to {host}:{port} timed out after {timeout:.1f}s") from exc
+    except OSError as exc:
+        _close(sock)
+        raise Unavailable(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def sock_alive(sock: socket.socket) -> bool:
+    """Whether a pooled idle connection is still open (the peer has not closed or reset it)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK) != b""  # an idle connection has nothing to read
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def _close(sock: socket.socket | None) -> None:
+    if sock is not None:
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+
+async def sock_request(sock: socket.socket, header: pb.DataHeader, timeout: float) -> None:
+    """Send a header-only frame within ``timeout`` seconds.
+
+    Raises:
+        Unavailable: the connection broke. Timeout: not taken in time.
+    """
+    raw = header.SerializeToString()
+    try:
+        async with asyncio.timeout(timeout):
+            await asyncio.get_running_loop().sock_sendall(sock, PREFIX.pack(len(raw), 0) + raw)
+    except TimeoutError as exc:
+        raise Timeout(f"peer took nothing for {timeout:.1f}s") from exc
+    except OSError as exc:
+        raise Unavailable(f"connection lost: {exc}") from exc
+
+
+async def sock_recv_exactly(sock: socket.socket, view: memoryview, timeout: float) -> None:
+    """Fill ``view`` from the socket; ``timeout`` seconds at most without progress.
+
+    Raises:
+        Unavailable: the peer closed or the connection broke. Timeout: no bytes in time.
+    """
+    loop = asyncio.get_running_loop()
+    pos, n = 0, len(view)
+    try:
+        while pos < n:
+            async with asyncio.timeout(timeout):
+                got = await loop.sock_recv_into(sock, view[pos:])
+            if not got:
+                raise Unavailable("connection closed by peer")
+            pos += got
+    except TimeoutError as exc:
+        raise Timeout(f"peer sent nothing for {timeout:.1f}s") from exc
+    except OSError as exc:
+        if isinstance(exc, PCacheError):
+            raise
+        raise Unavailable(f"connection lost: {exc}") from exc
+
+
+async def sock_read_header(sock: socket.socket, timeout: float) -> tuple[pb.DataHeader, int]:
+    """:func:`read_header` on a plain socket: (header, payload length in bytes).
+
+    Raises:
+        ProtocolError: lengths out of bounds or an unparsable header. Unavailable, Timeout.
+    """
+    prefix = bytearray(PREFIX.size)
+    await sock_recv_exactly(sock, memoryview(prefix), timeout)
+    header_len, payload_len = PREFIX.unpack(prefix)
+    if header_len > MAX_HEADER_BYTES or payload_len > MAX_PAYLOAD_BYTES:
+        raise ProtocolError(f"frame lengths out of bounds ({header_len}, {payload_len})")
+    body = bytearray(header_len)
+    await sock_recv_exactly(sock, memoryview(body), timeout)
+    header = pb.DataHeader()
+    try:
+        header.ParseFromString(bytes(body))
+    except Exception as exc:  # protobuf raises DecodeError
+        raise ProtocolError(f"bad frame header: {exc}") from exc
+    return header, payload_len
+
+
+async def sock_read_payload(sock: socket.socket, n: int, timeout: float) -> bytearray:
+    """``n`` payload bytes received into one new buffer; ``timeout`` seconds at most without progress.
+
+    (An anonymous ``mmap`` instead of the ``bytearray``, which CPython zeroes first, was slower:
+    its page faults cost more than the zeroing of heap memory glibc reuses.)
+    """
+    out = bytearray(n)
+    if n:
+        await sock_recv_exactly(sock, memoryview(out), timeout)
+    return out

@@ -452,7 +452,7 @@ class WorkerServer:
                 if addr.worker_id == self.worker_id:
                     continue
                 try:
-                    data = await self._peers.read(addr, loc.block_id, 0, loc.length, loc.token, loc.crc32c)
+                    data = bytes(await self._peers.read(addr, loc.block_id, 0, loc.length, loc.token, loc.crc32c))
                     break
                 except PCacheError as exc:
                     errors.append(f"{addr.worker_id}: {exc}")
