@@ -161,6 +161,7 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
             "fsname": "pcache:" + client_cfg.master.replace(",", "+"),  # a comma would split the -o options
             "subtype": "pcache",
             "default_permissions": True,
+            "use_ino": True,  # st_ino is PCache's inode number: two hard links show one file
             "attr_timeout": opts.attr_timeout,
             "entry_timeout": opts.entry_timeout,
             "negative_timeout": opts.negative_timeout,

@@ -98,7 +98,7 @@ class PCacheOperations(mfusepy.Operations):
         # inode -> the version whose bytes the kernel's page cache holds for it (0: unknown).
         # An open keeps the page cache only when it opens that same version (close-to-open
         # without libfuse's auto_cache window, in which a second mount read old pages).
-        self._paged: OrderedDict[int, int] = OrderedDict()
+        self._paged: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._cursors: dict[int, DirCursor] = {}  # directory handle -> its READDIRPLUS cursor
 
     # ---------------------------------------------------------- handles --
@@ -151,7 +151,7 @@ class PCacheOperations(mfusepy.Operations):
         return {
             "st_mode": st.mode,
             "st_ino": st.inode,
-            "st_nlink": 2 if st.is_dir else 1,
+            "st_nlink": st.nlink,
             "st_size": size if not st.is_dir else 4096,
             "st_uid": st.uid,
             "st_gid": st.gid,
@@ -169,6 +169,8 @@ class PCacheOperations(mfusepy.Operations):
         if f is not None and not f.writable():
             f = self._writer_of_inode(f.inode) or f
         st = self.client.stat(path) if f is None or f.closed else self.client.stat(f.name)
+        if f is None and not st.is_dir:
+            f = self._writer_of_inode(st.inode)  # written here under another name (a hard link)
         size = f.size if f is not None and f.writable() else st.size
         if not st.is_dir:
             self._know(st.inode, size=size)
@@ -180,9 +182,10 @@ class PCacheOperations(mfusepy.Operations):
         if f is None:
             return False
         with self._lock:
-            keep = self._paged.get(f.inode) == f.version
-            self._paged[f.inode] = f.version  # when not kept, the kernel drops the pages now
-            self._paged.move_to_end(f.inode)
+            key = (f.inode, f.name)  # the kernel caches pages per name: two hard links, two caches
+            keep = self._paged.get(key) == f.version
+            self._paged[key] = f.version  # when not kept, the kernel drops the pages now
+            self._paged.move_to_end(key)
             while len(self._paged) > KNOWN_INODES:
                 self._paged.popitem(last=False)
         return keep
@@ -195,8 +198,9 @@ class PCacheOperations(mfusepy.Operations):
         with self._lock:
             # the pages hold the old version plus this writer's bytes: the new version exactly
             # only when nobody else committed in between (no merge)
-            exact = f.version == before + 1 and self._paged.get(f.inode) == before
-            self._paged[f.inode] = f.version if exact else 0
+            key = (f.inode, f.name)
+            exact = f.version == before + 1 and self._paged.get(key) == before
+            self._paged[key] = f.version if exact else 0
 
     def _know(self, inode: int, *, size: int | None = None, version: int = 0) -> None:
         with self._lock:
@@ -359,7 +363,9 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def link(self, target: str, source: str) -> int:
-        raise FuseOSError(errno.EPERM)  # no hard links: tools (git, cp) fall back to copies
+        # mfusepy: link(the new name, the existing file)
+        self.client.link(source, target)
+        return 0
 
     @translate_errors
     def mknod(self, path: str, mode: int, dev: int) -> int:

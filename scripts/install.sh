@@ -20,6 +20,14 @@ if ! command -v etcd >/dev/null 2>&1; then
     echo "install.sh: etcd missing and cannot apt-get it; election tests will be skipped" >&2
   fi
 fi
+# A C compiler and perl's prove for the vendored pjdfstest suites (tests/fuse_client/pjdfstest)
+if ! command -v cc >/dev/null 2>&1 || ! command -v prove >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev perl >/dev/null
+  else
+    echo "install.sh: cc or prove missing and cannot apt-get them; pjdfstest will be skipped" >&2
+  fi
+fi
 # PyTorch: the CPU build (2.13.0) first, so the range in pyproject.toml pulls nothing bigger
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "torch==2.13.0"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[test,dev]'

@@ -99,7 +99,7 @@ def parse_uri(uri: str) -> tuple[str, str]:
     """``pcache://host:port/a/b`` -> (``host:port``, ``/a/b``).
 
     Raises:
-        BadURI: a bad path (``..``, ``//`` inside, over PATH_MAX).
+        BadURI: a bad path (``..``, ``//`` inside, over 32 KiB).
     """
     parsed = urlparse(uri)
     master = parsed.netloc or ClientConfig().master

@@ -116,6 +116,20 @@ def mv(ctx: click.Context, src: str, dst: str) -> None:
         pc.rename(src, dst)
 
 
+@click.command(epilog="Example: pcache ln /datasets/wiki/v3 /datasets/wiki/latest")
+@click.argument("src")
+@click.argument("dst")
+@click.option("-s", "symbolic", is_flag=True, help="Make a symbolic link to SRC (SRC is not checked).")
+@click.pass_context
+def ln(ctx: click.Context, src: str, dst: str, symbolic: bool) -> None:
+    """Make DST a hard link to the file SRC (another name of it), or with -s a symbolic link."""
+    with _client(ctx) as pc:
+        if symbolic:
+            pc.symlink(src, dst)
+        else:
+            pc.link(src, dst)
+
+
 @click.command(epilog="Example: pcache du /datasets")
 @click.argument("paths", nargs=-1)
 @click.option("-h", "human", is_flag=True, help="Human-readable sizes.")
@@ -140,4 +154,4 @@ def cat(ctx: click.Context, path: str) -> None:
             out.write(chunk)
 
 
-COMMANDS = [put, get, ls, stat_cmd, rm, mkdir, mv, du, cat]
+COMMANDS = [put, get, ls, stat_cmd, rm, mkdir, mv, ln, du, cat]

@@ -95,6 +95,7 @@ class FileStat:
     etag: str = ""  # listed from a bound under-store: the object's ETag when last listed or checked
     persist: str = ""  # under a write-back bind: "pending", "done" or "failed" ("" elsewhere)
     persist_error: str = ""  # the last failed upload's error
+    nlink: int = 1  # names of a file (hard links); a directory's 2 + its subdirectories
 
     @property
     def is_dir(self) -> bool:
@@ -121,6 +122,7 @@ class FileStat:
             replication=node.replication,
             blocks=len(node.blocks),
             version=node.version,
+            nlink=2 + node.subdirs if node.type == pb.DIRECTORY else node.nlink or 1,
             symlink_target=node.symlink_target,
             uid=node.uid,
             gid=node.gid,
@@ -293,6 +295,18 @@ class PCacheClient:
         path = normalize(path)
         self.invalidate(path)
         await self.master.symlink(path, target, _owner(owner))
+
+    async def link(self, src: str, dst: str) -> FileStat:
+        """Make ``dst`` another name (a hard link) of the file at ``src`` (not followed if a symlink).
+
+        Raises:
+            NotFound, AlreadyExists, NotPermitted (a directory: EPERM), CrossTenant (EXDEV),
+            NotSupported (under a bound path).
+        """
+        src, dst = normalize(src), normalize(dst)
+        self.invalidate(src)
+        self.invalidate(dst)
+        return FileStat.from_inode(dst, await self.master.link(src, dst))
 
     async def mknod(self, path: str, mode: int, rdev: int = 0, *, owner: tuple[int, int] | None = None) -> FileStat:
         """Create a FIFO, socket or device node (``mode`` carries the ``S_IF*`` type bits).

@@ -33,6 +33,7 @@ MUTATIONS = frozenset(
         "Mkdir",
         "Create",
         "Symlink",
+        "Link",
         "Rename",
         "Delete",
         "SetAttr",
@@ -303,6 +304,9 @@ class MasterClient:
         return await self._call(
             "Symlink", pb.SymlinkRequest(header=self.header(), path=path, target=target, owner=owner)
         )
+
+    async def link(self, src: str, dst: str) -> pb.Inode:
+        return await self._call("Link", pb.LinkRequest(header=self.header(), src=src, dst=dst))
 
     async def listdir(self, path: str, start_after: str = "", limit: int = 0) -> pb.ListDirResponse:
         return await self._call(

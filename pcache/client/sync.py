@@ -148,6 +148,9 @@ class Client:
                 return
             after = entries[-1].name
 
+    def link(self, src: str, dst: str) -> FileStat:
+        return self._run(self.aio.link(src, dst))
+
     def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
         self._run(self.aio.rename(src, dst, no_replace=no_replace))
 

@@ -164,6 +164,12 @@ class PermissionDenied(PCacheError, PermissionError):
     errno_code = _errno.EACCES
 
 
+class NotPermitted(PCacheError, PermissionError):
+    """The operation is never allowed on this kind of object (a hard link to a directory: EPERM)."""
+
+    errno_code = _errno.EPERM
+
+
 class NotSupported(PCacheError):
     """The operation is not supported here."""
 
@@ -235,6 +241,7 @@ ERRORS_BY_NAME: dict[str, type[PCacheError]] = {
         FileTooLarge,
         TooLarge,
         PermissionDenied,
+        NotPermitted,
         NotSupported,
         Unavailable,
         NotLeader,

@@ -2,8 +2,11 @@
 
 Paths are absolute, ``/``-separated, and may not contain ``..``, ``.``, NUL,
 or empty components (``//`` is tolerated as a separator run only at the
-edges, as POSIX allows a trailing slash). Limits follow Linux: 255 bytes per
-component (``NAME_MAX``), 4096 bytes per path (``PATH_MAX``).
+edges, as POSIX allows a trailing slash). Limits: 255 bytes per component
+(``NAME_MAX``, as Linux); a whole path up to ``MAX_PATH`` (32 KiB), more than Linux's
+``PATH_MAX`` (4096 bytes, a limit on one system call's argument): a FUSE mount hands over paths
+from its root, a process whose working directory is deep in the tree names files beyond
+``PATH_MAX`` from there, and a tenant's paths gain its root's prefix in the master.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 from pcache.common.errors import InvalidEncoding, InvalidPath, NameTooLong
 
 NAME_MAX = 255
-PATH_MAX = 4096
+PATH_MAX = 4096  # Linux's: a symlink target, one argument of a system call
+MAX_PATH = 32 * 1024  # bytes of a whole path in the namespace
 
 
 def split_path(path: str) -> list[str]:
@@ -20,7 +24,7 @@ def split_path(path: str) -> list[str]:
     Raises:
         InvalidPath: not a string, not absolute, NUL, ``.``/``..``, or an
             empty component in the middle (``/a//b``).
-        NameTooLong: a component over 255 bytes or the path over 4096.
+        NameTooLong: a component over 255 bytes or the path over ``MAX_PATH``.
     """
     if not isinstance(path, str) or not path:
         raise InvalidPath("path must be a non-empty string", path=repr(path))
@@ -32,8 +36,8 @@ def split_path(path: str) -> list[str]:
         size = len(path.encode("utf-8"))
     except UnicodeEncodeError as exc:  # bytes that are not UTF-8 (FUSE hands them over as surrogate escapes)
         raise InvalidEncoding("name is not valid UTF-8 (PCache names are UTF-8)", path=repr(path)) from exc
-    if size > PATH_MAX:
-        raise NameTooLong(f"path longer than {PATH_MAX} bytes", path=path[:64] + "...")
+    if size > MAX_PATH:
+        raise NameTooLong(f"path longer than {MAX_PATH} bytes", path=path[:64] + "...")
     trimmed = path.strip("/")
     if not trimmed:
         return []

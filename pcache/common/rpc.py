@@ -44,6 +44,7 @@ STATUS_BY_ERROR: dict[type[E.PCacheError], grpc.StatusCode] = {
     E.FileTooLarge: grpc.StatusCode.OUT_OF_RANGE,
     E.TooLarge: grpc.StatusCode.INVALID_ARGUMENT,
     E.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    E.NotPermitted: grpc.StatusCode.FAILED_PRECONDITION,
     E.NotSupported: grpc.StatusCode.UNIMPLEMENTED,
     E.Unavailable: grpc.StatusCode.UNAVAILABLE,
     E.NotLeader: grpc.StatusCode.FAILED_PRECONDITION,  # not UNAVAILABLE: gRPC would retry the same master

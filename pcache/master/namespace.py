@@ -48,6 +48,11 @@ def _dkey(parent: int, name: str) -> bytes:
     return b"d" + U64.pack(parent) + name.encode("utf-8", "surrogateescape")
 
 
+def links(node: pb.Inode) -> int:
+    """Names of a non-directory inode (``nlink``; inodes made before hard links count 1)."""
+    return node.nlink or 1
+
+
 def _bkey(block: int) -> bytes:
     return b"b" + U64.pack(block)
 
@@ -253,6 +258,7 @@ class Namespace:
     def _mkdir_in(self, parent: pb.Inode, name: str, mode: int, uid: int = 0, gid: int = 0) -> pb.Inode:
         node = self._new_inode(parent, pb.DIRECTORY, mode, uid=uid, gid=gid)
         now = node.mtime
+        parent.subdirs += 1
         self.store.write(
             [
                 (_ikey(node.id), node.SerializeToString()),
@@ -369,6 +375,51 @@ class Namespace:
         node.name = name
         return node
 
+    def link(self, src: str, dst: str) -> pb.Inode:
+        """Make ``dst`` another name of the non-directory at ``src`` (a hard link; a symlink at
+        ``src`` is linked itself, as ``linkat`` without ``AT_SYMLINK_FOLLOW``). The inode counts its
+        names (``nlink``); its content, blocks and quota charge are shared, and it goes when its
+        last name does.
+
+        Raises:
+            NotFound: ``src``, or ``dst``'s parent. AlreadyExists: ``dst`` exists.
+            NotPermitted: ``src`` is a directory (link(2)'s EPERM).
+            CrossTenant: the names are in two tenants' trees (EXDEV).
+            NotSupported: either name is under a bound path (one object per name in the store).
+        """
+        src_parent, src_name = self._resolve_parent(src)
+        ino = self._lookup(src_parent.id, src_name)
+        if ino is None:
+            raise E.NotFound("no such file or directory", path=src)
+        node = self._get_inode(ino)
+        if node.type == pb.DIRECTORY:
+            raise E.NotPermitted("a directory cannot be hard-linked", path=src)
+        dst_parent, dst_name = self._resolve_parent(dst)
+        if self._lookup(dst_parent.id, dst_name) is not None:
+            raise E.AlreadyExists("file exists", path=dst)
+        for path in (src, dst):
+            bind = self.binds.covering(path)
+            if bind is not None or node.bind:
+                raise E.NotSupported(f"hard links are not supported under a bound path ({bind.uri if bind else 'bound'})",
+                                     path=path)  # fmt: skip
+        if node.tenant != dst_parent.tenant:
+            raise E.CrossTenant(
+                f"cannot link across tenants ({node.tenant or 'no tenant'!r} -> {dst_parent.tenant or 'no tenant'!r})",
+                path=dst,
+            )
+        now = time.time()
+        node.nlink = links(node) + 1
+        node.ctime = now
+        self.store.write(
+            [
+                (_ikey(node.id), node.SerializeToString()),
+                (_dkey(dst_parent.id, dst_name), U64.pack(node.id)),
+                (_ikey(dst_parent.id), self._touch(dst_parent, now)),
+            ]
+        )
+        node.name = dst_name
+        return node
+
     def listdir(self, path: str, *, start_after: str = "", limit: int = 1000) -> tuple[list[pb.Inode], bool]:
         """List a directory in name order, one page at a time.
 
@@ -418,10 +469,15 @@ class Namespace:
         node = self._get_inode(ino)
         self._check_bound_writable(node, src)
         dst_parent, dst_name = self._resolve_parent(dst)
+        if dst_parent.id == src_parent.id:
+            dst_parent = src_parent  # one record for both roles: its changes are written once
         # after the lookups, as rename(2): a missing src is ENOENT and a file src is ENOTDIR
         if dst_parts[: len(src_parts)] == src_parts and len(dst_parts) > len(src_parts):
             raise E.InvalidArgument("cannot move a directory into itself", path=dst)
         if src_parts == dst_parts:
+            node.name = dst_name
+            return node, Freed([])
+        if self._lookup(dst_parent.id, dst_name) == node.id:  # two names of one file: rename(2) does nothing
             node.name = dst_name
             return node, Freed([])
         self.binds.check_movable(src, "rename it")
@@ -461,10 +517,16 @@ class Namespace:
                     raise E.DirectoryNotEmpty("destination directory is not empty", path=dst)
             elif node.type == pb.DIRECTORY:
                 raise E.NotADirectory("destination is not a directory", path=dst)
-            deletes.append(_ikey(victim.id))
-            puts += self.persist.cancel(victim.id)  # its object is replaced by the moved file's, or stays
-            freed = self._collect_blocks([victim], deletes)
-            puts += self.tenants.charge({victim.tenant: [-1, -freed_bytes(freed.blocks)]})
+            if victim.type != pb.DIRECTORY and links(victim) > 1:  # only this name of it goes
+                victim.nlink, victim.ctime = links(victim) - 1, now
+                puts.append((_ikey(victim.id), victim.SerializeToString()))
+            else:
+                deletes.append(_ikey(victim.id))
+                puts += self.persist.cancel(victim.id)  # its object is replaced by the moved file's, or stays
+                freed = self._collect_blocks([victim], deletes)
+                puts += self.tenants.charge({victim.tenant: [-1, -freed_bytes(freed.blocks)]})
+            if victim.type == pb.DIRECTORY:
+                dst_parent.subdirs = max(0, dst_parent.subdirs - 1)
         moves, moved = self._writeback_moves(src, dst)  # after every check; walks what is still at src
         if node.id in moved:
             node.persist, node.persist_error = moved.pop(node.id).persist, ""
@@ -472,6 +534,9 @@ class Namespace:
         node.ctime = now
         puts.append((_ikey(node.id), node.SerializeToString()))
         puts.append((_dkey(dst_parent.id, dst_name), U64.pack(node.id)))
+        if node.type == pb.DIRECTORY and src_parent.id != dst_parent.id:
+            src_parent.subdirs = max(0, src_parent.subdirs - 1)
+            dst_parent.subdirs += 1
         if src_parent.id == dst_parent.id:
             puts.append((_ikey(src_parent.id), self._touch(src_parent, now)))
         else:
@@ -517,6 +582,14 @@ class Namespace:
         self.binds.check_movable(path, "delete it")
         self.binds.check_writable(path)
         self._check_bound_writable(node, path)
+        if node.type != pb.DIRECTORY and links(node) > 1:  # another name keeps the file
+            now = time.time()
+            node.nlink, node.ctime = links(node) - 1, now
+            self.store.write(
+                [(_ikey(node.id), node.SerializeToString()), (_ikey(parent.id), self._touch(parent, now))],
+                [_dkey(parent.id, name)],
+            )
+            return Freed([])
         gone, _ = self._writeback_moves(path, "")  # uploads canceled, persisted objects deleted in order
         return self._remove(parent, name, node, path, extra=gone)
 
@@ -543,17 +616,31 @@ class Namespace:
         deletes: list[bytes] = [_dkey(parent.id, name), _ikey(node.id)]
         victims = [node]
         roots = self.tenants.root_inodes()
+        kept: list[tuple[bytes, bytes]] = []  # hard-linked files with names outside the tree
         if node.type == pb.DIRECTORY:
+            names: dict[int, int] = {}  # inode -> its names in the tree
+            found: dict[int, pb.Inode] = {}
             stack = [node.id]
             while stack:
                 dir_id = stack.pop()
                 prefix = b"d" + U64.pack(dir_id)
                 for key, raw in self.store.scan(prefix):
                     child = self._get_inode(U64.unpack(raw)[0])
-                    deletes += [key, _ikey(child.id)]
-                    victims.append(child)
+                    deletes.append(key)
+                    names[child.id] = names.get(child.id, 0) + 1
+                    found[child.id] = child
                     if child.type == pb.DIRECTORY:
                         stack.append(child.id)
+            now = time.time()
+            for ino, child in found.items():
+                if child.type != pb.DIRECTORY and links(child) > names[ino]:
+                    child.nlink, child.ctime = links(child) - names[ino], now
+                    kept.append((_ikey(ino), child.SerializeToString()))
+                else:
+                    deletes.append(_ikey(ino))
+                    victims.append(child)
+        if node.type == pb.DIRECTORY:
+            parent.subdirs = max(0, parent.subdirs - 1)
         for victim in victims:
             if victim.id in roots and not (drop_tenant and victim is node):
                 raise E.InvalidArgument(
@@ -570,7 +657,12 @@ class Namespace:
         writing: list[int] = []
         if drop_tenant:
             deltas.pop(drop_tenant, None)  # its record goes: not charged
-        puts = [(_ikey(parent.id), self._touch(parent, time.time())), *self.tenants.charge(deltas), *(extra or [])]
+        puts = [
+            (_ikey(parent.id), self._touch(parent, time.time())),
+            *self.tenants.charge(deltas),
+            *(extra or []),
+            *kept,
+        ]
         for victim in victims:
             if victim.id in self.persist.by_inode:
                 puts += self.persist.cancel(victim.id)
@@ -768,6 +860,7 @@ class Namespace:
         puts: list[tuple[bytes, bytes]] = []
         if ino is None:
             node = self._new_inode(parent, pb.DIRECTORY, 0o755)
+            parent.subdirs += 1
             puts += [
                 (_dkey(parent.id, parts[-1]), U64.pack(node.id)),
                 (_ikey(parent.id), self._touch(parent, node.mtime)),
@@ -829,6 +922,7 @@ class Namespace:
         puts: list[tuple[bytes, bytes]] = []
         if ino is None:
             node = self._new_inode(parent, pb.DIRECTORY, 0o755)
+            parent.subdirs += 1
             puts += [
                 (_ikey(node.id), node.SerializeToString()),
                 (_dkey(parent.id, name), U64.pack(node.id)),
@@ -910,6 +1004,7 @@ class Namespace:
             kind = pb.DIRECTORY if is_dir else pb.REGULAR
             if is_dir:
                 node = self._new_inode(parent, kind, 0o755)
+                parent.subdirs += 1
             else:
                 node = self._new_inode(
                     parent, kind, mode, block_size=self.default_block_size, replication=self.default_replication

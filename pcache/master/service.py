@@ -47,6 +47,7 @@ MASTER_SCOPES: dict[str, frozenset[str]] = {
             "Mkdir",
             "Create",
             "Symlink",
+            "Link",
             "ListDir",
             "Rename",
             "Delete",
@@ -280,6 +281,13 @@ class MasterServicer(pb_grpc.MasterServicer):
 
         await self._ready(request.path)
         return await self._mutate(request.header, "Symlink", pb.Inode, apply)
+
+    @rpc_method
+    async def Link(self, request: pb.LinkRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
+        def apply(ns: Namespace, _: BlockManager, scope: Scope) -> pb.Inode:
+            return ns.link(scope.inside(request.src), scope.inside(request.dst))
+
+        return await self._mutate(request.header, "Link", pb.Inode, apply)
 
     @rpc_method
     async def ListDir(self, request: pb.ListDirRequest, context: grpc.aio.ServicerContext) -> pb.ListDirResponse:

@@ -85,7 +85,7 @@ class WorkerAddr(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., uds_path: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev", "created", "tenant", "bind", "ufs_key", "etag", "seen", "listed", "persist", "persist_error")
+    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev", "created", "tenant", "bind", "ufs_key", "etag", "seen", "listed", "persist", "persist_error", "nlink", "subdirs")
     class XattrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,8 @@ class Inode(_message.Message):
     LISTED_FIELD_NUMBER: _ClassVar[int]
     PERSIST_FIELD_NUMBER: _ClassVar[int]
     PERSIST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    NLINK_FIELD_NUMBER: _ClassVar[int]
+    SUBDIRS_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: FileType
     mode: int
@@ -147,7 +149,9 @@ class Inode(_message.Message):
     listed: float
     persist: PersistState
     persist_error: str
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ..., created: _Optional[bool] = ..., tenant: _Optional[str] = ..., bind: _Optional[int] = ..., ufs_key: _Optional[str] = ..., etag: _Optional[str] = ..., seen: _Optional[float] = ..., listed: _Optional[float] = ..., persist: _Optional[_Union[PersistState, str]] = ..., persist_error: _Optional[str] = ...) -> None: ...
+    nlink: int
+    subdirs: int
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ..., created: _Optional[bool] = ..., tenant: _Optional[str] = ..., bind: _Optional[int] = ..., ufs_key: _Optional[str] = ..., etag: _Optional[str] = ..., seen: _Optional[float] = ..., listed: _Optional[float] = ..., persist: _Optional[_Union[PersistState, str]] = ..., persist_error: _Optional[str] = ..., nlink: _Optional[int] = ..., subdirs: _Optional[int] = ...) -> None: ...
 
 class PersistTask(_message.Message):
     __slots__ = ("seq", "kind", "inode", "version", "bind", "key", "upload_id", "parts", "staged", "size", "crc32c", "attempts", "error", "canceled", "uri")
@@ -326,6 +330,16 @@ class SymlinkRequest(_message.Message):
     target: str
     owner: Owner
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., target: _Optional[str] = ..., owner: _Optional[_Union[Owner, _Mapping]] = ...) -> None: ...
+
+class LinkRequest(_message.Message):
+    __slots__ = ("header", "src", "dst")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    src: str
+    dst: str
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ...) -> None: ...
 
 class ListDirRequest(_message.Message):
     __slots__ = ("header", "path", "start_after", "limit")

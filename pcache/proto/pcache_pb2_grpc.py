@@ -216,6 +216,11 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.SymlinkRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.Inode.FromString,
                 _registered_method=True)
+        self.Link = channel.unary_unary(
+                '/pcache.Master/Link',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.LinkRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.Inode.FromString,
+                _registered_method=True)
         self.ListDir = channel.unary_unary(
                 '/pcache.Master/ListDir',
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.ListDirRequest.SerializeToString,
@@ -381,6 +386,13 @@ class MasterServicer:
 
     def Symlink(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Link(self, request, context):
+        """a hard link: dst becomes another name of src
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -580,6 +592,11 @@ def add_MasterServicer_to_server(servicer, server):
             'Symlink': grpc.unary_unary_rpc_method_handler(
                     servicer.Symlink,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.SymlinkRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.Inode.SerializeToString,
+            ),
+            'Link': grpc.unary_unary_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.LinkRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.Inode.SerializeToString,
             ),
             'ListDir': grpc.unary_unary_rpc_method_handler(
@@ -830,6 +847,33 @@ class Master:
             target,
             '/pcache.Master/Symlink',
             pcache_dot_proto_dot_pcache__pb2.SymlinkRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.Inode.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/Link',
+            pcache_dot_proto_dot_pcache__pb2.LinkRequest.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.Inode.FromString,
             options,
             channel_credentials,

@@ -47,6 +47,13 @@ def test_pcache_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
 
         assert run("put", str(tmp_path / "hello.txt"), "/hello.txt").returncode == 0
         assert run("cat", "/hello.txt").stdout == "hello\n"
+        assert run("ln", "/hello.txt", "/hello-again.txt").returncode == 0
+        assert run("ln", "-s", "hello.txt", "/hello-link").returncode == 0
+        assert json.loads(run("stat", "/hello-again.txt").stdout)["nlink"] == 2
+        assert run("cat", "/hello-link").stdout == "hello\n"
+        assert run("mkdir", "/dir").returncode == 0
+        refused = run("ln", "/dir", "/dir-link")
+        assert refused.returncode == 2 and "cannot be hard-linked" in refused.stderr
         status = run("status", "--json")
         assert status.returncode == 0
         assert sum(w["alive"] for w in json.loads(status.stdout)["workers"]) == 2

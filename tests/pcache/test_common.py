@@ -20,7 +20,7 @@ from pcache.common.config import (
     load_config,
     parse_size,
 )
-from pcache.common.paths import NAME_MAX, PATH_MAX, join, normalize, parent_and_name, split_path
+from pcache.common.paths import MAX_PATH, NAME_MAX, PATH_MAX, join, normalize, parent_and_name, split_path
 from pcache.common.process import write_ready_file
 
 # --------------------------------------------------------------------- paths --
@@ -67,8 +67,11 @@ def test_name_and_path_limits() -> None:
         split_path("/" + "日" * 86)
     deep = "/" + "/".join(["d" * 15] * 256)  # 4096 bytes exactly
     assert len(deep) == PATH_MAX and len(split_path(deep)) == 256
+    # a whole path may pass Linux's PATH_MAX (a mount's cwd deep in the tree), up to MAX_PATH
+    deeper = "/" + "/".join(["d" * 127] * 256)  # 32,768 bytes
+    assert len(deeper) == MAX_PATH and len(split_path(deeper)) == 256
     with pytest.raises(E.NameTooLong):
-        split_path(deep + "x")
+        split_path(deeper + "x")
     assert issubclass(E.NameTooLong, E.InvalidPath)
 
 
@@ -279,6 +282,7 @@ EXPECTED = {
     "QuotaExceeded": (errno.EDQUOT, (OSError,), False),
     "CrossTenant": (errno.EXDEV, (OSError,), False),
     "PermissionDenied": (errno.EACCES, (PermissionError,), False),
+    "NotPermitted": (errno.EPERM, (PermissionError,), False),
     "NotSupported": (errno.EOPNOTSUPP, (OSError,), False),
     "FileTooLarge": (errno.EFBIG, (OSError,), False),
     "TooLarge": (errno.E2BIG, (ValueError,), False),

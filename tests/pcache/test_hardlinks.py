@@ -1,0 +1,129 @@
+"""Hard links in the namespace: names share one inode, its blocks and its quota charge."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pcache.common import errors as E
+from pcache.master.metastore import MetaStore, open_metastore
+from pcache.master.namespace import Namespace
+from tests.pcache.test_namespace import BLOCK, freed_ids, write
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetaStore]:
+    uri = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / 'meta'}"
+    store = open_metastore(uri)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def ns(store: MetaStore) -> Namespace:
+    return Namespace(store, default_block_size=BLOCK, default_replication=2)
+
+
+def test_a_link_is_another_name_of_the_same_inode(ns: Namespace) -> None:
+    ns.mkdir("/a")
+    ns.mkdir("/b")
+    blocks = write(ns, "/a/f", [BLOCK, 100])
+    linked = ns.link("/a/f", "/b/g")
+    assert linked.name == "g" and linked.nlink == 2
+    a, b = ns.resolve("/a/f"), ns.resolve("/b/g")
+    assert a.id == b.id and list(a.blocks) == blocks and a.nlink == b.nlink == 2
+    assert [e.name for e in ns.listdir("/b")[0]] == ["g"]
+    assert ns.resolve("/b").mtime >= a.ctime - 1  # the directory that got the name changed
+    # unlinking one name keeps the file and its blocks
+    assert freed_ids(ns.delete("/a/f", file=True)) == []
+    assert ns.resolve("/b/g").nlink == 1 and list(ns.resolve("/b/g").blocks) == blocks
+    with pytest.raises(E.NotFound):
+        ns.resolve("/a/f")
+    # the last name takes the blocks with it
+    assert freed_ids(ns.delete("/b/g", file=True)) == sorted(blocks)
+
+
+def test_link_errors(ns: Namespace) -> None:
+    ns.mkdir("/d")
+    write(ns, "/f", [10])
+    with pytest.raises(E.NotPermitted) as info:
+        ns.link("/d", "/d2")  # directories: EPERM, as link(2)
+    assert info.value.errno == errno.EPERM
+    with pytest.raises(E.AlreadyExists):
+        ns.link("/f", "/d")
+    with pytest.raises(E.NotFound):
+        ns.link("/missing", "/x")
+    with pytest.raises(E.NotFound):
+        ns.link("/f", "/nope/x")
+    ns.symlink("/s", "f")
+    assert ns.link("/s", "/s2").symlink_target == "f"  # the symlink itself, not followed
+
+
+def test_rename_over_a_linked_file_drops_one_name(ns: Namespace) -> None:
+    blocks = write(ns, "/f", [BLOCK])
+    ns.link("/f", "/g")
+    write(ns, "/h", [5])
+    _node, freed = ns.rename("/h", "/g")  # replaces one name of f: f keeps its blocks
+    assert freed_ids(freed) == []
+    assert ns.resolve("/f").nlink == 1 and list(ns.resolve("/f").blocks) == blocks
+    assert ns.resolve("/g").size == 5
+    # rename of one name onto another name of the same file: nothing happens (rename(2))
+    ns.link("/f", "/f2")
+    ns.rename("/f", "/f2")
+    assert ns.resolve("/f").id == ns.resolve("/f2").id and ns.resolve("/f").nlink == 2
+
+
+def test_a_recursive_delete_keeps_files_linked_from_outside(ns: Namespace) -> None:
+    ns.mkdir("/t/sub", parents=True)
+    inside = write(ns, "/t/sub/in", [BLOCK])
+    kept = write(ns, "/t/out", [BLOCK])
+    ns.link("/t/sub/in", "/t/sub/in2")  # both names in the tree: the file goes
+    ns.link("/t/out", "/keep")  # a name outside the tree: the file stays
+    freed = ns.delete("/t", recursive=True)
+    assert freed_ids(freed) == sorted(inside)
+    node = ns.resolve("/keep")
+    assert node.nlink == 1 and list(node.blocks) == kept
+
+
+def test_directory_nlink_counts_subdirectories(ns: Namespace) -> None:
+    ns.mkdir("/p")
+    assert ns.resolve("/p").subdirs == 0
+    ns.mkdir("/p/a")
+    ns.mkdir("/p/b/c", parents=True)
+    write(ns, "/p/file", [1])
+    assert ns.resolve("/p").subdirs == 2 and ns.resolve("/p/b").subdirs == 1
+    ns.mkdir("/q")
+    ns.rename("/p/a", "/q/a")
+    assert ns.resolve("/p").subdirs == 1 and ns.resolve("/q").subdirs == 1
+    ns.mkdir("/p/empty")
+    ns.rename("/q/a", "/p/empty")  # replaces an empty directory of /p
+    assert ns.resolve("/p").subdirs == 2 and ns.resolve("/q").subdirs == 0
+    ns.delete("/p/b", recursive=True)
+    ns.delete("/p/empty", directory=True)
+    assert ns.resolve("/p").subdirs == 0
+
+
+def test_links_stay_inside_a_tenant_and_are_charged_once(ns: Namespace) -> None:
+    ns.create_tenant("t1")
+    ns.create_tenant("t2")
+    write(ns, "/t1/f", [BLOCK])
+    used = ns.tenants.get("t1")
+    ns.link("/t1/f", "/t1/g")
+    after = ns.tenants.get("t1")
+    assert (after.used_inodes, after.used_bytes) == (used.used_inodes, used.used_bytes)
+    with pytest.raises(E.CrossTenant):
+        ns.link("/t1/f", "/t2/f")
+    ns.delete("/t1/f", file=True)
+    ns.delete("/t1/g", file=True)
+    gone = ns.tenants.get("t1")
+    assert gone.used_bytes == used.used_bytes - BLOCK and gone.used_inodes == used.used_inodes - 1
+
+
+def test_no_links_under_a_bind(ns: Namespace) -> None:
+    ns.bind("/bound", "s3://bucket/prefix", mode="writeback")
+    write(ns, "/outside", [1])
+    with pytest.raises(E.NotSupported):
+        ns.link("/outside", "/bound/x")
