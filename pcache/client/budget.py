@@ -1,4 +1,5 @@
-"""One byte budget for the read units every open file of a client caches.
+"""Byte budgets of one client: read units cached (:class:`ReadBudget`) and blocks being
+written behind (:class:`WriteBudget`), each shared by every open file of the client.
 
 Each open file reads in units (``read_unit`` bytes of one block) and keeps the unit being read
 plus ``readahead_units`` prefetched ahead of a sequential reader. Without a global bound the
@@ -15,7 +16,8 @@ All calls come from the client's event loop thread: no locking.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import asyncio
+from collections import OrderedDict, deque
 from typing import Protocol
 
 UnitKey = tuple[int, int]  # (block id, unit index in the block)
@@ -71,3 +73,44 @@ class ReadBudget:
         entry = self._lru.pop((id(owner), key), None)
         if entry is not None:
             self.used -= entry[1]
+
+
+class WriteBudget:
+    """Bytes of full blocks every writer of one client has handed to the workers and not yet
+    had acknowledged (write-behind). A writer whose next block would pass ``limit`` waits for
+    others' blocks to land (backpressure): a mount with many writers holds at most ``limit`` in
+    flight, plus each writer's block being filled (at most one block size per sequential writer).
+
+    A flush always completes or fails on its own, so a waiting writer never waits on itself.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.waits = 0  # flushes that had to wait for room
+        self._waiters: deque[asyncio.Future] = deque()
+
+    async def acquire(self, nbytes: int) -> int:
+        """Wait until ``nbytes`` (at most the whole limit) fit; returns the bytes granted."""
+        grant = min(nbytes, self.limit)
+        if self.used + grant > self.limit:
+            self.waits += 1
+        while self.used + grant > self.limit:
+            room = asyncio.get_running_loop().create_future()
+            self._waiters.append(room)
+            try:
+                await room
+            finally:
+                if room in self._waiters:
+                    self._waiters.remove(room)
+        self.used += grant
+        return grant
+
+    def release(self, grant: int) -> None:
+        """A block landed (or failed): give its bytes back and wake the writers waiting (each
+        checks again whether its block fits)."""
+        self.used -= grant
+        while self._waiters:
+            room = self._waiters.popleft()
+            if not room.done():
+                room.set_result(None)

@@ -26,7 +26,7 @@ from cachetools import TTLCache
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from pcache.client import tree
-from pcache.client.budget import ReadBudget
+from pcache.client.budget import ReadBudget, WriteBudget
 from pcache.client.data import DataClient
 from pcache.client.file import PCacheFile, View, parse_mode
 from pcache.client.load import LoadReport, free, load
@@ -165,6 +165,7 @@ class PCacheClient:
         self.data = DataClient(cfg)
         self.data.health.on_suspect = self._follow_verdicts_soon
         self.read_budget = ReadBudget(cfg.read_budget)
+        self.write_budget = WriteBudget(cfg.write_budget)
         self._verdicts: asyncio.Task | None = None
         ttl = max(cfg.metadata_ttl, 1e-9)
         self._stat_cache: TTLCache[str, pb.Inode] = TTLCache(maxsize=METADATA_CACHE_ENTRIES, ttl=ttl)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -28,7 +29,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from pcache.client.budget import ReadBudget
+from pcache.client.budget import ReadBudget, WriteBudget
 from pcache.client.data import WrongBlock
 from pcache.common.checksum import crc32c
 from pcache.common.errors import (
@@ -91,6 +92,7 @@ class FileService(Protocol):
     data: DataClient
     client_id: str  # spreads this client's readers of one file over its replicas
     read_budget: ReadBudget  # bytes of read units all of this client's files may cache
+    write_budget: WriteBudget  # bytes of blocks all of this client's writers may have in flight
 
     async def layout_of(self, inode: int) -> pb.FileLayout:
         """The committed layout (size, version, blocks and their replicas) of ``inode``."""
@@ -168,6 +170,7 @@ class PCacheFile:
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
         self._budget = service.read_budget
+        self._write_budget = service.write_budget
         # the unit a demand read last used: (file offset, bytes, unit key); the sync bridge serves
         # small reads inside it from the caller's thread. Cleared when the unit is dropped.
         self.hot: tuple[int, Buffer, tuple[int, int]] | None = None
@@ -637,12 +640,18 @@ class PCacheFile:
         if data is None:
             return
         await self._flush_slots.acquire()
+        try:
+            granted = await self._write_budget.acquire(len(data))  # the client's write-behind bound
+        except BaseException:
+            self._flush_slots.release()
+            raise
         slot.data = None
         slot.pending = asyncio.ensure_future(self._store(slot, data))
-        slot.pending.add_done_callback(self._flush_done)
+        slot.pending.add_done_callback(functools.partial(self._flush_done, granted))
 
-    def _flush_done(self, task: asyncio.Task) -> None:
+    def _flush_done(self, granted: int, task: asyncio.Task) -> None:
         self._flush_slots.release()
+        self._write_budget.release(granted)
         if not task.cancelled() and task.exception() is not None and self._error is None:
             self._error = task.exception()
 

@@ -202,6 +202,9 @@ class ClientConfig:
     bytes asked for."""
     max_inflight_blocks: int = 4
     """Blocks a writer may have in flight (write-behind bound, memory = this x block size)."""
+    write_budget: int = 512 * MiB
+    """Bytes of full blocks all writers of this client may have in flight together
+    (:class:`pcache.client.budget.WriteBudget`); past it a writer waits for others' blocks to land."""
     short_circuit: bool = True
     """Use the same-host fd path when the worker is local."""
     node_id: str = ""
@@ -362,6 +365,7 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("master", "log_tail_entries"): (1, 100_000_000),
     ("client", "failover_timeout"): (0, 3600),
     ("client", "read_budget"): (0, 1 << 50),
+    ("client", "write_budget"): (64 * KiB, 1 << 50),
     ("worker", "capacity_bytes"): (0, 1 << 60),
     ("worker", "reserve_bytes"): (0, 1 << 60),
     ("worker", "mem_tier_bytes"): (0, 1 << 50),

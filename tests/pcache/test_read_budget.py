@@ -90,3 +90,60 @@ def test_a_lone_sequential_reader_keeps_its_read_ahead(shared_cluster):
 
     refused, used = asyncio.run(run())
     assert refused == 0 and used == 0
+
+
+def test_write_budget_waits_for_room_and_wakes_on_release():
+    from pcache.client.budget import WriteBudget
+
+    async def run() -> None:
+        budget = WriteBudget(3 * MiB)
+        assert await budget.acquire(2 * MiB) == 2 * MiB
+        big = asyncio.create_task(budget.acquire(5 * MiB))  # over the limit: takes the whole limit
+        await asyncio.sleep(0.01)
+        assert not big.done() and budget.waits == 1
+        budget.release(2 * MiB)
+        assert await asyncio.wait_for(big, 1) == 3 * MiB and budget.used == 3 * MiB
+        a = asyncio.create_task(budget.acquire(2 * MiB))
+        b = asyncio.create_task(budget.acquire(2 * MiB))
+        await asyncio.sleep(0.01)
+        assert not a.done() and not b.done()
+        budget.release(3 * MiB)
+        done, pending = await asyncio.wait({a, b}, timeout=1, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1 and len(pending) == 1 and budget.used == 2 * MiB  # one fits, the other waits
+        budget.release(2 * MiB)
+        await asyncio.wait_for(pending.pop(), 1)
+        assert budget.used == 2 * MiB and budget.waits == 3
+
+    asyncio.run(run())
+
+
+def test_many_writers_stay_within_the_write_budget(shared_cluster):
+    async def run() -> tuple[int, int]:
+        cfg = ClientConfig(master=shared_cluster.master_address, write_budget=2 * MiB, max_inflight_blocks=4)
+        async with PCacheClient(cfg) as pc:
+            blobs = [os.urandom(4 * MiB + 1000) for _ in range(6)]
+            peak = 0
+
+            async def watch() -> None:
+                nonlocal peak
+                while True:
+                    peak = max(peak, pc.write_budget.used)
+                    await asyncio.sleep(0)
+
+            watcher = asyncio.create_task(watch())
+
+            async def write(i: int) -> None:
+                async with await pc.open(f"/wbudget/f{i}", "wb", block_size=MiB) as f:
+                    for off in range(0, len(blobs[i]), 256 * 1024):
+                        await f.write(blobs[i][off : off + 256 * 1024])
+
+            await pc.mkdir("/wbudget", parents=True)
+            await asyncio.gather(*(write(i) for i in range(6)))
+            watcher.cancel()
+            for i, blob in enumerate(blobs):
+                assert await pc.read_file(f"/wbudget/f{i}") == blob
+            assert pc.write_budget.used == 0
+            return peak, pc.write_budget.waits
+
+    peak, waits = asyncio.run(run())
+    assert 0 < peak <= 2 * MiB and waits > 0
