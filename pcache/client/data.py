@@ -28,6 +28,8 @@ from pcache.proto import pcache_pb2 as pb
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 POOL_PER_WORKER = 8
 MAX_SC_FDS = 256  # short-circuit block descriptors kept open per client
+SC_VERIFIED_CHUNKS = 16  # checked chunks kept for small short-circuit reads (16 MiB per client)
+SC_SOCKET_RECHECK = 1.0  # seconds a worker's UNIX socket is taken to exist after a check
 SC_SWEEP_SECONDS = 1.0  # how often cached descriptors of deleted block files are closed
 
 
@@ -47,6 +49,39 @@ def check_block_crc(addr: pb.WorkerAddr, block_id: int, committed: int, stored: 
             f"block {block_id} on {addr.worker_id} has CRC32C {stored:#010x}, not the committed {committed:#010x}:"
             " another block is stored under this id there"
         )
+
+
+class VerifiedChunks:
+    """The last ``entries`` block chunks (``CHUNK_SIZE`` bytes each) this client read through the
+    short circuit for small reads and found matching their CRC32C: bytes already checked, in this
+    process's memory, which a later small read inside the same chunk takes instead of reading and
+    checking the whole chunk again. Thread-safe (the sync bridge reads from the caller's thread).
+    """
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._lru: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> bytes | None:
+        with self._lock:
+            data = self._lru.get(key)
+            if data is not None:
+                self._lru.move_to_end(key)
+            return data
+
+    def put(self, key: tuple[int, int], data: bytes) -> None:
+        with self._lock:
+            self._lru[key] = data
+            self._lru.move_to_end(key)
+            while len(self._lru) > self.entries:
+                self._lru.popitem(last=False)
+
+    def drop(self, block_id: int) -> None:
+        """Forget a block's chunks (its replica was found bad, or forgotten)."""
+        with self._lock:
+            for key in [k for k in self._lru if k[0] == block_id]:
+                del self._lru[key]
 
 
 class _ScBlock:
@@ -77,23 +112,35 @@ class _ScBlock:
         if close:
             os.close(self.fd)
 
-    def pread(self, offset: int, length: int) -> bytes:
+    def pread(self, offset: int, length: int, verified: VerifiedChunks | None = None) -> bytes:
         """Read ``length`` bytes at ``offset`` (blocking), checking every chunk touched.
 
-        Every read is verified, page cache or not: a block file can change under an open
-        descriptor (a flipped bit, a bad disk), and CRC32C runs at ~10 GB/s.
+        Every read from the file is verified, page cache or not: a block file can change under
+        an open descriptor (a flipped bit, a bad disk), and CRC32C runs at ~10 GB/s. A read
+        inside one chunk is served from ``verified`` (chunks this client read and checked
+        already) when it holds that chunk, and leaves the chunk there: small reads at random
+        places (a trainer's windows through the mount) would otherwise read and check 1 MiB each.
         """
         if length == 0:
             return b""
         info = self.info
         first, last = offset // CHUNK_SIZE, (offset + length - 1) // CHUNK_SIZE
         start = first * CHUNK_SIZE
+        skip = offset - start
+        small = verified is not None and first == last and length < CHUNK_SIZE
+        if small:
+            assert verified is not None
+            held = verified.get((info.block_id, first))
+            if held is not None:
+                return held[skip : skip + length]
         end = min(info.block_length, (last + 1) * CHUNK_SIZE)
         raw = os.pread(self.fd, end - start, start)
         if len(raw) != end - start:
             raise CorruptBlock(f"block {info.block_id}: file shorter than its record")
         verify_chunks(info.block_id, raw, first, info.chunk_crcs)
-        skip = offset - start
+        if small:
+            assert verified is not None
+            verified.put((info.block_id, first), raw)
         return raw if skip == 0 and length == len(raw) else raw[skip : skip + length]
 
     def unlinked(self) -> bool:
@@ -192,6 +239,8 @@ class DataClient:
         self._socks: dict[tuple[str, int], list[socket.socket]] = defaultdict(list)  # plain-TCP readers
         self._sc_dead: dict[str, float] = {}  # UNIX socket -> until when it is skipped (TCP instead)
         self._sc_open: OrderedDict[tuple[str, int], _ScBlock] = OrderedDict()
+        self._sc_seen: dict[str, float] = {}  # UNIX socket -> until when it is taken to exist
+        self.verified = VerifiedChunks(SC_VERIFIED_CHUNKS)
         tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
         self.tls = tls.client_context() if tls else None
 
@@ -240,7 +289,13 @@ class DataClient:
             if until > time.monotonic():
                 return False
             del self._sc_dead[addr.uds_path]
-        return os.path.exists(addr.uds_path)
+        now = time.monotonic()
+        if self._sc_seen.get(addr.uds_path, 0.0) > now:
+            return True
+        if not os.path.exists(addr.uds_path):
+            return False
+        self._sc_seen[addr.uds_path] = now + SC_SOCKET_RECHECK  # one stat per second, not per read
+        return True
 
     # ------------------------------------------------------------- reads --
 
@@ -425,7 +480,7 @@ class DataClient:
             return await self.sc_read(addr, block_id, offset, length, token, crc)
         # the descriptor is released when the thread is done with it, even if this caller is
         # cancelled first (a hedged read that lost): never close an fd a thread still reads
-        work = asyncio.ensure_future(asyncio.to_thread(entry.pread, offset, length))
+        work = asyncio.ensure_future(asyncio.to_thread(entry.pread, offset, length, self.verified))
         work.add_done_callback(lambda done: self._sc_done(key, entry, done))
         try:
             return await asyncio.shield(work)
@@ -460,12 +515,13 @@ class DataClient:
         if entry is None or not entry.acquire():
             return None
         try:
-            return entry.pread(offset, length)
+            return entry.pread(offset, length, self.verified)
         finally:
             entry.release()
 
     def sc_forget(self, addr: pb.WorkerAddr, block_id: int) -> None:
         """Drop the cached descriptor of a block (after an error)."""
+        self.verified.drop(block_id)
         entry = self._sc_open.pop((addr.uds_path, block_id), None)
         if entry is not None:
             entry.close_when_idle()

@@ -147,3 +147,31 @@ def test_many_writers_stay_within_the_write_budget(shared_cluster):
 
     peak, waits = asyncio.run(run())
     assert 0 < peak <= 2 * MiB and waits > 0
+
+
+def test_small_short_circuit_reads_check_a_chunk_once(shared_cluster, monkeypatch):
+    import random
+
+    import pcache.client.data as data_mod
+    from pcache.client import Client
+
+    blob = os.urandom(3 * MiB)
+    reads: list[int] = []
+    real_pread = data_mod.os.pread
+
+    def counting_pread(fd: int, n: int, offset: int) -> bytes:
+        reads.append(n)
+        return real_pread(fd, n, offset)
+
+    with Client(ClientConfig(master=shared_cluster.master_address, metadata_ttl=0)) as pc:
+        pc.write_file("/sc-windows.bin", blob)
+        rng = random.Random(3)
+        windows = [rng.randrange(2 * MiB, 3 * MiB - 68) for _ in range(200)]  # all in the third chunk
+        with pc.open("/sc-windows.bin", "rb") as f:
+            assert f.pread(0, 10) == blob[:10]  # opens the short-circuit descriptor
+            monkeypatch.setattr(data_mod.os, "pread", counting_pread)
+            for off in windows:
+                assert f.pread(off, 68) == blob[off : off + 68]
+    # the cluster is on this host: through the short circuit, the chunk was read and checked once
+    # (1 MiB), then the 200 windows in it were served from memory
+    assert reads == [MiB], reads
