@@ -20,7 +20,9 @@ a temporary directory on one disk) and measures, as medians of ``--reps`` repeti
 4. ``create_ratio`` / ``stat_ratio``: create+close of N empty files and ``stat`` of N
    files through the SDK (stat from a client with ``metadata_ttl=0``, so every call is a
    master RPC) over ``os.open``/``os.close`` and ``os.stat`` in a local directory.
-5. Peak RSS (``VmHWM``) of each worker process at the end.
+5. Peak RSS (``VmHWM``) of each worker process at the end, and the memory of a reader: the most
+   bytes of read units (the unit being read and its read-ahead) the TCP reader held, against its
+   client's ``read_budget`` (``reader_units_mib``, ``read_budget_mib``).
 
 Targets: ``write_ratio >= 0.8`` and ``cached_read_ratio >= 0.7``.
 
@@ -135,11 +137,14 @@ def sdk_write(client: Client, path: str, size: int, buf: bytes, replication: int
             left -= n
 
 
-def sdk_read(client: Client, path: str) -> int:
+def sdk_read(client: Client, path: str, held: list[int] | None = None) -> int:
+    """Read a file in ``BUF`` pieces; ``held`` gets the most bytes of read units the client held."""
     total = 0
     with client.open(path, "rb") as f:
         while chunk := f.read(BUF):
             total += len(chunk)
+            if held is not None:
+                held.append(client.aio.read_budget.used)
     return total
 
 
@@ -256,6 +261,8 @@ class Bench:
             if f.pread(0, BUF) != self.buf[: min(BUF, self.size)]:
                 raise AssertionError("SDK read returned other bytes than written")
         tcp = self.open_client(short_circuit=False)
+        self.held: list[int] = []
+        self.samples["read_budget_mib"] = [tcp.aio.read_budget.limit / MiB]
         try:
             for rep in range(self.reps):
                 drop_page_cache([raw, *block_files(self.root / "cluster")])
@@ -264,7 +271,7 @@ class Bench:
                     ("page_cache_read", lambda: raw_read(raw)),
                     ("sdk_cold_read", lambda: sdk_read(self.client, path)),
                     ("sdk_cached_read", lambda: sdk_read(self.client, path)),
-                    ("sdk_tcp_read", lambda: sdk_read(tcp, path)),
+                    ("sdk_tcp_read", lambda: sdk_read(tcp, path, self.held)),
                     ("sdk_tcp_cached_read", lambda: sdk_read(tcp, path)),
                 ):
                     t = time.perf_counter()
@@ -281,6 +288,7 @@ class Bench:
                 )
         finally:
             tcp.close()
+        self.samples["reader_units_mib"] = [max(self.held, default=0) / MiB]
         os.unlink(raw)
         self.client.unlink(path)
 
@@ -375,6 +383,10 @@ def report(m: dict[str, float], args: argparse.Namespace) -> None:
         + ", ".join(f"{v:.0f}" for v in rss)
         + f"; master {m.get('master_peak_rss_mib', 0):.0f}; this process (client) {m.get('bench_peak_rss_mib', 0):.0f}"
     )
+    print(
+        f"memory of a reader: a TCP reader held at most {m['reader_units_mib']:.0f} MiB of read units "
+        f"(the unit being read and its read-ahead), bound by the client's read_budget {m['read_budget_mib']:.0f} MiB"
+    )
     print()
     print("baselines: raw = os.write of 8 MiB buffers + fsync on the same disk (PCache fsyncs each block);")
     print(f"  {STREAMS} streams = {STREAMS} threads with their own file of size/{STREAMS}, one shared SDK client;")
@@ -401,6 +413,8 @@ def report(m: dict[str, float], args: argparse.Namespace) -> None:
         "sdk_stat_ops": m["sdk_stat"],
         "local_stat_ops": m["local_stat"],
         "worker_peak_rss_mib": m["worker_peak_rss_mib"],
+        "reader_units_mib": round(m["reader_units_mib"], 1),
+        "read_budget_mib": m["read_budget_mib"],
         "size_bytes": args.size,
         "reps": args.reps,
     }
