@@ -320,20 +320,16 @@ class DataClient:
             NotFound, CorruptBlock: the replica is missing or bad. WrongBlock: it holds other bytes.
             PermissionDenied: the worker refuses the token (expired: ask the master again).
         """
-        if self.tls is None:
-            return await self._read_plain(addr, block_id, offset, length, token, crc, first_byte=first_byte)
         started = time.monotonic()
         try:
-            conn = await self._acquire(addr)
+            conn = await (self._plain_socket(addr) if self.tls is None else self._acquire(addr))
         except (Unavailable, Timeout):
             self.health.suspect(addr.worker_id)
             raise
         ok = False
         try:
             hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
-            await framing.write_frame(conn[1], hdr, timeout=self.cfg.stall_timeout)
-            reply, plen = await framing.read_header(conn[0], first_byte or self.cfg.stall_timeout)  # first byte
-            data = await framing.read_exactly(conn[0], plen, self.cfg.stall_timeout) if plen else b""
+            reply, data = await self._exchange(conn, hdr, first_byte or self.cfg.stall_timeout)
             ok = True
             self.health.answered(addr.worker_id, time.monotonic() - started)
             framing.raise_if_error(reply)
@@ -345,58 +341,44 @@ class DataClient:
             self.health.suspect(addr.worker_id)
             raise
         finally:
-            if ok:
-                self._release(addr, conn)
-            else:
-                framing.close_writer(conn[1])
+            self._give_back(addr, conn, ok)
 
-    async def _read_plain(
-        self,
-        addr: pb.WorkerAddr,
-        block_id: int,
-        offset: int,
-        length: int,
-        token: str,
-        crc: int,
-        *,
-        first_byte: float | None,
-    ) -> bytearray:
-        """:meth:`read` over a plain socket: the payload lands in one buffer (``recv_into``)."""
-        started = time.monotonic()
+    async def _plain_socket(self, addr: pb.WorkerAddr) -> socket.socket:
+        """A pooled plain-TCP connection to a worker (one still open), or a new one."""
         idle = self._socks[(addr.host, addr.port)]
-        sock = None
-        while idle and sock is None:
+        while idle:
             sock = idle.pop()
-            if not framing.sock_alive(sock):
-                sock.close()
-                sock = None
-        try:
-            if sock is None:
-                sock = await framing.sock_connect(addr.host, addr.port, self.cfg.connect_timeout)
-        except (Unavailable, Timeout):
-            self.health.suspect(addr.worker_id)
-            raise
-        ok = False
-        try:
-            hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
-            await framing.sock_request(sock, hdr, self.cfg.stall_timeout)
-            reply, plen = await framing.sock_read_header(sock, first_byte or self.cfg.stall_timeout)  # first byte
-            data = await framing.sock_read_payload(sock, plen, self.cfg.stall_timeout)
-            ok = True
-            self.health.answered(addr.worker_id, time.monotonic() - started)
-            framing.raise_if_error(reply)
-            check_block_crc(addr, block_id, crc, reply.crc32c)
-            if len(data) != length:
-                raise CorruptBlock(f"block {block_id}: asked {length} bytes, got {len(data)}")
-            return data
-        except (Unavailable, Timeout):
-            self.health.suspect(addr.worker_id)
-            raise
-        finally:
+            if framing.sock_alive(sock):
+                return sock
+            sock.close()
+        return await framing.sock_connect(addr.host, addr.port, self.cfg.connect_timeout)
+
+    async def _exchange(
+        self, conn: socket.socket | Conn, hdr: pb.DataHeader, first_byte: float
+    ) -> tuple[pb.DataHeader, bytes | bytearray]:
+        """Send a read request; (reply header, payload). On a plain socket the payload lands in one
+        buffer (``recv_into``); TLS streams copy it through a StreamReader."""
+        stall = self.cfg.stall_timeout
+        if isinstance(conn, socket.socket):
+            await framing.sock_request(conn, hdr, stall)
+            reply, plen = await framing.sock_read_header(conn, first_byte)
+            return reply, await framing.sock_read_payload(conn, plen, stall)
+        await framing.write_frame(conn[1], hdr, timeout=stall)
+        reply, plen = await framing.read_header(conn[0], first_byte)
+        return reply, await framing.read_exactly(conn[0], plen, stall) if plen else b""
+
+    def _give_back(self, addr: pb.WorkerAddr, conn: socket.socket | Conn, ok: bool) -> None:
+        """Pool a connection after a clean exchange; close it after any error."""
+        if isinstance(conn, socket.socket):
+            idle = self._socks[(addr.host, addr.port)]
             if ok and len(idle) < POOL_PER_WORKER:
-                idle.append(sock)
+                idle.append(conn)
             else:
-                sock.close()
+                conn.close()
+        elif ok:
+            self._release(addr, conn)
+        else:
+            framing.close_writer(conn[1])
 
     async def read_raw(self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str) -> bytes:
         """Salvage: unchecked bytes of a block's file on one worker (TCP); the caller verifies them.

@@ -3,28 +3,12 @@
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from pcache.common import errors as E
-from pcache.master.metastore import MetaStore, open_metastore
 from pcache.master.namespace import Namespace
 from tests.pcache.test_namespace import BLOCK, freed_ids, write
-
-
-@pytest.fixture(params=["memory", "rocksdb"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetaStore]:
-    uri = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / 'meta'}"
-    store = open_metastore(uri)
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def ns(store: MetaStore) -> Namespace:
-    return Namespace(store, default_block_size=BLOCK, default_replication=2)
 
 
 def test_a_link_is_another_name_of_the_same_inode(ns: Namespace) -> None:

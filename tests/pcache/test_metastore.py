@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,6 @@ from pcache.common import errors as E
 from pcache.master.metastore import MemoryMetaStore, MetaStore, RocksMetaStore, open_metastore
 
 U64 = struct.Struct(">Q")
-
-
-@pytest.fixture(params=["memory", "rocksdb"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetaStore]:
-    """One empty store of each engine."""
-    uri = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / 'meta'}"
-    store = open_metastore(uri)
-    yield store
-    store.close()
 
 
 def keys(pairs) -> list[bytes]:

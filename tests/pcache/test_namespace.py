@@ -6,7 +6,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,19 +22,6 @@ from pcache.proto import pcache_pb2 as pb
 
 BLOCK = 4096
 KIND = {pb.DIRECTORY: "d", pb.REGULAR: "f", pb.SYMLINK: "l"}
-
-
-@pytest.fixture(params=["memory", "rocksdb"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetaStore]:
-    uri = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / 'meta'}"
-    store = open_metastore(uri)
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def ns(store: MetaStore) -> Namespace:
-    return Namespace(store, default_block_size=BLOCK, default_replication=2)
 
 
 def tree(ns: Namespace, path: str = "/") -> dict[str, str]:
