@@ -170,6 +170,7 @@ class PCacheClient:
         ttl = max(cfg.metadata_ttl, 1e-9)
         self._stat_cache: TTLCache[str, pb.Inode] = TTLCache(maxsize=METADATA_CACHE_ENTRIES, ttl=ttl)
         self._layout_cache: TTLCache[str, pb.FileLayout] = TTLCache(maxsize=LAYOUT_CACHE_ENTRIES, ttl=ttl)
+        self._names: dict[int, set[str]] = {}  # inode with several names -> the paths it is cached under
 
     async def close(self) -> None:
         """Close connections."""
@@ -206,14 +207,42 @@ class PCacheClient:
 
     # ------------------------------------------------------- metadata ---
 
-    def invalidate(self, path: str, *, tree: bool = False) -> None:
-        """Drop cached metadata of ``path`` (and, with ``tree``, of everything under it)."""
-        for cache in (self._stat_cache, self._layout_cache):
-            cache.pop(path, None)
-            if tree:
-                prefix = path.rstrip("/") + "/"
-                for key in [k for k in cache if k.startswith(prefix)]:
-                    cache.pop(key, None)
+    def invalidate(self, path: str, *, tree: bool = False, inode: int = 0) -> None:
+        """Drop cached metadata of ``path`` (and, with ``tree``, of everything under it), of its
+        parent directory (a change of an entry changes the directory's mtime and nlink), and of
+        every other name cached for the same file (hard links; ``inode`` names it when the
+        caller knows it)."""
+        ids = {inode} if inode else set()
+        paths = [path]
+        if tree:
+            prefix = path.rstrip("/") + "/"
+            paths += [k for cache in (self._stat_cache, self._layout_cache) for k in list(cache) if k.startswith(prefix)]
+        for p in paths:
+            ids |= self._drop(p)
+        if path not in ("", "/"):
+            self._drop(posixpath.dirname(path.rstrip("/")) or "/")
+        for ino in ids:
+            for other in self._names.pop(ino, ()):
+                self._drop(other)
+
+    def _drop(self, path: str) -> set[int]:
+        """Forget ``path`` in both caches; the inode numbers it was cached with."""
+        ids = set()
+        node = self._stat_cache.pop(path, None)
+        if node is not None:
+            ids.add(node.id)
+        layout = self._layout_cache.pop(path, None)
+        if layout is not None:
+            ids.add(layout.inode.id)
+        return ids
+
+    def _cached_name(self, path: str, node: pb.Inode) -> None:
+        """Index a cached file with several names (hard links), so that a change made here
+        through one name drops what is cached under the others."""
+        if node.nlink > 1:
+            if len(self._names) > METADATA_CACHE_ENTRIES:  # names of expired entries pile up
+                self._names.clear()
+            self._names.setdefault(node.id, set()).add(path)
 
     async def stat(self, path: str) -> FileStat:
         """Metadata of ``path`` (no symlink following); cached for ``metadata_ttl`` s.
@@ -227,6 +256,7 @@ class PCacheClient:
             node = await self.master.stat(path)
             if self.cfg.metadata_ttl > 0:
                 self._stat_cache[path] = node
+                self._cached_name(path, node)
         return FileStat.from_inode(path, node)
 
     async def exists(self, path: str) -> bool:
@@ -610,6 +640,7 @@ class PCacheClient:
                 layout = await self.master.layout(path=path)
                 if self.cfg.metadata_ttl > 0 and not writable:
                     self._layout_cache[path] = layout
+                    self._cached_name(path, layout.inode)
             if layout.inode.type == pb.SYMLINK:
                 path = _link_target(path, layout.inode.symlink_target)
                 continue
@@ -698,7 +729,7 @@ class PCacheClient:
         Raises:
             Conflict: another writer changed the same blocks since that view; nothing was committed.
         """
-        self.invalidate(path)
+        self.invalidate(path, inode=inode)
         return await self.master.commit_file(
             inode, size, blocks, time.time(), base_version=view.version, base_blocks=view.blocks, replace=view.replace,
             path=normalize(path), closing=closing,

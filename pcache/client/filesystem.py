@@ -110,8 +110,8 @@ class PCacheFileSystem(AsyncFileSystem):
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
         path = split_url(os.fspath(path))[1]
-        path = "/" + path.lstrip("/")
-        return path.rstrip("/") or "/"
+        path = "/" + "/".join(part for part in path.split("/") if part)  # "//a//b/" is "/a/b"
+        return path
 
     @staticmethod
     def _get_kwargs_from_urls(path: str) -> dict[str, str]:
@@ -257,6 +257,8 @@ class PCacheFileSystem(AsyncFileSystem):
         c = await self.client()
         paths = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
         infos = await asyncio.gather(*(self._info_or_none(p) for p in paths))
+        if not any(infos):
+            raise FileNotFoundError(errno.ENOENT, "no such file or directory", path)
         gone: list[str] = []  # directories removed whole: skip what was under them
         files = []
         for p, info in sorted(zip(paths, infos, strict=True), key=lambda pair: pair[0]):
@@ -486,7 +488,10 @@ class PCacheBufferedFile(AbstractBufferedFile):
             super().close()
         finally:
             if self.mode == "rb":
-                self.fs._sync_call(self.file.close)
+                if _on_loop(self.fs.loop):  # garbage-collected on the filesystem's own loop
+                    asyncio.ensure_future(self.file.close())
+                else:
+                    self.fs._sync_call(self.file.close)
 
 
 class PCacheStreamedFile(AbstractAsyncStreamedFile):
@@ -514,6 +519,14 @@ class PCacheStreamedFile(AbstractAsyncStreamedFile):
         if not self.file.closed:
             self.closed = True
             await self.file.close()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop | None) -> bool:
+    """Whether this thread runs ``loop`` (where a blocking ``sync()`` call would deadlock)."""
+    try:
+        return loop is not None and asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _hidden_sibling(path: str) -> str:

@@ -161,11 +161,13 @@ async def _copy_many(pairs: list[tuple[str, str]], copy) -> tuple[int, int]:
 
 
 async def du(client: PCacheClient, path: str) -> tuple[int, int, int]:
-    """(bytes, files, directories) under ``path``."""
+    """(bytes, files, directories) under ``path``; a file with several names (hard links) counts
+    once, as GNU du counts it."""
     st = await client.stat(path)
     if not st.is_dir:
         return st.size, 1, 0
     total, files, dirs = 0, 0, 1
+    seen: set[int] = set()
     stack = [st.path]
     while stack:
         current = stack.pop()
@@ -173,7 +175,9 @@ async def du(client: PCacheClient, path: str) -> tuple[int, int, int]:
             if entry.is_dir:
                 dirs += 1
                 stack.append(entry.path)
-            else:
+            elif entry.nlink < 2 or entry.inode not in seen:
+                if entry.nlink > 1:
+                    seen.add(entry.inode)
                 files += 1
                 total += entry.size
     return total, files, dirs

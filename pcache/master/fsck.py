@@ -20,7 +20,12 @@ def check(ns: Namespace, blocks: BlockManager, path: str = "/") -> pb.FsckReport
         NotFound: no such path.
     """
     report = pb.FsckReport()
+    seen: set[int] = set()  # a file with several names (hard links) is checked once
     for file_path, node in ns.walk(path):
+        if node.nlink > 1:
+            if node.id in seen:
+                continue
+            seen.add(node.id)
         report.files += 1
         for index, block_id in enumerate(node.blocks):
             if block_id == HOLE:

@@ -1267,6 +1267,10 @@ class Namespace:
         for file_path, node in list(self.walk(src)):
             if node.bind:  # listed from the store: stays as the store has it
                 continue
+            if new is not None and node.type != pb.DIRECTORY and links(node) > 1:
+                # a store holds one object per name: the other name's writes would never reach it
+                raise E.NotSupported(f"{file_path} has {links(node)} hard links: not movable under a bound path",
+                                     path=dst)  # fmt: skip
             rel = file_path[len(base) :]
             had = node.persist != pb.PERSIST_NONE
             puts += self.persist.cancel(node.id)

@@ -65,6 +65,7 @@ def test_urls_split_by_hand_keep_glob_characters():
     assert split_url("/plain/path") == ("", "/plain/path")
     assert PCacheFileSystem._strip_protocol("pcache://h:1/a/b/") == "/a/b"
     assert PCacheFileSystem._strip_protocol("pcache:///") == "/"
+    assert PCacheFileSystem._strip_protocol("//a//b c/") == "/a/b c"
     assert PCacheFileSystem._get_kwargs_from_urls("pcache://h:1/a") == {"master": "h:1"}
     assert PCacheFileSystem._get_kwargs_from_urls("pcache:///a") == {}
 
@@ -126,6 +127,8 @@ def test_errors_are_the_builtin_ones(pfs):
         pfs.rmdir("/fsspec-errors/dir")
     pfs.rm("/fsspec-errors", recursive=True)
     assert not pfs.exists("/fsspec-errors")
+    with pytest.raises(FileNotFoundError):
+        pfs.rm("/fsspec-errors/nope")
 
 
 def test_a_transaction_shows_nothing_until_commit(pfs):

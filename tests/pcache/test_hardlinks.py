@@ -111,3 +111,51 @@ def test_no_links_under_a_bind(ns: Namespace) -> None:
     write(ns, "/outside", [1])
     with pytest.raises(E.NotSupported):
         ns.link("/outside", "/bound/x")
+    ns.link("/outside", "/other")
+    with pytest.raises(E.NotSupported):  # a linked file moved in would persist one name's writes only
+        ns.rename("/other", "/bound/moved")
+    ns.mkdir("/dir")
+    ns.link("/outside", "/dir/inner")
+    with pytest.raises(E.NotSupported):  # nor inside a directory moved in
+        ns.rename("/dir", "/bound/dir")
+    assert ns.resolve("/dir/inner").nlink == 3 and ns.resolve("/other").nlink == 3
+    ns.delete("/other", file=True)
+    ns.delete("/dir/inner", file=True)
+    ns.rename("/outside", "/bound/moved")  # one name left: an ordinary file again
+
+
+def test_the_sdk_sees_its_own_changes_through_every_name_and_in_parents(client) -> None:
+    client.mkdir("/sdk-links")
+    client.write_file("/sdk-links/a", b"original")
+    client.link("/sdk-links/a", "/sdk-links/b")
+    assert client.read_file("/sdk-links/b") == b"original" and client.stat("/sdk-links/b").nlink == 2  # cached now
+    client.write_file("/sdk-links/a", b"REPLACED-LONGER")
+    assert client.stat("/sdk-links/b").size == 15 and client.read_file("/sdk-links/b") == b"REPLACED-LONGER"
+    client.truncate("/sdk-links/a", 1)
+    assert client.read_file("/sdk-links/b") == b"R"
+    client.unlink("/sdk-links/a")
+    assert client.stat("/sdk-links/b").nlink == 1
+    # a directory's cached stat follows this client's changes of its entries
+    client.mkdir("/sdk-parent/a/b", parents=True)
+    assert client.stat("/sdk-parent").nlink == 3
+    client.mkdir("/sdk-parent/c")
+    assert client.stat("/sdk-parent").nlink == 4
+    client.remove("/sdk-parent/a", recursive=True)
+    assert client.stat("/sdk-parent").nlink == 3
+    client.mkdir("/sdk-parent2")
+    client.rename("/sdk-parent/c", "/sdk-parent2/c")
+    assert client.stat("/sdk-parent").nlink == 2 and client.stat("/sdk-parent2").nlink == 3
+    before = client.stat("/sdk-parent2").mtime
+    client.write_file("/sdk-parent2/f", b"x")
+    assert client.stat("/sdk-parent2").mtime > before
+
+
+def test_du_and_fsck_count_a_linked_file_once(client) -> None:
+    client.mkdir("/du-links")
+    client.write_file("/du-links/a", b"x" * 5000)
+    client.link("/du-links/a", "/du-links/b")
+    client.link("/du-links/a", "/du-links/c")
+    client.write_file("/du-links/d", b"y" * 10)
+    assert client.du("/du-links") == (5010, 2, 1)
+    report = client.fsck("/du-links")
+    assert report.files == 2 and report.blocks == 2
