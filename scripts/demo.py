@@ -268,8 +268,34 @@ class Demo:
         self.result["dataset"]["bind"] = {"uri": uri.split("?")[0], "objects": len(listed), "bytes": nbytes,
                                           "load": load, "read_seconds": took,
                                           "listed_equal": listed == objects}  # fmt: skip
+        self.other_views(root, listed)
         self.integrity_drill()
         self.security_drill()
+
+    def other_views(self, root: Path, listed: dict[str, int]) -> None:
+        """The same dataset through ``ls -l`` on the mount (READDIRPLUS: every entry's attributes
+        come with the listing) and through fsspec's ``pcache://`` (what pandas, Hugging Face
+        ``datasets`` and Lightning open)."""
+        import fsspec
+
+        t0 = time.monotonic()
+        out = self.run_cmd("ls -l through the mount", ["ls", "-l", str(root)], timeout=60).stdout
+        ls_seconds = time.monotonic() - t0
+        sizes = {line.split()[-1]: int(line.split()[4]) for line in out.splitlines()[1:]}
+        self.checks["ls -l through the mount shows every object's size"] = sizes == listed
+        url = f"pcache://{self.master}/datasets/{DATASET}/index.json"
+        with fsspec.open(url, "rb") as f:
+            via_fsspec = f.read()
+        fs = fsspec.filesystem("pcache", master=self.master)
+        found = {Path(p).name: fs.size(p) for p in fs.glob(f"/datasets/{DATASET}/*")}
+        self.checks["fsspec pcache:// reads what the mount reads"] = (
+            via_fsspec == (root / "index.json").read_bytes() and found == listed
+        )
+        log(f"      ls -l listed {len(sizes)} entries with their sizes in {ls_seconds:.2f} s (READDIRPLUS); "
+            f"fsspec.open({url.split('/datasets')[0]}/...) read index.json ({len(via_fsspec)} bytes) and "
+            f"globbed {len(found)} objects, as the mount shows them")  # fmt: skip
+        self.result["dataset"]["views"] = {"ls_l_seconds": ls_seconds, "ls_l_entries": len(sizes),
+                                           "fsspec_objects": len(found)}  # fmt: skip
 
     def security_drill(self) -> None:
         """A process that knows the master's address but not this cluster's token (none, or a
@@ -663,6 +689,10 @@ def print_summary(demo: Demo, seconds: float) -> None:
     log(f"  bound dataset       {b['uri']} at /datasets/{DATASET}: {b['objects']} objects listed lazily, "
         f"{b['bytes'] / 1e6:.1f} MB fetched from region A by `pcache load` in {b['load']['seconds']:.1f} s, "
         f"then read from the cache in {b['read_seconds']:.1f} s")  # fmt: skip
+    if "views" in ds:
+        v = ds["views"]
+        log(f"  other views         ls -l on the mount: {v['ls_l_entries']} entries in {v['ls_l_seconds']:.2f} s; "
+            f"fsspec pcache:// globbed {v['fsspec_objects']} objects")  # fmt: skip
     for what, rep in [("dataset -> region A", ds["upload"]),
                       ("ckpt PCache -> region B", ck["data"]), ("ckpt region B -> local", r["restore"]["sync"])]:  # fmt: skip
         v = rep["verification"]

@@ -43,7 +43,7 @@ def leftovers(work_dir: str) -> list[str]:
 def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_at: int) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert s["status"] == 0 and s["checks"] and all(s["checks"].values()), s["checks"]
-    assert len(s["checks"]) == 17  # 15, and 2 for the leader master's SIGKILL
+    assert len(s["checks"]) == 19  # 15, 2 for the leader master's SIGKILL, 2 for ls -l and fsspec
     # 1: two regions and a cluster of a leader + follower pair and 3 workers with a mount
     assert s["services"]["workers"] == 3 and s["services"]["region_a"] != s["services"]["region_b"]
     assert s["services"]["masters"] == 2
@@ -61,6 +61,8 @@ def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_
     assert load["files"] == bound["objects"] and load["bytes"] == bound["bytes"] and load["failed"] == 0
     assert load["fetched_blocks"] == load["blocks"] > 0 and load["fetched_bytes"] == bound["bytes"]
     assert s["dataset"]["train_tokens"] > 500_000
+    views = s["dataset"]["views"]  # ls -l on the mount and fsspec's pcache:// see the same objects
+    assert views["ls_l_entries"] == views["fsspec_objects"] == bound["objects"]
     # 3: a byte flipped on a worker's disk was caught, never served, and repaired from the good replica
     assert s["integrity"]["served_right"] and s["integrity"]["repaired"]
     # 3: a second tenant stops at its quota with EDQUOT; a block read without a token is refused
@@ -100,8 +102,15 @@ def test_the_main_job_runs_twice_and_leaves_the_machine_clean(tmp_path: Path) ->
     check_outcomes(first, s1, steps=30, kill_at=18)
     png = (out / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
-    assert "checks              17/17 held" in first.stdout
-    for needle in ("loss                first", "tokens/s", "recovery", "where the data lives", "region B"):
+    assert "checks              19/19 held" in first.stdout
+    for needle in (
+        "loss                first",
+        "tokens/s",
+        "recovery",
+        "where the data lives",
+        "region B",
+        "other views         ls -l on the mount",
+    ):
         assert needle in first.stdout
     (out / "loss.png").unlink()
     second, s2 = run_demo(out, "--steps", "24", "--kill-at", "16")

@@ -216,7 +216,9 @@ class PCacheClient:
         paths = [path]
         if tree:
             prefix = path.rstrip("/") + "/"
-            paths += [k for cache in (self._stat_cache, self._layout_cache) for k in list(cache) if k.startswith(prefix)]
+            paths += [
+                k for cache in (self._stat_cache, self._layout_cache) for k in list(cache) if k.startswith(prefix)
+            ]
         for p in paths:
             ids |= self._drop(p)
         if path not in ("", "/"):
