@@ -64,6 +64,9 @@ def main_command(
         # the kernel caches attributes (--attr-timeout); a second cache here would only
         # delay close-to-open visibility, so the mount asks the master at every open
         cfg.metadata_ttl = 0.0
+    if not any(a.startswith("--client.statahead_ttl") for a in ctx.args):
+        # what a statahead listed answers lookups while the kernel would answer from its own cache
+        cfg.statahead_ttl = attr_timeout
     if master:
         cfg.master = master
     if timeout is not None:

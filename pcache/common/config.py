@@ -191,6 +191,10 @@ class ClientConfig:
     """Ask a second replica when the first is slower than twice the 95th percentile of recent reads."""
     metadata_ttl: float = 1.0
     """Seconds a cached stat / block location stays valid (own writes invalidate at once)."""
+    statahead_ttl: float = 0.0
+    """With ``metadata_ttl`` 0: seconds the inodes a statahead listed (a rising run of uncached
+    stats in one directory) answer stats; the mount sets its ``--attr-timeout``, the window in
+    which the kernel would answer from its own cache anyway. 0: no statahead without the cache."""
     read_unit: int = 8 * MiB
     """Bytes fetched per data-plane read request."""
     readahead_units: int = 4

@@ -155,3 +155,15 @@ def test_ls_l_of_100k_files(listing_cluster):
     listed = {line.split()[-1]: int(line.split()[4]) for line in lines}
     assert listed == sizes
     assert stats <= 100, stats  # the directory's own revalidations over the listing; was one per file
+
+
+def test_a_stat_loop_in_name_order_is_served_by_statahead(listing_cluster):
+    lc = listing_cluster
+    make_files(lc.cluster.master_address, "/stat-loop", 1_000, sized_every=9)
+    time.sleep(1.2)  # the kernel's caches and the mount's statahead (attr timeout 1 s) have expired
+    stats_before, lists_before = lc.rpcs("Stat"), lc.rpcs("ListDir")
+    sizes = [os.stat(lc.mount.path / "stat-loop" / f"f{i:07d}").st_size for i in range(1_000)]
+    stats, lists = lc.rpcs("Stat") - stats_before, lc.rpcs("ListDir") - lists_before
+    assert sizes == [(i % 997 + 1 if i % 9 == 0 else 0) for i in range(1_000)]
+    # pages of 100: about 3 stats before each statahead listing; was 1,000 stats
+    assert stats <= 150 and lists <= 20, (stats, lists)

@@ -394,3 +394,37 @@ def test_concurrent_stats_and_creates_share_batches(shared_cluster) -> None:
             await pc.close()
 
     asyncio.run(scenario())
+
+
+def test_statahead_lists_a_page_for_a_rising_run_of_stats(shared_cluster) -> None:
+    import asyncio
+
+    from pcache.client import PCacheClient
+
+    async def run() -> tuple[int, int, list]:
+        async with PCacheClient(ClientConfig(master=shared_cluster.master_address, metadata_ttl=30)) as pc:
+            await pc.mkdir("/statahead", parents=True)
+            for i in range(250):
+                async with await pc.open(f"/statahead/f{i:04d}", "wb") as f:
+                    await f.write(b"x" * i)
+            pc._stat_cache.clear()
+            calls = {"stat": 0, "listdir": 0}
+            real_stat, real_list = pc.master.stat, pc.master.listdir
+
+            async def stat(path: str):
+                calls["stat"] += 1
+                return await real_stat(path)
+
+            async def listdir(path: str, start_after: str = "", limit: int = 0):
+                calls["listdir"] += 1
+                return await real_list(path, start_after, limit)
+
+            pc.master.stat, pc.master.listdir = stat, listdir  # count the RPCs the loop makes
+            sizes = [(await pc.stat(f"/statahead/f{i:04d}")).size for i in range(250)]
+            with pytest.raises(FileNotFoundError):
+                await pc.stat("/statahead/f9999")  # past the end: still a clear error
+            return calls["stat"], calls["listdir"], sizes
+
+    stats, listings, sizes = asyncio.run(run())
+    assert sizes == list(range(250))
+    assert stats <= 4 and listings == 1, (stats, listings)  # was 250 stats
