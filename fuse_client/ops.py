@@ -241,10 +241,6 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-        if not name.startswith(XATTR_PREFIX):
-            # security.selinux, system.posix_acl_*: never stored here (setxattr refuses them), and
-            # `ls -l` asks for both on every file: answer without a master round trip
-            raise FuseOSError(mfusepy.ENOATTR)
         attrs = self.client.getxattrs(path)
         if name not in attrs:
             raise FuseOSError(mfusepy.ENOATTR)

@@ -263,15 +263,19 @@ class PCacheClient:
             NotFound, NotADirectory, InvalidPath.
         """
         path = normalize(path)
-        node = self._stat_cache.get(path) or self._ahead.get(path)
+        node = self._cached_stat(path)
         if node is None and (self.cfg.metadata_ttl > 0 or self.cfg.statahead_ttl > 0) and await self._stat_ahead(path):
-            node = self._stat_cache.get(path) or self._ahead.get(path)
+            node = self._cached_stat(path)
         if node is None:
             node = await self.master.stat(path)
             if self.cfg.metadata_ttl > 0:
                 self._stat_cache[path] = node
                 self._cached_name(path, node)
         return FileStat.from_inode(path, node)
+
+    def _cached_stat(self, path: str) -> pb.Inode | None:
+        node = self._stat_cache.get(path)
+        return node if node is not None else self._ahead.get(path)
 
     async def _stat_ahead(self, path: str) -> bool:
         """Statahead (Lustre's): the third uncached stat in a row of names rising in one directory

@@ -142,7 +142,7 @@ class Client:
         """Stream a directory one page (``master.listdir_limit`` entries) at a time."""
         after = ""
         while True:
-            entries, more = self._run(self.aio.listdir_page(path, after))
+            entries, more = self.listdir_page(path, after)
             yield from entries
             if not more or not entries:
                 return
