@@ -67,6 +67,10 @@ def main_command(
     if not any(a.startswith("--client.statahead_ttl") for a in ctx.args):
         # what a statahead listed answers lookups while the kernel would answer from its own cache
         cfg.statahead_ttl = attr_timeout
+    if not any(a.startswith("--client.tune_malloc") for a in ctx.args):
+        # the mount's memory is bounded by its budgets: memory glibc keeps free in each of the
+        # arenas of its many FUSE and receiver threads would come on top (test_mount_memory)
+        cfg.tune_malloc = False
     if master:
         cfg.master = master
     if timeout is not None:

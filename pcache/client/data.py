@@ -16,8 +16,9 @@ import threading
 import time
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
-from pcache.common import framing, uds
+from pcache.common import framing, memory, uds
 from pcache.common.checksum import CHUNK_SIZE, verify_chunks
 from pcache.common.config import ClientConfig
 from pcache.common.credentials import find_tls_dir
@@ -27,6 +28,7 @@ from pcache.proto import pcache_pb2 as pb
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 POOL_PER_WORKER = 8
+RECEIVER_THREADS = 16  # plain-TCP reads received at once (each blocks a thread, not the loop)
 MAX_SC_FDS = 256  # short-circuit block descriptors kept open per client
 SC_VERIFIED_CHUNKS = 16  # checked chunks kept for small short-circuit reads (16 MiB per client)
 SC_SOCKET_RECHECK = 1.0  # seconds a worker's UNIX socket is taken to exist after a check
@@ -232,6 +234,8 @@ class DataClient:
 
     def __init__(self, cfg: ClientConfig) -> None:
         self.cfg = cfg
+        if cfg.tune_malloc:
+            memory.tune_malloc()
         self.health = WorkerHealth(cfg.suspect_seconds)
         self._detached: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
@@ -241,6 +245,8 @@ class DataClient:
         self._sc_open: OrderedDict[tuple[str, int], _ScBlock] = OrderedDict()
         self._sc_seen: dict[str, float] = {}  # UNIX socket -> until when it is taken to exist
         self.verified = VerifiedChunks(SC_VERIFIED_CHUNKS)
+        self._socket_owners: set[socket.socket] = set()  # sockets a cancelled read's thread still uses
+        self._receivers = ThreadPoolExecutor(RECEIVER_THREADS, thread_name_prefix="pcache-recv")
         tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
         self.tls = tls.client_context() if tls else None
 
@@ -278,6 +284,7 @@ class DataClient:
         for entry in self._sc_open.values():
             entry.close_when_idle()
         self._sc_open.clear()
+        self._receivers.shutdown(wait=False)
 
     def can_short_circuit(self, addr: pb.WorkerAddr) -> bool:
         """Whether this worker's UNIX socket is reachable from here (its path names the worker id,
@@ -327,9 +334,12 @@ class DataClient:
             self.health.suspect(addr.worker_id)
             raise
         ok = False
+        hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
         try:
-            hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
-            reply, data = await self._exchange(conn, hdr, first_byte or self.cfg.stall_timeout)
+            if isinstance(conn, socket.socket):
+                reply, data = await self._sock_exchange(addr, conn, hdr, first_byte or self.cfg.stall_timeout)
+            else:
+                reply, data = await self._exchange(conn, hdr, first_byte or self.cfg.stall_timeout)
             ok = True
             self.health.answered(addr.worker_id, time.monotonic() - started)
             framing.raise_if_error(reply)
@@ -353,23 +363,45 @@ class DataClient:
             sock.close()
         return await framing.sock_connect(addr.host, addr.port, self.cfg.connect_timeout)
 
-    async def _exchange(
-        self, conn: socket.socket | Conn, hdr: pb.DataHeader, first_byte: float
-    ) -> tuple[pb.DataHeader, bytes | bytearray]:
-        """Send a read request; (reply header, payload). On a plain socket the payload lands in one
-        buffer (``recv_into``); TLS streams copy it through a StreamReader."""
+    async def _sock_exchange(
+        self, addr: pb.WorkerAddr, sock: socket.socket, hdr: pb.DataHeader, first_byte: float
+    ) -> tuple[pb.DataHeader, bytes]:
+        """A read on a plain socket: the request and the wait for the answer's first bytes on the
+        event loop, the rest received in a thread (:func:`framing.sock_receive`: one kernel copy
+        into the returned ``bytes``, no event-loop wakeup per packet, no thread parked while a
+        stopped worker says nothing). Cancelled while the thread receives, the socket goes back
+        to the pool (or is closed) when the thread is done with it."""
         stall = self.cfg.stall_timeout
-        if isinstance(conn, socket.socket):
-            await framing.sock_request(conn, hdr, stall)
-            reply, plen = await framing.sock_read_header(conn, first_byte)
-            return reply, await framing.sock_read_payload(conn, plen, stall)
+        await framing.sock_request(sock, hdr, stall)
+        prefix = bytearray(framing.PREFIX.size)
+        await framing.sock_recv_exactly(sock, memoryview(prefix), first_byte)
+        receive = asyncio.get_running_loop().run_in_executor(
+            self._receivers, framing.sock_receive, sock, bytes(prefix), stall
+        )
+        try:
+            return await asyncio.shield(receive)
+        except asyncio.CancelledError:
+            self._socket_owners.add(sock)
+            receive.add_done_callback(
+                lambda f: self._give_back(addr, sock, not f.cancelled() and f.exception() is None, owner=True)
+            )
+            raise
+
+    async def _exchange(self, conn: Conn, hdr: pb.DataHeader, first_byte: float) -> tuple[pb.DataHeader, bytes]:
+        """Send a read request on a (TLS) stream; (reply header, payload)."""
+        stall = self.cfg.stall_timeout
         await framing.write_frame(conn[1], hdr, timeout=stall)
         reply, plen = await framing.read_header(conn[0], first_byte)
         return reply, await framing.read_exactly(conn[0], plen, stall) if plen else b""
 
-    def _give_back(self, addr: pb.WorkerAddr, conn: socket.socket | Conn, ok: bool) -> None:
-        """Pool a connection after a clean exchange; close it after any error."""
+    def _give_back(self, addr: pb.WorkerAddr, conn: socket.socket | Conn, ok: bool, *, owner: bool = False) -> None:
+        """Pool a connection after a clean exchange; close it after any error. A socket a receiver
+        thread still owns is given back by that thread's completion (``owner``), not before."""
         if isinstance(conn, socket.socket):
+            if owner:
+                self._socket_owners.discard(conn)
+            elif conn in self._socket_owners:
+                return
             idle = self._socks[(addr.host, addr.port)]
             if ok and len(idle) < POOL_PER_WORKER:
                 idle.append(conn)

@@ -306,10 +306,13 @@ class PCacheFile:
             else:
                 start = pos - k * unit
                 take = min(len(data) - start, take)
-                out.append(memoryview(data)[start : start + take])  # one copy, by the join below
+                whole = start == 0 and take == len(data) and isinstance(data, bytes)
+                out.append(data if whole else memoryview(data)[start : start + take])  # copied by the join
             pos += take
         if avail < n:
             out.append(bytes(n - avail))
+        if len(out) == 1 and isinstance(out[0], bytes):
+            return out[0]  # a whole unit, received into its bytes: no copy
         return b"".join(out)
 
     async def _unit(self, idx: int, k: int) -> Buffer | None:

@@ -211,6 +211,12 @@ class ClientConfig:
     (:class:`pcache.client.budget.WriteBudget`); past it a writer waits for others' blocks to land."""
     short_circuit: bool = True
     """Use the same-host fd path when the worker is local."""
+    tune_malloc: bool = True
+    """Set glibc's mmap/trim thresholds of this process to the values its dynamic thresholds
+    reach anyway after one 32 MiB buffer (:mod:`pcache.common.memory`), so that received read
+    units do not fault their pages in afresh: +25% remote-read throughput with read-ahead. Off by
+    default in a mount (``pcache mount``), whose memory its budgets bound: up to 64 MiB kept free
+    in each arena of its many threads would come on top."""
     node_id: str = ""
     """Node of this client for placement; empty means $PCACHE_NODE_ID or the host name."""
     block_size: int = 0

@@ -30,8 +30,8 @@ __all__ = [
     "raise_if_error",
     "sock_connect",
     "sock_request",
-    "sock_read_header",
-    "sock_read_payload",
+    "sock_recv_exactly",
+    "sock_receive",
 ]
 
 
@@ -237,7 +237,7 @@ async def sock_connect(host: str, port: int, timeout: float) -> socket.socket:
 def sock_alive(sock: socket.socket) -> bool:
     """Whether a pooled idle connection is still open (the peer has not closed or reset it)."""
     try:
-        return sock.recv(1, socket.MSG_PEEK) != b""  # an idle connection has nothing to read
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""  # an idle connection has nothing to read
     except BlockingIOError:
         return True
     except OSError:
@@ -291,34 +291,62 @@ async def sock_recv_exactly(sock: socket.socket, view: memoryview, timeout: floa
         raise Unavailable(f"connection lost: {exc}") from exc
 
 
-async def sock_read_header(sock: socket.socket, timeout: float) -> tuple[pb.DataHeader, int]:
-    """:func:`read_header` on a plain socket: (header, payload length in bytes).
+# ------------------------------------------------- blocking exchange (a thread) --
+
+_TIMEVAL = struct.Struct("@ll")
+
+
+def _set_timeout(sock: socket.socket, option: int, seconds: float) -> None:
+    whole = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, option, _TIMEVAL.pack(whole, int((seconds - whole) * 1e6)))
+
+
+def _recv_all(sock: socket.socket, n: int, timeout: float) -> bytes:
+    """``n`` bytes from a blocking socket whose ``SO_RCVTIMEO`` is set: one ``recv(MSG_WAITALL)``
+    fills a new ``bytes`` object in place (the kernel's one copy); a peer slower than the timeout
+    gets further calls while it makes progress."""
+    parts: list[bytes] = []
+    left = n
+    while left:
+        try:
+            got = sock.recv(left, socket.MSG_WAITALL)
+        except BlockingIOError as exc:  # SO_RCVTIMEO passed with nothing received
+            raise Timeout(f"peer sent nothing for {timeout:.1f}s") from exc
+        if not got:
+            raise Unavailable("connection closed by peer")
+        parts.append(got)
+        left -= len(got)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def sock_receive(sock: socket.socket, prefix: bytes, timeout: float) -> tuple[pb.DataHeader, bytes]:
+    """The rest of a frame whose ``PREFIX`` was received (on the event loop, which waited for the
+    answer to start): (header, payload). Blocking: it runs in a thread that owns the socket until
+    it returns, so the kernel copies the payload straight into the returned ``bytes`` (one
+    ``recv(MSG_WAITALL)``) while the event loop and the GIL serve other reads. ``timeout`` seconds
+    at most for each wait. The socket is non-blocking again on return.
 
     Raises:
-        ProtocolError: lengths out of bounds or an unparsable header. Unavailable, Timeout.
+        Unavailable: the connection broke or the peer closed it. Timeout: no progress in time.
+        ProtocolError: lengths out of bounds or an unparsable header.
     """
-    prefix = bytearray(PREFIX.size)
-    await sock_recv_exactly(sock, memoryview(prefix), timeout)
     header_len, payload_len = PREFIX.unpack(prefix)
     if header_len > MAX_HEADER_BYTES or payload_len > MAX_PAYLOAD_BYTES:
         raise ProtocolError(f"frame lengths out of bounds ({header_len}, {payload_len})")
-    body = bytearray(header_len)
-    await sock_recv_exactly(sock, memoryview(body), timeout)
-    header = pb.DataHeader()
     try:
-        header.ParseFromString(bytes(body))
-    except Exception as exc:  # protobuf raises DecodeError
-        raise ProtocolError(f"bad frame header: {exc}") from exc
-    return header, payload_len
-
-
-async def sock_read_payload(sock: socket.socket, n: int, timeout: float) -> bytearray:
-    """``n`` payload bytes received into one new buffer; ``timeout`` seconds at most without progress.
-
-    (An anonymous ``mmap`` instead of the ``bytearray``, which CPython zeroes first, was slower:
-    its page faults cost more than the zeroing of heap memory glibc reuses.)
-    """
-    out = bytearray(n)
-    if n:
-        await sock_recv_exactly(sock, memoryview(out), timeout)
-    return out
+        sock.setblocking(True)
+        _set_timeout(sock, socket.SO_RCVTIMEO, timeout)
+        reply = pb.DataHeader()
+        try:
+            reply.ParseFromString(_recv_all(sock, header_len, timeout))
+        except Exception as exc:  # protobuf raises DecodeError
+            if isinstance(exc, PCacheError):
+                raise
+            raise ProtocolError(f"bad frame header: {exc}") from exc
+        return reply, _recv_all(sock, payload_len, timeout) if payload_len else b""
+    except OSError as exc:
+        if isinstance(exc, PCacheError):
+            raise
+        raise Unavailable(f"connection lost: {exc}") from exc
+    finally:
+        sock.setblocking(False)
