@@ -27,7 +27,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from pcache.client import tree
 from pcache.client.budget import ReadBudget, WriteBudget
-from pcache.client.data import DataClient
+from pcache.client.data import BlockStream, DataClient
 from pcache.client.file import PCacheFile, View, parse_mode
 from pcache.client.load import LoadReport, free, load
 from pcache.client.master import MasterClient
@@ -698,7 +698,7 @@ class PCacheClient:
         raise SymlinkLoop("too many levels of symbolic links", path=path)
 
     async def write_block(
-        self, inode: int, data: bytes | bytearray, crc: int
+        self, inode: int, data: bytes | bytearray, crc: int, chunk_crcs: list[int] | None = None
     ) -> tuple[int, list[str], list[pb.WorkerAddr], str]:
         """Allocate a block for ``inode`` and store ``data`` on its pipeline.
 
@@ -718,11 +718,11 @@ class PCacheClient:
             reraise=True,
         ):
             with attempt:  # deletions free space within seconds: a full cluster is waited for a little
-                return await self._write_block_once(inode, data, crc)
+                return await self._write_block_once(inode, data, crc, chunk_crcs)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _write_block_once(
-        self, inode: int, data: bytes | bytearray, crc: int
+        self, inode: int, data: bytes | bytearray, crc: int, chunk_crcs: list[int] | None
     ) -> tuple[int, list[str], list[pb.WorkerAddr], str]:
         exclude: list[str] = []
         last: PCacheError | None = None
@@ -731,7 +731,7 @@ class PCacheClient:
             # (the master falls back to them only if nobody else has room)
             loc = await self._allocate(inode, len(data), exclude)
             try:
-                stored = await self.data.write(list(loc.replicas), loc.block_id, data, crc, loc.token)
+                stored = await self.data.write(list(loc.replicas), loc.block_id, data, crc, loc.token, chunk_crcs)
             except WRITE_RETRY_ERRORS as exc:
                 logger.warning(
                     "block %d on %s failed (%s); trying another worker", loc.block_id, loc.replicas[0].worker_id, exc
@@ -739,13 +739,46 @@ class PCacheClient:
                 exclude.append(loc.replicas[0].worker_id)
                 last = exc
                 continue
-            for addr in loc.replicas:
-                if addr.worker_id not in stored:  # dropped from the pipeline (stalled or failed downstream)
-                    self.data.health.suspect(addr.worker_id)
-            by_id = {a.worker_id: a for a in loc.replicas}
-            return loc.block_id, stored, [by_id[w] for w in stored if w in by_id], loc.token
+            return loc.block_id, stored, self.stored_at(list(loc.replicas), stored), loc.token
         assert last is not None
         raise last
+
+    def stored_at(self, targets: list[pb.WorkerAddr], stored: list[str]) -> list[pb.WorkerAddr]:
+        """The addresses of the ``targets`` that stored a block (the others become suspects:
+        dropped from the pipeline, stalled or failed downstream)."""
+        for addr in targets:
+            if addr.worker_id not in stored:
+                self.data.health.suspect(addr.worker_id)
+        by_id = {a.worker_id: a for a in targets}
+        return [by_id[w] for w in stored if w in by_id]
+
+    async def shrink_block(self, inode: int, block_id: int, length: int, token: str) -> str:
+        """The write token of a streamed block whose file ended before it was full: the master's
+        allocation now holds ``length`` bytes (see ``Allocations.shrink``)."""
+        return await self.master.shrink_block(inode, block_id, length, token)
+
+    async def open_stream(self, inode: int, length: int) -> tuple[BlockStream | None, int]:
+        """Allocate a block of ``length`` bytes for ``inode`` and open it for writing straight into
+        its file on this host's worker (:class:`BlockStream`). Returns (the stream, 0), or (None,
+        the id of the allocation given up, or 0) when the block was placed on another host or
+        the local worker cannot take it: the caller then buffers the block and names the id in
+        its commit (``abandoned``), which releases its quota.
+
+        Raises:
+            QuotaExceeded: no room for the block in the tenant's quota. Unavailable, Timeout: the master.
+        """
+        try:
+            loc = await self._allocate(inode, length, [])
+        except NoSpace:
+            return None, 0  # the buffered block waits for room when it is stored (nospace_wait)
+        targets = list(loc.replicas)
+        if not (targets and self.data.can_short_circuit(targets[0])):
+            return None, loc.block_id
+        try:
+            return await self.data.open_stream(targets, loc.block_id, length, loc.token), 0
+        except PCacheError as exc:  # full, gone: the buffered path places the block elsewhere
+            logger.debug("block %d: cannot stream into %s: %s", loc.block_id, targets[0].worker_id, exc)
+            return None, loc.block_id
 
     async def _allocate(self, inode: int, size: int, exclude: list[str]) -> pb.BlockLocation:
         suspects = [w for w in self.data.health.suspects() if w not in exclude]
@@ -765,8 +798,10 @@ class PCacheClient:
         view: View,
         *,
         closing: bool = False,
+        abandoned: list[int] | None = None,
     ) -> pb.Inode:
         """Publish a file's new block list (called by :meth:`PCacheFile.fsync`); returns the committed inode.
+        ``abandoned``: allocations of the file its writer gave up (their quota is released).
 
         ``view`` is the commit the writer's view starts from; the master merges the blocks it
         changed with other writers' commits since, unless ``view.replace`` (see
@@ -778,7 +813,7 @@ class PCacheClient:
         self.invalidate(path, inode=inode)
         return await self.master.commit_file(
             inode, size, blocks, time.time(), base_version=view.version, base_blocks=view.blocks, replace=view.replace,
-            path=normalize(path), closing=closing,
+            path=normalize(path), closing=closing, abandoned=abandoned,
         )  # fmt: skip
 
     async def layout_of(self, inode: int) -> pb.FileLayout:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import socket
 import threading
@@ -19,15 +20,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from pcache.common import framing, memory, uds
-from pcache.common.checksum import CHUNK_SIZE, verify_chunks
+from pcache.common.checksum import CHUNK_SIZE, RunningCrc, verify_chunks
 from pcache.common.config import ClientConfig
 from pcache.common.credentials import find_tls_dir
-from pcache.common.errors import CorruptBlock, PCacheError, Timeout, Unavailable
+from pcache.common.errors import CorruptBlock, InvalidArgument, NoSpace, PCacheError, Timeout, Unavailable
 from pcache.common.tls import load_optional
 from pcache.proto import pcache_pb2 as pb
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 POOL_PER_WORKER = 8
+STREAM_PIECE = 1 << 20  # a stream gathers smaller appends up to this many bytes per pwritev
 RECEIVER_THREADS = 16  # plain-TCP reads received at once (each blocks a thread, not the loop)
 MAX_SC_FDS = 256  # short-circuit block descriptors kept open per client
 SC_VERIFIED_CHUNKS = 16  # checked chunks kept for small short-circuit reads (16 MiB per client)
@@ -584,9 +586,11 @@ class DataClient:
         data: bytes | bytearray | memoryview,
         crc: int,
         token: str,
+        chunk_crcs: list[int] | None = None,
     ) -> list[str]:
         """Write a whole block to ``targets[0]``, which forwards it down the pipeline, with the
-        block's write ``token`` (from its allocation).
+        block's write ``token`` (from its allocation). ``chunk_crcs``: the CRC of each chunk, when
+        the caller has them (a worker on this host takes them instead of reading the block back).
 
         Returns:
             ids of the workers that stored it (at least the first).
@@ -598,7 +602,7 @@ class DataClient:
         head, rest = targets[0], list(targets[1:])
         if self.can_short_circuit(head):
             with contextlib.suppress(Unavailable):
-                return await self._sc_write(head, rest, block_id, data, crc, token)
+                return await self._sc_write(targets, block_id, data, crc, token, chunk_crcs)
         try:
             conn = await self._acquire(head)
         except (Unavailable, Timeout):
@@ -661,57 +665,205 @@ class DataClient:
         finally:
             framing.close_writer(writer)
 
-    async def _sc_write(
-        self,
-        head: pb.WorkerAddr,
-        rest: list[pb.WorkerAddr],
-        block_id: int,
-        data: bytes | bytearray | memoryview,
-        crc: int,
-        token: str,
-    ) -> list[str]:
+    async def open_stream(
+        self, targets: list[pb.WorkerAddr], block_id: int, length: int, token: str
+    ) -> BlockStream:
+        """Open a block of ``length`` bytes for writing straight into its file on ``targets[0]``,
+        a worker on this host (``SC_WRITE_OPEN``); ``targets[1:]`` get it down the pipeline at the
+        commit.
+
+        Raises:
+            Unavailable, Timeout: the worker's socket does not answer. NoSpace: it has no room.
+            PermissionDenied: the token does not allow this write.
+        """
+        head = targets[0]
         sock = await self._sc_connect(head)
-        fd: int | None = None
         try:
-            timeout = self.cfg.io_timeout
-            stall = self.cfg.stall_timeout
-            opener = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=block_id, length=len(data), token=token)
-            await uds.send_frame(sock, opener, None, stall)
+            opener = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=block_id, length=length, token=token)
+            await uds.send_frame(sock, opener, None, self.cfg.stall_timeout)
             try:
-                reply, fd = await uds.recv_frame(sock, stall)
+                reply, fd = await uds.recv_frame(sock, self.cfg.stall_timeout)
             except Timeout:
                 self.health.suspect(head.worker_id)
                 raise
             framing.raise_if_error(reply)
             if fd is None:
                 raise Unavailable("short-circuit reply carried no descriptor")
-            await asyncio.to_thread(_pwrite_all, fd, data)
-            os.close(fd)
-            fd = None
-            commit = pb.DataHeader(
-                op=pb.SC_WRITE_COMMIT,
-                block_id=block_id,
-                write_handle=reply.write_handle,
-                crc32c=crc,
-                pipeline=rest,
-                token=token,
-            )
-            await uds.send_frame(sock, commit, None, timeout)
-            done, _ = await uds.recv_frame(sock, timeout * (1 + len(rest)) + len(data) / (50 << 20))
-            framing.raise_if_error(done)
-            return list(done.replicas)
-        except PCacheError:
-            raise
-        except OSError as exc:
-            raise Unavailable(f"short-circuit write failed: {exc}") from exc
-        finally:
-            if fd is not None:
-                os.close(fd)
+        except BaseException:
             sock.close()
+            raise
+        return BlockStream(self, targets, block_id, length, token, sock, fd, reply.write_handle)
+
+    async def _sc_write(
+        self,
+        targets: list[pb.WorkerAddr],
+        block_id: int,
+        data: bytes | bytearray | memoryview,
+        crc: int,
+        token: str,
+        chunk_crcs: list[int] | None,
+    ) -> list[str]:
+        stream = await self.open_stream(targets, block_id, len(data), token)
+        try:
+            await stream.write(data, account=chunk_crcs is None)
+            return await stream.commit(None if chunk_crcs is None else (crc, chunk_crcs))
+        finally:
+            stream.close()
 
 
-def _pwrite_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    view = memoryview(data)
-    offset = 0
-    while offset < len(view):
-        offset += os.pwrite(fd, view[offset:], offset)
+class BlockStream:
+    """A block written straight into its temp file on a worker of this host (short circuit):
+    ``write`` appends at the end with ``pwrite`` (in a thread: the kernel's one copy from the
+    caller's buffer, no GIL), keeping the CRC32Cs as it goes; ``commit`` has the worker take
+    them, fsync, publish and replicate. The descriptor is this client's: whatever happens to
+    the worker, the bytes written can be read back (:meth:`read_back`) and stored another way.
+    """
+
+    def __init__(
+        self,
+        data: DataClient,
+        targets: list[pb.WorkerAddr],
+        block_id: int,
+        length: int,
+        token: str,
+        sock: socket.socket,
+        fd: int,
+        handle: str,
+    ) -> None:
+        self.data = data
+        self.targets = targets
+        self.block_id = block_id
+        self.length = length  # what the allocation and the token name
+        self.token = token
+        self.sums = RunningCrc()
+        self.lock = asyncio.Lock()  # one append at a time: the CRCs run front to back
+        self._tail = bytearray()  # appended, not yet written (under STREAM_PIECE bytes)
+        self._sock: socket.socket | None = sock
+        self._fd: int | None = fd
+        self._handle = handle
+
+    @property
+    def written(self) -> int:
+        """Bytes in the file so far (the block's front)."""
+        return self.sums.length
+
+    @property
+    def end(self) -> int:
+        """Bytes appended so far (written, and held until a ``STREAM_PIECE`` is full)."""
+        return self.sums.length + len(self._tail)
+
+    async def append(self, piece: bytes | bytearray | memoryview) -> None:
+        """Append ``piece`` at :attr:`end`, keeping the CRCs: pieces under ``STREAM_PIECE`` bytes
+        are gathered first (one ``pwritev`` per MiB, not per 128 KiB FUSE write).
+
+        Raises:
+            InvalidArgument: past the block's length. NoSpace: the disk is full.
+        """
+        view = memoryview(piece).cast("B")
+        if self.end + len(view) > self.length:
+            raise InvalidArgument(f"block {self.block_id}: more than its {self.length} bytes")
+        if len(self._tail) + len(view) < STREAM_PIECE:
+            self._tail += view
+            return
+        bufs = [memoryview(self._tail), view] if self._tail else [view]
+        await asyncio.to_thread(self._write, bufs, True)
+        self._tail = bytearray()
+
+    async def flush(self) -> None:
+        """Write what :meth:`append` gathered."""
+        if self._tail:
+            await asyncio.to_thread(self._write, [memoryview(self._tail)], True)
+            self._tail = bytearray()
+
+    async def write(self, data: bytes | bytearray | memoryview, *, account: bool = True) -> None:
+        """Append ``data`` (after what was gathered) in one ``pwrite``; ``account``: keep its CRCs
+        (off when the caller has them and hands them to :meth:`commit`).
+
+        Raises:
+            InvalidArgument: past the block's length. NoSpace: the disk is full.
+        """
+        await self.flush()
+        view = memoryview(data).cast("B")
+        if self.written + len(view) > self.length:
+            raise InvalidArgument(f"block {self.block_id}: more than its {self.length} bytes")
+        await asyncio.to_thread(self._write, [view], account)
+
+    def _write(self, bufs: list[memoryview], account: bool) -> None:
+        if self._fd is None:
+            raise Unavailable(f"block {self.block_id}: the stream is closed")
+        try:
+            _pwritev_all(self._fd, bufs, self.written)
+        except OSError as exc:
+            raise NoSpace(f"block {self.block_id}: short-circuit write failed: {exc}") from exc
+        for view in bufs:
+            if account:
+                self.sums.update(view)
+            else:
+                self.sums.length += len(view)
+
+    async def read_back(self) -> bytes:
+        """The bytes appended so far: from this client's descriptor (the page cache), then the
+        gathered ones."""
+        if self._fd is None:
+            raise Unavailable(f"block {self.block_id}: the stream is closed")
+        fd, n = self._fd, self.written
+        data = await asyncio.to_thread(os.pread, fd, n, 0)
+        if len(data) != n:
+            raise CorruptBlock(f"block {self.block_id}: {len(data)} of the {n} bytes written could be read back")
+        return data + self._tail if self._tail else data
+
+    async def commit(self, sums: tuple[int, list[int]] | None = None) -> list[str]:
+        """Store the block (``SC_WRITE_COMMIT``): the worker takes the CRCs (the running ones,
+        or ``sums`` = (crc, chunk crcs) given), fsyncs, publishes it and pushes it down the
+        pipeline; returns the ids of the workers that stored it.
+
+        Raises:
+            InvalidArgument: fewer bytes written than the block's length.
+            Unavailable, Timeout: the worker is gone or stalled. CorruptBlock, NoSpace.
+        """
+        if self.written != self.length or self._tail or self._sock is None:
+            raise InvalidArgument(f"block {self.block_id}: {self.written} of {self.length} bytes written")
+        crc, chunks = sums or (self.sums.crc, self.sums.chunk_crcs())
+        cfg = self.data.cfg
+        rest = list(self.targets[1:])
+        commit = pb.DataHeader(
+            op=pb.SC_WRITE_COMMIT,
+            block_id=self.block_id,
+            write_handle=self._handle,
+            crc32c=crc,
+            chunk_crcs=chunks,
+            pipeline=rest,
+            token=self.token,
+        )
+        try:
+            await uds.send_frame(self._sock, commit, None, cfg.io_timeout)
+            done, _ = await uds.recv_frame(self._sock, cfg.io_timeout * (1 + len(rest)) + self.length / (50 << 20))
+        except OSError as exc:
+            if isinstance(exc, PCacheError):
+                raise
+            raise Unavailable(f"short-circuit commit failed: {exc}") from exc
+        framing.raise_if_error(done)
+        return list(done.replicas)
+
+    def close(self) -> None:
+        """Release the descriptor and the socket (a block not committed is dropped by the worker)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def _pwritev_all(fd: int, bufs: list[memoryview], at: int) -> None:
+    """Write ``bufs`` in order at offset ``at`` (``pwritev``, again after a short write)."""
+    while bufs:
+        n = os.pwritev(fd, bufs, at)
+        if not n:
+            raise OSError(errno.ENOSPC, "no byte written")
+        at += n
+        while bufs and n >= len(bufs[0]):
+            n -= len(bufs[0])
+            bufs = bufs[1:]
+        if bufs and n:
+            bufs = [bufs[0][n:], *bufs[1:]]

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from pcache.client.budget import ReadBudget, WriteBudget
-from pcache.client.data import WrongBlock
-from pcache.common.checksum import crc32c
+from pcache.client.data import BlockStream, WrongBlock
+from pcache.common.checksum import chunk_crcs
 from pcache.common.errors import (
     CorruptBlock,
     FileTooLarge,
@@ -56,6 +56,7 @@ Buffer = bytes | bytearray  # block bytes as read: a TCP read lands in a bytearr
 # PermissionDenied: a block token expired (or the replica moved): the next replica, then fresh locations
 READ_FAILOVER_ERRORS = (Unavailable, Timeout, CorruptBlock, NotFound, PermissionDenied)
 MAX_FILE_SIZE = 1 << 42  # 4 TiB: keeps the per-handle slot list (one entry per block) small
+STREAM_AFTER = 4 << 20  # bytes a new block holds in memory before the rest streams to the local worker
 
 
 @dataclass
@@ -71,6 +72,8 @@ class Slot:
     uncached: bool = False  # a bound file's block the worker fetches from the under-store first
     data: bytearray | None = None
     pending: asyncio.Task | None = None
+    fresh: bool = False  # the buffered data is a new block's, written from its start (no old content)
+    stream: BlockStream | None = None  # being written straight into its file on this host's worker
 
 
 class View(NamedTuple):
@@ -103,17 +106,38 @@ class FileService(Protocol):
         ...
 
     async def write_block(
-        self, inode: int, data: bytes | bytearray, crc: int
+        self, inode: int, data: bytes | bytearray, crc: int, chunk_crcs: list[int] | None = None
     ) -> tuple[int, list[str], list[pb.WorkerAddr], str]:
         """Allocate and store a new block: (block id, replicas that stored it, their addresses,
         the block token that reads it there)."""
         ...
 
+    async def open_stream(self, inode: int, length: int) -> tuple[BlockStream | None, int]:
+        """Allocate a block and open it on this host's worker: (stream, 0), or (None, the id of an
+        allocation given up, or 0) when it cannot be streamed."""
+        ...
+
+    async def shrink_block(self, inode: int, block_id: int, length: int, token: str) -> str:
+        """The write token of a streamed block that holds ``length`` bytes, fewer than allocated."""
+        ...
+
+    def stored_at(self, targets: list[pb.WorkerAddr], stored: list[str]) -> list[pb.WorkerAddr]:
+        """The addresses of the ``targets`` whose ids are in ``stored``."""
+        ...
+
     async def commit(
-        self, path: str, inode: int, size: int, blocks: list[pb.CommittedBlock], view: View, *, closing: bool = False
+        self,
+        path: str,
+        inode: int,
+        size: int,
+        blocks: list[pb.CommittedBlock],
+        view: View,
+        *,
+        closing: bool = False,
+        abandoned: list[int] | None = None,
     ) -> pb.Inode:
         """Publish the file's block list (merged with other writers' commits since ``view``);
-        ``closing``: the writer's close."""
+        ``closing``: the writer's close; ``abandoned``: allocations given up (quota released)."""
         ...
 
     async def discard_created(self, path: str, inode: int) -> None:
@@ -179,6 +203,8 @@ class PCacheFile:
         self._append_lock = asyncio.Lock()
         self._gate = _CommitGate()
         self._error: BaseException | None = None
+        self._streaming = self.cfg.stream_writes and self.cfg.short_circuit  # until a block lands elsewhere
+        self._abandoned: list[int] = []  # allocations given up since the last commit
 
     # ------------------------------------------------------------ basics --
 
@@ -286,6 +312,8 @@ class PCacheFile:
         if idx >= len(self.slots):
             return bytes(n)  # a hole past the last written block
         slot = self.slots[idx]
+        if slot.stream is not None:  # the writer reads what it streamed: it becomes buffered again
+            slot = await self._dirty_slot(idx)
         if slot.pending is not None:
             await self._settle(slot)
         if slot.data is not None:
@@ -594,12 +622,13 @@ class PCacheFile:
         total = len(view)
         while view:
             idx, off = divmod(pos, self.block_size)
-            slot = await self._dirty_slot(idx)
-            assert slot.data is not None
             n = min(self.block_size - off, len(view))
-            if off > len(slot.data):
-                slot.data.extend(bytes(off - len(slot.data)))
-            slot.data[off : off + n] = view[:n]
+            if not await self._stream_append(idx, off, view[:n]):
+                slot = await self._dirty_slot(idx)
+                assert slot.data is not None
+                _put(slot.data, off, view[:n])
+                if self._streaming and slot.fresh and STREAM_AFTER <= len(slot.data) == off + n < self.block_size:
+                    await self._start_stream(idx)
             view = view[n:]
             pos += n
             self.size = max(self.size, pos)
@@ -616,13 +645,102 @@ class PCacheFile:
         while len(self.slots) <= idx:
             self.slots.append(Slot())  # a hole until written
         slot = self.slots[idx]
+        if slot.stream is not None:
+            await self._unstream(slot)
         if slot.pending is not None:
             await self._settle(slot)
         if slot.data is None:
             content = await self._read_slot(idx, 0, slot.length) if slot.block_id else b""
             slot.data = bytearray(content)
+            slot.fresh = not slot.block_id
             self._forget_units(slot.block_id)
         return slot
+
+    # ------------------------------------------------------- streaming --
+    # A sequential writer's new block, once STREAM_AFTER bytes of it are buffered, is allocated and
+    # opened on this host's worker (short circuit) and the rest of it goes straight into its file:
+    # the kernel's one copy from the caller's buffer, no block-sized buffer in this process, the
+    # CRCs computed as it goes and taken by the worker (not read back). A full block is committed
+    # in the background like a buffered one; a file that ends inside it has the master shrink the
+    # allocation. Anything else (a write elsewhere in the block, a read of it, a truncation) reads
+    # the streamed bytes back from the descriptor and the block is buffered again.
+
+    async def _start_stream(self, idx: int) -> None:
+        async with self._slot_lock:
+            slot = self.slots[idx]
+            data = slot.data
+            if slot.stream is not None or slot.pending is not None or data is None or not self._streaming:
+                return
+            stream, gave_up = await self.service.open_stream(self.inode, self.block_size)
+            if gave_up:
+                self._abandoned.append(gave_up)
+            if stream is None:
+                self._streaming = False  # placed on another host (or no local room): buffer this file
+                return
+            try:
+                await stream.append(data)
+            except PCacheError as exc:
+                logger.debug("%s: cannot stream block %d: %s", self.path, stream.block_id, exc)
+                stream.close()
+                self._abandoned.append(stream.block_id)
+                self._streaming = False
+                return
+            slot.data, slot.stream = None, stream
+
+    async def _stream_append(self, idx: int, off: int, piece: memoryview) -> bool:
+        """Append ``piece`` to slot ``idx``'s stream when it continues it; False when there is no
+        stream or ``off`` is not its end (the caller buffers the block again)."""
+        stream = self.slots[idx].stream if idx < len(self.slots) else None
+        if stream is None:
+            return False
+        async with stream.lock:
+            if self.slots[idx].stream is not stream or off != stream.end:
+                return False
+            try:
+                await stream.append(piece)
+            except PCacheError as exc:  # a full disk here: what was written is read back and buffered
+                logger.warning("%s: streaming block %d failed (%s); buffering it", self.path, stream.block_id, exc)
+                self._streaming = False
+                return False
+        return True
+
+    async def _unstream(self, slot: Slot) -> None:
+        """Buffer a streamed block again: its bytes read back, its allocation given up."""
+        stream = slot.stream
+        if stream is None:
+            return
+        async with stream.lock:
+            if slot.stream is not stream:
+                return
+            data = await stream.read_back()
+            slot.stream = None
+            stream.close()
+            self._abandoned.append(stream.block_id)
+            slot.data, slot.fresh = bytearray(data), True
+
+    async def _commit_stream(self, slot: Slot, stream: BlockStream) -> None:
+        """Store a streamed block (shrunk first when the file ended in it); when that fails, its
+        bytes are read back from the descriptor and stored as a buffered block would be."""
+        try:
+            async with stream.lock:
+                try:
+                    await stream.flush()
+                    if stream.written < stream.length:
+                        token = await self.service.shrink_block(self.inode, stream.block_id, stream.written, stream.token)
+                        stream.length, stream.token = stream.written, token
+                    stored = await stream.commit()
+                except (PCacheError, OSError) as exc:
+                    logger.warning("%s: block %d: %s; storing it another way", self.path, stream.block_id, exc)
+                    data = bytearray(await stream.read_back())
+                    self._abandoned.append(stream.block_id)
+                else:
+                    slot.block_id, slot.length, slot.crc = stream.block_id, stream.written, stream.sums.crc
+                    slot.replicas, slot.token = stored, stream.token
+                    slot.locations = self.service.stored_at(stream.targets, stored)
+                    return
+        finally:
+            stream.close()
+        await self._store(slot, data)
 
     def _forget_units(self, block_id: int) -> None:
         for key in [k for k in self._units if k[0] == block_id]:
@@ -639,6 +757,16 @@ class PCacheFile:
 
     async def _start_flush(self, idx: int) -> None:
         slot = self.slots[idx]
+        stream = slot.stream
+        if stream is not None:
+            await self._flush_slots.acquire()
+            if slot.stream is not stream:  # made buffered meanwhile
+                self._flush_slots.release()
+                return await self._start_flush(idx)
+            slot.stream = None
+            slot.pending = asyncio.ensure_future(self._commit_stream(slot, stream))
+            slot.pending.add_done_callback(functools.partial(self._flush_done, 0))
+            return
         data = slot.data
         if data is None:
             return
@@ -659,8 +787,8 @@ class PCacheFile:
             self._error = task.exception()
 
     async def _store(self, slot: Slot, data: bytearray) -> None:
-        crc = await asyncio.to_thread(crc32c, data) if len(data) > (1 << 20) else crc32c(data)
-        block_id, stored, locations, token = await self.service.write_block(self.inode, data, crc)
+        crcs, crc = await asyncio.to_thread(chunk_crcs, data) if len(data) > (1 << 20) else chunk_crcs(data)
+        block_id, stored, locations, token = await self.service.write_block(self.inode, data, crc, crcs)
         slot.block_id, slot.length, slot.crc = block_id, len(data), crc
         slot.replicas, slot.locations, slot.token = stored, locations, token
 
@@ -702,6 +830,7 @@ class PCacheFile:
             raise FileTooLarge(f"{size} bytes is over the {MAX_FILE_SIZE} byte file size limit", path=self.path)
         async with self._gate.shared():
             for slot in self.slots:
+                await self._unstream(slot)
                 if slot.pending is not None:
                     await self._settle(slot)
             self.size = size
@@ -725,6 +854,12 @@ class PCacheFile:
     async def _fsync_locked(self, *, closing: bool = False) -> None:
         if not self.dirty:
             return
+        for idx, slot in enumerate(self.slots):  # a stream that holds its block's bytes is committed as it is
+            if slot.stream is not None:
+                if slot.stream.end == min(self.block_size, self.size - idx * self.block_size):
+                    await self._start_flush(idx)
+                else:
+                    await self._unstream(slot)
         await self._pad_slots()
         for idx, slot in enumerate(self.slots):
             if slot.data is not None:
@@ -737,6 +872,7 @@ class PCacheFile:
             pb.CommittedBlock(block_id=s.block_id, length=s.length, crc32c=s.crc, replicas=s.replicas)
             for s in self.slots
         ]
+        abandoned = list(self._abandoned)
         node = await self.service.commit(
             self.path,
             self.inode,
@@ -744,7 +880,9 @@ class PCacheFile:
             blocks,
             View(self.version, self.base_blocks, self.replace),
             closing=closing,
+            abandoned=abandoned,
         )
+        del self._abandoned[: len(abandoned)]
         self.dirty = False
         self.replace = False
         self._committed = True
@@ -759,7 +897,7 @@ class PCacheFile:
         layout = await self.service.layout_of(self.inode)
         fresh = _slots(layout)
         for idx, mine in enumerate(self.slots[: len(fresh)]):
-            if mine.data is not None or mine.pending is not None:
+            if mine.data is not None or mine.pending is not None or mine.stream is not None:
                 fresh[idx] = mine  # written again meanwhile (another thread of this handle)
         self.slots = fresh
         self.size = max(self.size, layout.inode.size)
@@ -789,6 +927,9 @@ class PCacheFile:
             for slot in self.slots:
                 if slot.pending is not None and not slot.pending.done():
                     slot.pending.cancel()
+                if slot.stream is not None:  # not committed: the worker drops it
+                    slot.stream.close()
+                    slot.stream = None
             for key in list(self._units):
                 self._pop_unit(key)
             self.hot = None
@@ -859,6 +1000,20 @@ class _CommitGate:
             async with self._cond:
                 self._committing = False
                 self._cond.notify_all()
+
+
+def _put(buf: bytearray, off: int, piece: memoryview) -> None:
+    """Copy ``piece`` into ``buf`` at ``off``, growing it (zeros in any gap): one copy. (A slice
+    assignment of anything but a bytearray, ``buf[a:b] = piece``, first copies it into a temporary
+    bytearray: two copies and an allocation per write.)"""
+    if off > len(buf):
+        buf.extend(bytes(off - len(buf)))
+    inside = max(0, min(len(piece), len(buf) - off))
+    if inside:
+        with memoryview(buf) as view:
+            view[off : off + inside] = piece[:inside]
+    if inside < len(piece):
+        buf += piece[inside:]
 
 
 def _slots(layout: pb.FileLayout) -> list[Slot]:

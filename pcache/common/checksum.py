@@ -48,3 +48,33 @@ def verify_chunks(block_id: int, data: bytes | bytearray | memoryview, first: in
     for i, start in enumerate(range(0, len(view), CHUNK_SIZE)):
         if _crc32c.crc32c(view[start : start + CHUNK_SIZE]) != chunk_crcs[first + i]:
             raise CorruptBlock(f"block {block_id}: chunk {first + i} failed its CRC32C check")
+
+
+class RunningCrc:
+    """The whole CRC32C and the per-chunk CRC32Cs of a block written front to back in pieces of
+    any size (the receiving worker's, and a short-circuit writer's as it streams)."""
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.crc = 0
+        self.full: list[int] = []  # CRCs of the chunks completed so far
+        self._partial = 0  # CRC of the current, not yet full chunk
+        self._partial_len = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        """Account the next ``data`` bytes of the block."""
+        view = memoryview(data).cast("B")
+        self.length += len(view)
+        self.crc = _crc32c.crc32c(view, self.crc)
+        while view:
+            take = min(CHUNK_SIZE - self._partial_len, len(view))
+            self._partial = _crc32c.crc32c(view[:take], self._partial)
+            self._partial_len += take
+            view = view[take:]
+            if self._partial_len == CHUNK_SIZE:
+                self.full.append(self._partial)
+                self._partial = self._partial_len = 0
+
+    def chunk_crcs(self) -> list[int]:
+        """One CRC per chunk so far, the last one possibly of a short chunk."""
+        return self.full + [self._partial] if self._partial_len else list(self.full)

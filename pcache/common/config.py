@@ -211,6 +211,10 @@ class ClientConfig:
     (:class:`pcache.client.budget.WriteBudget`); past it a writer waits for others' blocks to land."""
     short_circuit: bool = True
     """Use the same-host fd path when the worker is local."""
+    stream_writes: bool = True
+    """A sequential writer's new block, once 4 MiB of it are buffered, goes straight into its file
+    on this host's worker (short circuit; :class:`pcache.client.data.BlockStream`): no block-sized
+    buffer, one copy. Off: blocks are buffered whole and stored when full or at the commit."""
     tune_malloc: bool = True
     """Set glibc's mmap/trim thresholds of this process to the values its dynamic thresholds
     reach anyway after one 32 MiB buffer (:mod:`pcache.common.memory`), so that received read

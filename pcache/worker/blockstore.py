@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Protocol
 
-from pcache.common.checksum import CHUNK_SIZE, crc32c, verify_chunks
+from pcache.common.checksum import CHUNK_SIZE, RunningCrc, verify_chunks
 from pcache.common.errors import AlreadyExists, CorruptBlock, InvalidArgument, NoSpace, NotFound
 
 logger = logging.getLogger(__name__)
@@ -83,11 +83,8 @@ class BlockWriter:
         self.length = length
         self.path = os.path.join(store.tmp_dir, f"{block_id}.{uuid.uuid4().hex[:8]}")
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        self.written = 0
-        self.crc = 0
-        self.chunk_crcs: list[int] = []
-        self._partial = 0  # crc of the current, not yet full chunk
-        self._partial_len = 0
+        self.sums = RunningCrc()
+        self._adopted: tuple[int, list[int]] | None = None  # (crc, chunk crcs) a client computed
         self.closed = False
 
     def write(self, data: bytes | memoryview) -> None:
@@ -105,19 +102,17 @@ class BlockWriter:
                 view = view[n:]
         except OSError as exc:
             raise NoSpace(f"block {self.block_id}: disk write failed: {exc}") from exc
-        self._account(memoryview(data))
+        self.sums.update(data)
 
-    def _account(self, view: memoryview) -> None:
-        self.written += len(view)
-        self.crc = crc32c(view, self.crc)
-        while view:
-            take = min(CHUNK_SIZE - self._partial_len, len(view))
-            self._partial = crc32c(view[:take], self._partial)
-            self._partial_len += take
-            view = view[take:]
-            if self._partial_len == CHUNK_SIZE:
-                self.chunk_crcs.append(self._partial)
-                self._partial = self._partial_len = 0
+    @property
+    def written(self) -> int:
+        """Bytes of the block accounted so far."""
+        return self.length if self._adopted else self.sums.length
+
+    @property
+    def crc(self) -> int:
+        """CRC32C of the bytes accounted so far."""
+        return self._adopted[0] if self._adopted else self.sums.crc
 
     def account_existing(self) -> None:
         """Compute CRCs over bytes a short-circuit client wrote into the fd itself."""
@@ -125,17 +120,50 @@ class BlockWriter:
         if size != self.length:
             self.abort()
             raise InvalidArgument(f"block {self.block_id}: client wrote {size} bytes, announced {self.length}")
-        self.written = 0
-        self.crc = 0
-        self.chunk_crcs = []
-        self._partial = self._partial_len = 0
+        self.sums = RunningCrc()
+        self._adopted = None
         offset = 0
         while offset < size:
             data = os.pread(self.fd, min(8 * CHUNK_SIZE, size - offset), offset)
             if not data:
                 break
-            self._account(memoryview(data))
+            self.sums.update(data)
             offset += len(data)
+
+    def shrink(self, length: int) -> None:
+        """Store ``length`` bytes, fewer than announced (a streamed block its file ended in; the
+        commit's token names the new length), giving the rest of the reservation back.
+
+        Raises:
+            InvalidArgument: not fewer bytes than announced.
+        """
+        if not 0 < length < self.length:
+            raise InvalidArgument(f"block {self.block_id}: cannot shrink {self.length} bytes to {length}")
+        with self.store._lock:
+            self.store._reserved -= self.length - length
+        self.length = length
+
+    def adopt_crcs(self, crc: int, chunk_crcs: list[int]) -> None:
+        """Take the CRCs a short-circuit client computed over the bytes it wrote into the fd itself
+        (from the buffers it wrote, as it wrote them), instead of reading the block back: the CRC is
+        computed once, end to end. The bytes are not re-read: a client that names wrong CRCs spoils
+        only the block its token lets it write, which every later read then refuses (CorruptBlock)
+        and every replica refuses to store (the pipeline's receivers recompute).
+
+        Raises:
+            InvalidArgument: another file size than announced, or not one CRC per chunk.
+        """
+        size = os.fstat(self.fd).st_size
+        if size != self.length:
+            self.abort()
+            raise InvalidArgument(f"block {self.block_id}: client wrote {size} bytes, announced {self.length}")
+        if len(chunk_crcs) != (self.length + CHUNK_SIZE - 1) // CHUNK_SIZE:
+            self.abort()
+            raise InvalidArgument(
+                f"block {self.block_id}: {len(chunk_crcs)} chunk CRCs for {self.length} bytes"
+                f" ({CHUNK_SIZE} bytes per chunk)"
+            )
+        self._adopted = (crc, list(chunk_crcs))
 
     def commit(self, expected_crc: int | None = None, *, sync: bool = True) -> BlockInfo:
         """fsync (unless ``sync`` is false or the store never does), verify, and publish the block.
@@ -151,19 +179,17 @@ class BlockWriter:
         if expected_crc is not None and expected_crc != self.crc:
             self.abort()
             raise CorruptBlock(f"block {self.block_id}: CRC32C {self.crc:#x} != sender's {expected_crc:#x}")
-        if self._partial_len:
-            self.chunk_crcs.append(self._partial)
-            self._partial_len = 0
+        chunks = self._adopted[1] if self._adopted else self.sums.chunk_crcs()
         try:
-            record = struct.pack(f">{len(self.chunk_crcs)}I", *self.chunk_crcs) + FOOTER.pack(
-                META_MAGIC, 1, self.length, self.crc, len(self.chunk_crcs)
+            record = struct.pack(f">{len(chunks)}I", *chunks) + FOOTER.pack(
+                META_MAGIC, 1, self.length, self.crc, len(chunks)
             )
             os.pwrite(self.fd, record, self.length)
             if self.store.fsync and sync:
                 os.fsync(self.fd)
             os.close(self.fd)
             self.closed = True
-            info = BlockInfo(self.block_id, self.length, self.crc, tuple(self.chunk_crcs))
+            info = BlockInfo(self.block_id, self.length, self.crc, tuple(chunks))
             self.store._publish(self.path, info)
         except AlreadyExists:
             self.abort()

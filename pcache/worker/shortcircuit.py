@@ -8,8 +8,9 @@ advertises names the worker, so a client on another node whose local worker uses
   file; the client ``pread``s it and verifies the chunk CRCs itself.
 * ``SC_WRITE_OPEN`` reserves quota and returns a writable fd of a fresh temp
   file; the client writes the block straight into it (page cache, no socket
-  copy), then ``SC_WRITE_COMMIT`` makes the worker recompute and compare the
-  CRC32C, fsync, publish, and push the block down the replica pipeline.
+  copy), then ``SC_WRITE_COMMIT`` makes the worker take the client's chunk CRC32Cs (computed
+  as it wrote; a commit without them has the worker read the block back and compute them),
+  fsync, publish, and push the block down the replica pipeline.
 
 This is the "interception + shared memory" path of the Ling report §2.3.1,
 done as HDFS short-circuit local reads do it (fd passing over a UNIX socket).
@@ -144,7 +145,12 @@ class ShortCircuitServer:
             if writer.block_id != header.block_id:
                 raise InvalidArgument(f"unknown short-circuit write handle for block {header.block_id}")
             try:
-                await asyncio.to_thread(writer.account_existing)
+                if 0 < grant.length < writer.length:  # a token for fewer bytes: the master shrank the block
+                    writer.shrink(grant.length)
+                if header.chunk_crcs:  # computed by the client as it wrote: taken, not recomputed
+                    writer.adopt_crcs(header.crc32c, list(header.chunk_crcs))
+                else:
+                    await asyncio.to_thread(writer.account_existing)
             except BaseException:
                 writer.abort()
                 raise

@@ -21,9 +21,9 @@ def count_block_writes(client: Client) -> list[int]:
     calls: list[int] = []
     original = client.aio.write_block
 
-    async def counting(inode, data, crc):
+    async def counting(inode, data, crc, chunk_crcs=None):
         calls.append(len(data))
-        return await original(inode, data, crc)
+        return await original(inode, data, crc, chunk_crcs)
 
     client.aio.write_block = counting
     return calls
