@@ -665,9 +665,7 @@ class DataClient:
         finally:
             framing.close_writer(writer)
 
-    async def open_stream(
-        self, targets: list[pb.WorkerAddr], block_id: int, length: int, token: str
-    ) -> BlockStream:
+    async def open_stream(self, targets: list[pb.WorkerAddr], block_id: int, length: int, token: str) -> BlockStream:
         """Open a block of ``length`` bytes for writing straight into its file on ``targets[0]``,
         a worker on this host (``SC_WRITE_OPEN``); ``targets[1:]`` get it down the pipeline at the
         commit.

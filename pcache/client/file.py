@@ -726,7 +726,9 @@ class PCacheFile:
                 try:
                     await stream.flush()
                     if stream.written < stream.length:
-                        token = await self.service.shrink_block(self.inode, stream.block_id, stream.written, stream.token)
+                        token = await self.service.shrink_block(
+                            self.inode, stream.block_id, stream.written, stream.token
+                        )
                         stream.length, stream.token = stream.written, token
                     stored = await stream.commit()
                 except (PCacheError, OSError) as exc:

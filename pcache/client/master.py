@@ -348,7 +348,9 @@ class MasterClient:
         Raises:
             Conflict: the allocation is gone. InvalidArgument: not fewer bytes. PermissionDenied.
         """
-        request = pb.AllocateBlockRequest(header=self.header(), inode=inode, size_hint=length, shrink=block_id, token=token)
+        request = pb.AllocateBlockRequest(
+            header=self.header(), inode=inode, size_hint=length, shrink=block_id, token=token
+        )
         return (await self._call("AllocateBlock", request)).token
 
     async def commit_file(
