@@ -51,6 +51,7 @@ from pcache.proto import pcache_pb2 as pb
 logger = logging.getLogger(__name__)
 
 WRITE_RETRY_ERRORS = (Unavailable, Timeout, NoSpace)
+STREAM_RETRY_SECONDS = 30.0  # after a block placed on another host, writes buffer this long before trying again
 VERDICT_SECONDS = 2.0  # how often a client with suspects asks the master which workers are dead
 METADATA_CACHE_ENTRIES = 100_000
 MAX_SYMLINK_HOPS = 40  # as Linux's MAXSYMLINKS
@@ -164,6 +165,7 @@ class PCacheClient:
         self.node_id = cfg.node_id or default_node_id()
         self.master = MasterClient(cfg, self.client_id)
         self.data = DataClient(cfg)
+        self._stream_off_until = 0.0  # monotonic: no block streaming before (the last went to another host)
         self.data.health.on_suspect = self._follow_verdicts_soon
         self.read_budget = ReadBudget(cfg.read_budget)
         self.write_budget = WriteBudget(cfg.write_budget)
@@ -767,12 +769,17 @@ class PCacheClient:
         Raises:
             QuotaExceeded: no room for the block in the tenant's quota. Unavailable, Timeout: the master.
         """
+        if time.monotonic() < self._stream_off_until:
+            return None, 0
         try:
             loc = await self._allocate(inode, length, [])
         except NoSpace:
             return None, 0  # the buffered block waits for room when it is stored (nospace_wait)
         targets = list(loc.replicas)
         if not (targets and self.data.can_short_circuit(targets[0])):
+            # no worker on this host (or it is full or suspect): buffer for a while, so that a
+            # client on a node without a worker does not spend an allocation per file finding out
+            self._stream_off_until = time.monotonic() + STREAM_RETRY_SECONDS
             return None, loc.block_id
         try:
             return await self.data.open_stream(targets, loc.block_id, length, loc.token), 0

@@ -178,3 +178,30 @@ def test_shrinking_is_the_writers_own_and_never_grows(cluster: LocalCluster) -> 
         pc._run(pc.aio.master.commit_file(mine.id, MiB, [blk], 0.0, replace=True))
         with pytest.raises((E.CorruptBlock, E.Unavailable)):  # ...and its block is never served
             pc.read_file("/mine")
+
+
+def test_a_client_without_a_local_worker_spends_one_allocation_finding_out(
+    cluster: LocalCluster, admin: Client
+) -> None:
+    """A writer on a node with no worker (here: a client that cannot reach any worker's socket)
+    gets its first stream placed elsewhere: that allocation is given up (released at the commit)
+    and the client buffers its writes for a while instead of asking again for every file."""
+    admin.create_tenant("tr")
+    token = admin.issue_token("tr")
+    with Client(ClientConfig(master=cluster.master_address, token=token)) as pc:
+        pc.aio.data.can_short_circuit = lambda addr: False  # as on a node without a worker
+        calls: list[int] = []
+        allocate = pc.aio.master.allocate_block
+
+        async def counting(inode, size, node, exclude):
+            calls.append(size)
+            return await allocate(inode, size, node, exclude)
+
+        pc.aio.master.allocate_block = counting
+        files = {f"/remote{i}": os.urandom(6 * MiB) for i in range(3)}
+        for path, data in files.items():
+            write_in_pieces(pc, path, data, MiB)
+        assert calls == [BLOCK, 6 * MiB, 6 * MiB, 6 * MiB]  # one stream tried, then buffered blocks
+        assert all(pc.read_file(p) == d for p, d in files.items())
+        usage = {t.name: t for t in admin.tenants()}["tr"]
+        assert (usage.used_bytes, usage.reserved_bytes) == (18 * MiB, 0)
