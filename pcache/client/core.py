@@ -754,38 +754,32 @@ class PCacheClient:
         by_id = {a.worker_id: a for a in targets}
         return [by_id[w] for w in stored if w in by_id]
 
-    async def shrink_block(self, inode: int, block_id: int, length: int, token: str) -> str:
-        """The write token of a streamed block whose file ended before it was full: the master's
-        allocation now holds ``length`` bytes (see ``Allocations.shrink``)."""
-        return await self.master.shrink_block(inode, block_id, length, token)
-
-    async def open_stream(self, inode: int, length: int) -> tuple[BlockStream | None, int]:
+    async def open_stream(self, inode: int, length: int) -> BlockStream | None:
         """Allocate a block of ``length`` bytes for ``inode`` and open it for writing straight into
-        its file on this host's worker (:class:`BlockStream`). Returns (the stream, 0), or (None,
-        the id of the allocation given up, or 0) when the block was placed on another host or
-        the local worker cannot take it: the caller then buffers the block and names the id in
-        its commit (``abandoned``), which releases its quota.
+        its file on this host's worker (:class:`BlockStream`). None when the block was placed on
+        another host or the local worker cannot take it: the caller buffers the block, and the
+        allocation expires unused (``master.orphan_grace``; a block token cannot be revoked).
 
         Raises:
             QuotaExceeded: no room for the block in the tenant's quota. Unavailable, Timeout: the master.
         """
         if time.monotonic() < self._stream_off_until:
-            return None, 0
+            return None
         try:
             loc = await self._allocate(inode, length, [])
         except NoSpace:
-            return None, 0  # the buffered block waits for room when it is stored (nospace_wait)
+            return None  # the buffered block waits for room when it is stored (nospace_wait)
         targets = list(loc.replicas)
         if not (targets and self.data.can_short_circuit(targets[0])):
             # no worker on this host (or it is full or suspect): buffer for a while, so that a
             # client on a node without a worker does not spend an allocation per file finding out
             self._stream_off_until = time.monotonic() + STREAM_RETRY_SECONDS
-            return None, loc.block_id
+            return None
         try:
-            return await self.data.open_stream(targets, loc.block_id, length, loc.token), 0
+            return await self.data.open_stream(targets, loc.block_id, length, loc.token)
         except PCacheError as exc:  # full, gone: the buffered path places the block elsewhere
             logger.debug("block %d: cannot stream into %s: %s", loc.block_id, targets[0].worker_id, exc)
-            return None, loc.block_id
+            return None
 
     async def _allocate(self, inode: int, size: int, exclude: list[str]) -> pb.BlockLocation:
         suspects = [w for w in self.data.health.suspects() if w not in exclude]
@@ -805,10 +799,8 @@ class PCacheClient:
         view: View,
         *,
         closing: bool = False,
-        abandoned: list[int] | None = None,
     ) -> pb.Inode:
         """Publish a file's new block list (called by :meth:`PCacheFile.fsync`); returns the committed inode.
-        ``abandoned``: allocations of the file its writer gave up (their quota is released).
 
         ``view`` is the commit the writer's view starts from; the master merges the blocks it
         changed with other writers' commits since, unless ``view.replace`` (see
@@ -820,7 +812,7 @@ class PCacheClient:
         self.invalidate(path, inode=inode)
         return await self.master.commit_file(
             inode, size, blocks, time.time(), base_version=view.version, base_blocks=view.blocks, replace=view.replace,
-            path=normalize(path), closing=closing, abandoned=abandoned,
+            path=normalize(path), closing=closing,
         )  # fmt: skip
 
     async def layout_of(self, inode: int) -> pb.FileLayout:

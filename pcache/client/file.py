@@ -112,13 +112,8 @@ class FileService(Protocol):
         the block token that reads it there)."""
         ...
 
-    async def open_stream(self, inode: int, length: int) -> tuple[BlockStream | None, int]:
-        """Allocate a block and open it on this host's worker: (stream, 0), or (None, the id of an
-        allocation given up, or 0) when it cannot be streamed."""
-        ...
-
-    async def shrink_block(self, inode: int, block_id: int, length: int, token: str) -> str:
-        """The write token of a streamed block that holds ``length`` bytes, fewer than allocated."""
+    async def open_stream(self, inode: int, length: int) -> BlockStream | None:
+        """Allocate a block and open it on this host's worker; None when it cannot be streamed."""
         ...
 
     def stored_at(self, targets: list[pb.WorkerAddr], stored: list[str]) -> list[pb.WorkerAddr]:
@@ -134,10 +129,9 @@ class FileService(Protocol):
         view: View,
         *,
         closing: bool = False,
-        abandoned: list[int] | None = None,
     ) -> pb.Inode:
         """Publish the file's block list (merged with other writers' commits since ``view``);
-        ``closing``: the writer's close; ``abandoned``: allocations given up (quota released)."""
+        ``closing``: the writer's close."""
         ...
 
     async def discard_created(self, path: str, inode: int) -> None:
@@ -204,7 +198,6 @@ class PCacheFile:
         self._gate = _CommitGate()
         self._error: BaseException | None = None
         self._streaming = self.cfg.stream_writes and self.cfg.short_circuit  # until a block lands elsewhere
-        self._abandoned: list[int] = []  # allocations given up since the last commit
 
     # ------------------------------------------------------------ basics --
 
@@ -440,7 +433,7 @@ class PCacheFile:
         slot = self.slots[idx]
         errors: list[str] = []
         for attempt in range(2):
-            data = await self._hedged(self._ordered(slot.locations), slot, offset, length, errors)
+            data = await self._hedged(self._ordered(slot.locations, idx), slot, offset, length, errors)
             if data is not None:
                 return data
             if attempt == 0:
@@ -463,7 +456,7 @@ class PCacheFile:
         if successor.block_id == HOLE or n == 0:
             return bytes(length)
         errors: list[str] = []
-        data = await self._hedged(self._ordered(successor.locations), successor, offset, n, errors)
+        data = await self._hedged(self._ordered(successor.locations, idx), successor, offset, n, errors)
         if data is None:
             raise Unavailable(
                 f"{self.path}: block {gone} was replaced by block {successor.block_id}, and no replica of that"
@@ -549,13 +542,15 @@ class PCacheFile:
                 await self._report_bad(addr.worker_id, block_id)
             raise
 
-    def _ordered(self, locations: list[pb.WorkerAddr]) -> list[pb.WorkerAddr]:
-        """Replicas in the order to try: local, then remote (rotated per file), suspects last."""
+    def _ordered(self, locations: list[pb.WorkerAddr], idx: int = 0) -> list[pb.WorkerAddr]:
+        """Replicas in the order to try: local, then remote (rotated per file and block: readers of
+        one file, and the consecutive blocks one reader has in flight, spread over the replicas),
+        suspects last."""
         health = self.service.data.health
         local = [a for a in locations if self.service.data.can_short_circuit(a)]
         remote = [a for a in locations if a not in local]
-        if remote:  # spread concurrent readers of one file over the replicas
-            shift = hash((self.service.client_id, self.inode)) % len(remote)
+        if remote:
+            shift = (hash((self.service.client_id, self.inode)) + idx) % len(remote)
             remote = remote[shift:] + remote[:shift]
         ordered = local + remote
         return [a for a in ordered if not health.is_suspect(a.worker_id)] + [
@@ -627,7 +622,12 @@ class PCacheFile:
                 slot = await self._dirty_slot(idx)
                 assert slot.data is not None
                 _put(slot.data, off, view[:n])
-                if self._streaming and slot.fresh and STREAM_AFTER <= len(slot.data) == off + n < self.block_size:
+                if (
+                    self._streaming
+                    and idx
+                    and slot.fresh
+                    and STREAM_AFTER <= len(slot.data) == off + n < self.block_size
+                ):
                     await self._start_stream(idx)
             view = view[n:]
             pos += n
@@ -657,13 +657,16 @@ class PCacheFile:
         return slot
 
     # ------------------------------------------------------- streaming --
-    # A sequential writer's new block, once STREAM_AFTER bytes of it are buffered, is allocated and
-    # opened on this host's worker (short circuit) and the rest of it goes straight into its file:
-    # the kernel's one copy from the caller's buffer, no block-sized buffer in this process, the
-    # CRCs computed as it goes and taken by the worker (not read back). A full block is committed
-    # in the background like a buffered one; a file that ends inside it has the master shrink the
-    # allocation. Anything else (a write elsewhere in the block, a read of it, a truncation) reads
-    # the streamed bytes back from the descriptor and the block is buffered again.
+    # A sequential writer's new block after its first (a file past one full block), once
+    # STREAM_AFTER bytes of it are buffered, is allocated and opened on this host's worker (short
+    # circuit) and the rest of it goes straight into its file: the kernel's one copy from the
+    # caller's buffer, no block-sized buffer in this process, the CRCs computed as it goes and
+    # taken by the worker (not read back). A full block is committed in the background like a
+    # buffered one. Anything else (a file that ends inside the block, a write elsewhere in it, a
+    # read of it, a truncation) reads the streamed bytes back from the descriptor and the block is
+    # buffered again; its allocation is left to expire (``master.orphan_grace``), charged to the
+    # tenant's quota until then like any allocation never committed: a block token names one
+    # length and cannot be revoked, so an allocation is never shortened or released early.
 
     async def _start_stream(self, idx: int) -> None:
         async with self._slot_lock:
@@ -671,9 +674,7 @@ class PCacheFile:
             data = slot.data
             if slot.stream is not None or slot.pending is not None or data is None or not self._streaming:
                 return
-            stream, gave_up = await self.service.open_stream(self.inode, self.block_size)
-            if gave_up:
-                self._abandoned.append(gave_up)
+            stream = await self.service.open_stream(self.inode, self.block_size)
             if stream is None:
                 self._streaming = False  # placed on another host (or no local room): buffer this file
                 return
@@ -682,7 +683,6 @@ class PCacheFile:
             except PCacheError as exc:
                 logger.debug("%s: cannot stream block %d: %s", self.path, stream.block_id, exc)
                 stream.close()
-                self._abandoned.append(stream.block_id)
                 self._streaming = False
                 return
             slot.data, slot.stream = None, stream
@@ -705,7 +705,7 @@ class PCacheFile:
         return True
 
     async def _unstream(self, slot: Slot) -> None:
-        """Buffer a streamed block again: its bytes read back, its allocation given up."""
+        """Buffer a streamed block again: its bytes read back, its allocation left to expire."""
         stream = slot.stream
         if stream is None:
             return
@@ -715,26 +715,19 @@ class PCacheFile:
             data = await stream.read_back()
             slot.stream = None
             stream.close()
-            self._abandoned.append(stream.block_id)
             slot.data, slot.fresh = bytearray(data), True
 
     async def _commit_stream(self, slot: Slot, stream: BlockStream) -> None:
-        """Store a streamed block (shrunk first when the file ended in it); when that fails, its
-        bytes are read back from the descriptor and stored as a buffered block would be."""
+        """Store a full streamed block; when that fails, its bytes are read back from the
+        descriptor and stored as a buffered block would be."""
         try:
             async with stream.lock:
                 try:
                     await stream.flush()
-                    if stream.written < stream.length:
-                        token = await self.service.shrink_block(
-                            self.inode, stream.block_id, stream.written, stream.token
-                        )
-                        stream.length, stream.token = stream.written, token
                     stored = await stream.commit()
                 except (PCacheError, OSError) as exc:
                     logger.warning("%s: block %d: %s; storing it another way", self.path, stream.block_id, exc)
                     data = bytearray(await stream.read_back())
-                    self._abandoned.append(stream.block_id)
                 else:
                     slot.block_id, slot.length, slot.crc = stream.block_id, stream.written, stream.sums.crc
                     slot.replicas, slot.token = stored, stream.token
@@ -856,9 +849,9 @@ class PCacheFile:
     async def _fsync_locked(self, *, closing: bool = False) -> None:
         if not self.dirty:
             return
-        for idx, slot in enumerate(self.slots):  # a stream that holds its block's bytes is committed as it is
+        for idx, slot in enumerate(self.slots):  # a stream holding a whole block is committed as it is
             if slot.stream is not None:
-                if slot.stream.end == min(self.block_size, self.size - idx * self.block_size):
+                if slot.stream.end == self.block_size:
                     await self._start_flush(idx)
                 else:
                     await self._unstream(slot)
@@ -874,7 +867,6 @@ class PCacheFile:
             pb.CommittedBlock(block_id=s.block_id, length=s.length, crc32c=s.crc, replicas=s.replicas)
             for s in self.slots
         ]
-        abandoned = list(self._abandoned)
         node = await self.service.commit(
             self.path,
             self.inode,
@@ -882,9 +874,7 @@ class PCacheFile:
             blocks,
             View(self.version, self.base_blocks, self.replace),
             closing=closing,
-            abandoned=abandoned,
         )
-        del self._abandoned[: len(abandoned)]
         self.dirty = False
         self.replace = False
         self._committed = True

@@ -341,18 +341,6 @@ class MasterClient:
             ),
         )
 
-    async def shrink_block(self, inode: int, block_id: int, length: int, token: str) -> str:
-        """Have the allocation of ``block_id`` hold ``length`` bytes, fewer than it did; returns the
-        write token for that length (at the workers ``token``, the block's write token, names).
-
-        Raises:
-            Conflict: the allocation is gone. InvalidArgument: not fewer bytes. PermissionDenied.
-        """
-        request = pb.AllocateBlockRequest(
-            header=self.header(), inode=inode, size_hint=length, shrink=block_id, token=token
-        )
-        return (await self._call("AllocateBlock", request)).token
-
     async def commit_file(
         self,
         inode: int,
@@ -365,13 +353,11 @@ class MasterClient:
         replace: bool = False,
         path: str = "",
         closing: bool = False,
-        abandoned: list[int] | None = None,
     ) -> pb.Inode:
         request = pb.CommitFileRequest(
             header=self.header(),
             path=path,
             closing=closing,
-            abandoned=abandoned or [],
             inode=inode,
             size=size,
             blocks=blocks,

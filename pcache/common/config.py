@@ -212,9 +212,11 @@ class ClientConfig:
     short_circuit: bool = True
     """Use the same-host fd path when the worker is local."""
     stream_writes: bool = True
-    """A sequential writer's new block, once 4 MiB of it are buffered, goes straight into its file
-    on this host's worker (short circuit; :class:`pcache.client.data.BlockStream`): no block-sized
-    buffer, one copy. Off: blocks are buffered whole and stored when full or at the commit."""
+    """A sequential writer's blocks after its file's first, once 4 MiB of each are buffered, go
+    straight into their files on this host's worker (short circuit;
+    :class:`pcache.client.data.BlockStream`): no block-sized buffer, one copy. A file that ends
+    inside such a block leaves its allocation to expire, charged until then. Off: blocks are
+    buffered whole and stored when full or at the commit."""
     tune_malloc: bool = True
     """Set glibc's mmap/trim thresholds of this process to the values its dynamic thresholds
     reach anyway after one 32 MiB buffer (:mod:`pcache.common.memory`), so that received read

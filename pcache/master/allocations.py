@@ -107,27 +107,6 @@ class Allocations:
         self._reserved[block_id] = entry
         self._hold(block_id, tenant, nbytes)
 
-    def shrink(self, block_id: int, inode: int, nbytes: int) -> None:
-        """The reservation of ``block_id`` (for ``inode``) now holds ``nbytes`` of its tenant's quota,
-        fewer than it did: a writer that streamed the block to its worker and whose file ended
-        before the block was full stores and commits that length (one metastore write).
-
-        Raises:
-            Conflict: not reserved for ``inode`` (see :meth:`check`). InvalidArgument: more bytes.
-        """
-        self.check(block_id, inode)
-        tenant, held = self._quota.get(block_id, ("", 0))
-        if nbytes == held:
-            return  # a retried request
-        if not 0 < nbytes < held:
-            raise E.InvalidArgument(f"block {block_id} holds {held} bytes: it cannot be shrunk to {nbytes}")
-        inode_, at = self._reserved[block_id]
-        record = _RECORD.pack(inode_, at) + _QUOTA.pack(nbytes) + tenant.encode()
-        self.store.write([(_key(block_id), record)])
-        self._end(block_id)
-        self._reserved[block_id] = (inode_, at)
-        self._hold(block_id, tenant, nbytes)
-
     def forget(self, block_id: int) -> None:
         """Drop a reservation whose block will never be written (a placement that failed)."""
         if block_id in self._reserved:

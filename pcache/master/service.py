@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 
 from pcache.common import errors as E
 from pcache.common import ufs
-from pcache.common.auth import Claims, mint_block_token, mint_token, verify_block_token
+from pcache.common.auth import Claims, mint_block_token, mint_token
 from pcache.common.metrics import RPC_SECONDS
 from pcache.common.rpc import rpc_method
 from pcache.master import fsck
@@ -402,14 +402,6 @@ class MasterServicer(pb_grpc.MasterServicer):
         def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.BlockLocation:
             node = ns.get_inode(request.inode)
             _owned(scope, node)
-            if request.shrink:  # the same block, fewer bytes: a token for those (see Allocations.shrink)
-                grant = verify_block_token(self.m.block_signer, request.token)  # the pipeline it was given
-                if grant.block_id != request.shrink or "w" not in grant.ops:
-                    raise E.PermissionDenied(f"the token given is not a write token of block {request.shrink}")
-                ns.allocations.shrink(request.shrink, request.inode, request.size_hint)
-                workers = sorted(grant.workers)
-                token = self.block_token(request.shrink, "rw", node.tenant, workers, length=request.size_hint)
-                return pb.BlockLocation(block_id=request.shrink, length=request.size_hint, token=token)
             loc = blocks.allocate(
                 request.inode, request.size_hint, client_node=request.client_node, exclude=request.exclude_workers
             )
@@ -438,9 +430,6 @@ class MasterServicer(pb_grpc.MasterServicer):
                 path=scope.inside(request.path) if request.path else "",
                 closing=request.closing,
             )
-            for block_id in request.abandoned:  # never written: its quota goes back now, not at expiry
-                if block_id not in {b.block_id for b in committed} and ns.allocations.owner(block_id) == request.inode:
-                    ns.allocations.forget(block_id)
             if node.persist == pb.PERSIST_PENDING:
                 self.m.persister.wake.set()
             blocks.committed(committed, node.replication or 1)

@@ -435,22 +435,18 @@ class FileLayout(_message.Message):
     def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockLocation, _Mapping]]] = ...) -> None: ...
 
 class AllocateBlockRequest(_message.Message):
-    __slots__ = ("header", "inode", "client_node", "exclude_workers", "size_hint", "shrink", "token")
+    __slots__ = ("header", "inode", "client_node", "exclude_workers", "size_hint")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NODE_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     SIZE_HINT_FIELD_NUMBER: _ClassVar[int]
-    SHRINK_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     inode: int
     client_node: str
     exclude_workers: _containers.RepeatedScalarFieldContainer[str]
     size_hint: int
-    shrink: int
-    token: str
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., client_node: _Optional[str] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., size_hint: _Optional[int] = ..., shrink: _Optional[int] = ..., token: _Optional[str] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., client_node: _Optional[str] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., size_hint: _Optional[int] = ...) -> None: ...
 
 class CommittedBlock(_message.Message):
     __slots__ = ("block_id", "length", "crc32c", "replicas")
@@ -465,7 +461,7 @@ class CommittedBlock(_message.Message):
     def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitFileRequest(_message.Message):
-    __slots__ = ("header", "inode", "size", "blocks", "mtime", "base_version", "base_blocks", "replace", "path", "closing", "abandoned")
+    __slots__ = ("header", "inode", "size", "blocks", "mtime", "base_version", "base_blocks", "replace", "path", "closing")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -476,7 +472,6 @@ class CommitFileRequest(_message.Message):
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     CLOSING_FIELD_NUMBER: _ClassVar[int]
-    ABANDONED_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     inode: int
     size: int
@@ -487,8 +482,7 @@ class CommitFileRequest(_message.Message):
     replace: bool
     path: str
     closing: bool
-    abandoned: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ..., mtime: _Optional[float] = ..., base_version: _Optional[int] = ..., base_blocks: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., path: _Optional[str] = ..., closing: _Optional[bool] = ..., abandoned: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ..., mtime: _Optional[float] = ..., base_version: _Optional[int] = ..., base_blocks: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., path: _Optional[str] = ..., closing: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("addr", "capacity_bytes", "used_bytes", "free_bytes", "inflight", "block_count", "mem_tier_bytes", "mem_tier_hit_ratio", "draining", "metrics_addr", "started")

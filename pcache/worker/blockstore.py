@@ -130,19 +130,6 @@ class BlockWriter:
             self.sums.update(data)
             offset += len(data)
 
-    def shrink(self, length: int) -> None:
-        """Store ``length`` bytes, fewer than announced (a streamed block its file ended in; the
-        commit's token names the new length), giving the rest of the reservation back.
-
-        Raises:
-            InvalidArgument: not fewer bytes than announced.
-        """
-        if not 0 < length < self.length:
-            raise InvalidArgument(f"block {self.block_id}: cannot shrink {self.length} bytes to {length}")
-        with self.store._lock:
-            self.store._reserved -= self.length - length
-        self.length = length
-
     def adopt_crcs(self, crc: int, chunk_crcs: list[int]) -> None:
         """Take the CRCs a short-circuit client computed over the bytes it wrote into the fd itself
         (from the buffers it wrote, as it wrote them), instead of reading the block back: the CRC is

@@ -145,8 +145,6 @@ class ShortCircuitServer:
             if writer.block_id != header.block_id:
                 raise InvalidArgument(f"unknown short-circuit write handle for block {header.block_id}")
             try:
-                if 0 < grant.length < writer.length:  # a token for fewer bytes: the master shrank the block
-                    writer.shrink(grant.length)
                 if header.chunk_crcs:  # computed by the client as it wrote: taken, not recomputed
                     writer.adopt_crcs(header.crc32c, list(header.chunk_crcs))
                 else:
