@@ -6,11 +6,15 @@ socket inside its data directory, so the socket's directory is the worker's ``da
 
 from __future__ import annotations
 
+import asyncio
+import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from pcache.common import uds
 from pcache.proto import pcache_pb2 as pb
 from pcache.worker.blockstore import block_file
 
@@ -49,3 +53,35 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, every: float
             return value
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def raw_sc_write(
+    uds_path: str, block_id: int, length: int, token: str, data: bytes, crc: int, chunk_crcs: list[int] | None = None
+) -> str:
+    """A hand-made short-circuit write, as a client that does not play by the rules would make it:
+    ``SC_WRITE_OPEN`` of ``length`` bytes, ``data`` written through the descriptor (whatever its
+    size), ``SC_WRITE_COMMIT`` naming ``crc`` (and ``chunk_crcs``). Returns the commit's error
+    name ("" when the worker took it)."""
+
+    async def run() -> str:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, uds_path)
+            opened = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=block_id, length=length, token=token)
+            await uds.send_frame(sock, opened, None, 5)
+            reply, fd = await uds.recv_frame(sock, 5)
+            if reply.error or fd is None:
+                return reply.error or "no descriptor"
+            os.pwrite(fd, data, 0)
+            os.close(fd)
+            done = pb.DataHeader(
+                op=pb.SC_WRITE_COMMIT, block_id=block_id, write_handle=reply.write_handle, crc32c=crc,
+                chunk_crcs=chunk_crcs or [], token=token,
+            )  # fmt: skip
+            await uds.send_frame(sock, done, None, 5)
+            return (await uds.recv_frame(sock, 5))[0].error
+        finally:
+            sock.close()
+
+    return asyncio.run(run())

@@ -20,6 +20,7 @@ from pcache.common.credentials import ClusterKeys
 from pcache.common.errors import PCacheError
 from pcache.local import LocalCluster
 from pcache.proto import pcache_pb2 as pb
+from pcache.testing.faults import raw_sc_write
 
 DATA = b"victim's checkpoint shard " * 4000
 
@@ -178,7 +179,6 @@ def test_a_writer_stores_exactly_what_it_was_allocated_and_commits_that(cluster:
     """The quota is charged for the block's allocated length, so neither a worker nor the master
     takes another one: a larger payload on TCP or through the short-circuit descriptor, a commit
     naming a shorter length, or a block listed twice (freed twice, charged once) are refused."""
-    import os
 
     from pcache.common import errors as E
 
@@ -202,27 +202,9 @@ def test_a_writer_stores_exactly_what_it_was_allocated_and_commits_that(cluster:
         sc_big = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=loc.block_id, length=len(big), token=loc.token)
         assert asyncio.run(_sc(head, sc_big))[0].error == "PermissionDenied"
 
-        async def sc_write_more() -> str:  # opened for the right length, then more written through the fd
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            try:
-                await asyncio.get_running_loop().sock_connect(sock, head.uds_path)
-                opened = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=loc.block_id, length=len(data), token=loc.token)
-                await uds.send_frame(sock, opened, None, 5)
-                reply, fd = await uds.recv_frame(sock, 5)
-                assert reply.error == "" and fd is not None
-                os.pwrite(fd, big, 0)
-                os.close(fd)
-                done = pb.DataHeader(
-                    op=pb.SC_WRITE_COMMIT, block_id=loc.block_id, write_handle=reply.write_handle,
-                    crc32c=crc32c(big), token=loc.token,
-                )  # fmt: skip
-                await uds.send_frame(sock, done, None, 5)
-                return (await uds.recv_frame(sock, 5))[0].error
-            finally:
-                sock.close()
-
-        assert asyncio.run(sc_write_more()) == "InvalidArgument"  # the file holds more than was announced
+        # opened for the right length, then more written through the fd
+        more = raw_sc_write(head.uds_path, loc.block_id, len(data), loc.token, big, crc32c(big))
+        assert more == "InvalidArgument"  # the file holds more than was announced
         # the right length is stored; the commit must name it, once
         right = pb.DataHeader(
             op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), pipeline=list(loc.replicas[1:]),

@@ -3,21 +3,19 @@ worker of its host (real master and worker processes, SIGKILL, forged requests).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import socket
 import tracemalloc
 
 import pytest
 
 from pcache.client import Client
 from pcache.common import errors as E
-from pcache.common import uds
 from pcache.common.checksum import chunk_crcs, crc32c
 from pcache.common.config import ClientConfig
 from pcache.local import LocalCluster
 from pcache.proto import pcache_pb2 as pb
+from pcache.testing.faults import raw_sc_write
 
 MiB = 1 << 20
 BLOCK = 16 * MiB
@@ -143,31 +141,15 @@ def test_a_client_that_lies_about_its_crcs_spoils_only_its_own_block(cluster: Lo
         loc = pc._run(pc.aio.master.allocate_block(node.id, len(data), "", []))
         head = loc.replicas[0]
 
-        async def sc(crcs: list[int], crc: int) -> str:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            try:
-                await asyncio.get_running_loop().sock_connect(sock, head.uds_path)
-                opened = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=loc.block_id, length=len(data), token=loc.token)
-                await uds.send_frame(sock, opened, None, 5)
-                reply, fd = await uds.recv_frame(sock, 5)
-                assert reply.error == "" and fd is not None
-                os.pwrite(fd, data, 0)
-                os.close(fd)
-                done = pb.DataHeader(
-                    op=pb.SC_WRITE_COMMIT, block_id=loc.block_id, write_handle=reply.write_handle,
-                    crc32c=crc, chunk_crcs=crcs, token=loc.token,
-                )  # fmt: skip
-                await uds.send_frame(sock, done, None, 5)
-                return (await uds.recv_frame(sock, 5))[0].error
-            finally:
-                sock.close()
-
         crcs, crc = chunk_crcs(data)
-        assert asyncio.run(sc([crcs[0], 1], crc)) == "InvalidArgument"  # not one CRC per chunk
+
+        def sc(crcs: list[int], crc: int) -> str:
+            return raw_sc_write(head.uds_path, loc.block_id, len(data), loc.token, data, crc, crcs)
+
+        assert sc([crcs[0], 1], crc) == "InvalidArgument"  # not one CRC per chunk
         loc = pc._run(pc.aio.master.allocate_block(node.id, len(data), "", []))
         head = loc.replicas[0]
-        assert asyncio.run(sc([c ^ 1 for c in crcs], crc ^ 1)) == ""  # taken as given...
+        assert sc([c ^ 1 for c in crcs], crc ^ 1) == ""  # taken as given...
         blk = pb.CommittedBlock(block_id=loc.block_id, length=len(data), crc32c=crc ^ 1, replicas=[head.worker_id])
         pc._run(pc.aio.master.commit_file(node.id, len(data), [blk], 0.0, replace=True))
         with pytest.raises((E.CorruptBlock, E.Unavailable)):  # ...and the block is never served
