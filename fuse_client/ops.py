@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import mmap
 import os
 import stat as stat_mod
 import threading
@@ -33,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 BLOCK_REPORT = 512  # st_blocks unit
-KNOWN_INODES = 1 << 16  # inodes whose told size and newest version a mount remembers
+KNOWN_INODES = 1 << 16  # inodes whose newest version (and cached pages' version) a mount remembers
+PAGE = mmap.PAGESIZE  # the kernel reads whole pages: up to the size it holds, rounded up to one
 IO_SIZE = 1 << 20  # st_blksize: what cp, tar and Python use as their buffer
 XATTR_PREFIX = "user."
 UTIME_NOW = (1 << 30) - 1  # <sys/stat.h>
@@ -89,12 +91,10 @@ class PCacheOperations(mfusepy.Operations):
         self._writers: dict[int, File] = {}
         self._writer_refs: dict[int, int] = {}
         self._next_fh = 1
-        # inode -> (the size this mount last told the kernel, the newest version any handle here saw).
-        # The kernel's page cache is per inode, not per handle: a read-only handle with an older view
-        # would fill pages that a handle opened after a commit then reads; and one asked for bytes
-        # past its own (older) size would answer short, which the kernel takes for EOF (it shrinks
-        # the file and caches zeros in the pages' tails). Both re-read their layout first.
-        self._known: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        # inode -> the newest version any handle here saw. The kernel's page cache is per inode,
+        # not per handle: a read-only handle with an older view would fill pages that a handle
+        # opened after a commit then reads; it re-reads its layout first (see ``read``).
+        self._newest: OrderedDict[int, int] = OrderedDict()
         # inode -> the version whose bytes the kernel's page cache holds for it (0: unknown).
         # An open keeps the page cache only when it opens that same version (close-to-open
         # without libfuse's auto_cache window, in which a second mount read old pages).
@@ -172,8 +172,6 @@ class PCacheOperations(mfusepy.Operations):
         if f is None and not st.is_dir:
             f = self._writer_of_inode(st.inode)  # written here under another name (a hard link)
         size = f.size if f is not None and f.writable() else st.size
-        if not st.is_dir:
-            self._know(st.inode, size=size)
         return self._attrs(st, size)
 
     def keep_cache(self, fh: int) -> bool:
@@ -192,7 +190,7 @@ class PCacheOperations(mfusepy.Operations):
 
     def _committed(self, f: File, before: int) -> None:
         """A handle of this mount committed, moving the inode from version ``before`` to ``f.version``."""
-        self._know(f.inode, version=f.version)
+        self._saw(f.inode, f.version)
         if f.version == before:
             return  # nothing was dirty
         with self._lock:
@@ -202,13 +200,13 @@ class PCacheOperations(mfusepy.Operations):
             exact = f.version == before + 1 and self._paged.get(key) == before
             self._paged[key] = f.version if exact else 0
 
-    def _know(self, inode: int, *, size: int | None = None, version: int = 0) -> None:
+    def _saw(self, inode: int, version: int) -> None:
+        """A handle of this mount opened or committed ``version`` of ``inode``."""
         with self._lock:
-            told, newest = self._known.get(inode, (0, 0))
-            self._known[inode] = (told if size is None else size, max(newest, version))
-            self._known.move_to_end(inode)
-            while len(self._known) > KNOWN_INODES:
-                self._known.popitem(last=False)
+            self._newest[inode] = max(self._newest.get(inode, 0), version)
+            self._newest.move_to_end(inode)
+            while len(self._newest) > KNOWN_INODES:
+                self._newest.popitem(last=False)
 
     @translate_errors
     def chmod(self, path: str, mode: int) -> int:
@@ -319,8 +317,6 @@ class PCacheOperations(mfusepy.Operations):
             index += 1
             writer = None if entry.is_dir else self._writer_of_inode(entry.inode)
             size = writer.size if writer is not None else None
-            if not entry.is_dir:
-                self._know(entry.inode, size=entry.size if size is None else size)
             yield index, entry.name, self._attrs(entry, size)
 
     @translate_errors
@@ -421,30 +417,60 @@ class PCacheOperations(mfusepy.Operations):
                 shared.truncate(0)
             return self._add(shared, append=bool(flags & os.O_APPEND))
         f = self.client.open(path, mode)
-        self._know(f.inode, version=f.version)
+        self._saw(f.inode, f.version)
         return self._add(f, append=bool(flags & os.O_APPEND), truncate=bool(flags & os.O_TRUNC))
 
     @translate_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         """Every byte of the request up to the file's size, or an error: never a short read.
 
+        The kernel takes a short answer for EOF: it shrinks the file to it and serves that size
+        to every reader until the attributes time out (a 100 MiB file read back as one block,
+        exit 0). The kernel asks whole pages up to the size it holds, no further; a request past
+        this handle's view (a commit elsewhere, or by another handle here) re-reads the layout
+        before anything short is answered. A handle that opened an older version than one this
+        mount has seen re-reads it first too: the page cache is per inode, not per handle.
+
         A read-only handle of a file that a handle of this mount is writing reads through the
-        writer (what ``getattr`` reports is the writer's size: bytes it has not committed yet
-        would otherwise read as a short read, then as zeros from the kernel's page cache).
+        writer (what ``getattr`` reports is the writer's size). The kernel sends ``release``
+        without waiting for it: a writer closed under such a read (its close committed first)
+        leaves the read to the handle's own view.
         """
         f = self._get(fh)
-        src = f
-        if not f.writable():
-            src = self._writer_of_inode(f.inode) or f
-            told, newest = self._known.get(f.inode, (0, 0))
-            if src is f and (f.version < newest or (offset + size > f.size and told > f.size)):
-                f.refresh()  # committed since this handle opened, and this mount already knows it
-        floor = max(0, min(size, src.size - offset))
-        data = src.pread(offset, size)
-        if not floor <= len(data) <= size:
-            logger.error("%s: read of %d bytes at %d returned %d (expected %d)", path, size, offset, len(data), floor)
-            raise FuseOSError(errno.EIO)
-        return data
+        refreshed = f.writable()  # a writer's own slots are the truth for it
+        for _attempt in range(3):
+            src = f if f.writable() else self._writer_of_inode(f.inode) or f
+            if src is f and not refreshed and f.version < self._newest.get(f.inode, 0):
+                refreshed = True
+                self._refresh(f)
+            try:
+                data = src.pread(offset, size)
+            except Exception:
+                if src is f or self._writers.get(f.inode) is src:
+                    raise
+                continue  # the writer was released under this read (``release`` drops it, then closes it)
+            if len(data) < size and src is f and not refreshed and offset + size > -(-f.size // PAGE) * PAGE:
+                refreshed = True
+                if self._refresh(f):  # the kernel holds a larger size than this handle's view
+                    continue
+            floor = max(0, min(size, src.size - offset))
+            if not floor <= len(data) <= size:
+                logger.error(
+                    "%s: read of %d bytes at %d returned %d (expected %d)", path, size, offset, len(data), floor
+                )
+                raise FuseOSError(errno.EIO)
+            return data
+        logger.error("%s: read of %d bytes at %d: the file changed under every try", path, size, offset)
+        raise FuseOSError(errno.EIO)
+
+    @staticmethod
+    def _refresh(f: File) -> bool:
+        """Re-read a read-only handle's layout; True when the file changed (False when it is
+        gone: an unlinked file stays readable through its open handles as they saw it)."""
+        try:
+            return f.refresh()
+        except NotFound:
+            return False
 
     @translate_errors
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
@@ -488,7 +514,6 @@ class PCacheOperations(mfusepy.Operations):
                 pos += n
         if not mode & FALLOC_FL_KEEP_SIZE and end > f.size:
             f.truncate(end)
-            self._know(f.inode, size=end)
         return 0
 
     @translate_errors
