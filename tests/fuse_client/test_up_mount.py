@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import signal
 import subprocess
 import sys
@@ -30,6 +32,23 @@ def test_up_with_mount(fuse_ready, tmp_path: Path) -> None:
         (mnt / "hello").write_text("through the mount")
         assert (mnt / "hello").read_text() == "through the mount"
         assert (mounted(str(mnt)) or "").startswith("fuse")
+        # shared/cases/short_read_through_mount.py: 100 MiB in one write() (32 MiB blocks, the
+        # later ones streamed to the worker), read back at once, pages dropped, any buffer size
+        data = os.urandom(100 << 20)
+        want = hashlib.sha256(data).hexdigest()
+        with open(mnt / "f.bin", "wb") as f:
+            f.write(data)
+        for bufsize in (4096, 1 << 20, 100_003):
+            fd = os.open(mnt / "f.bin", os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            h, n = hashlib.sha256(), 0
+            while chunk := os.read(fd, bufsize):
+                h.update(chunk)
+                n += len(chunk)
+            os.close(fd)
+            assert (n, h.hexdigest()) == (len(data), want), bufsize
+        out = subprocess.run(["sha256sum", str(mnt / "f.bin")], capture_output=True, text=True, timeout=120)
+        assert out.stdout.split()[:1] == [want]
     finally:
         up.send_signal(signal.SIGTERM)
         up.communicate(timeout=60)
