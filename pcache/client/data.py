@@ -600,9 +600,14 @@ class DataClient:
             NoSpace: the first worker is full.
         """
         head, rest = targets[0], list(targets[1:])
-        if self.can_short_circuit(head):
+        if self.can_short_circuit(head):  # into its file on this host, then down the pipeline
             with contextlib.suppress(Unavailable):
-                return await self._sc_write(targets, block_id, data, crc, token, chunk_crcs)
+                stream = await self.open_stream(targets, block_id, len(data), token)
+                try:
+                    await stream.write(data, account=chunk_crcs is None)
+                    return await stream.commit(None if chunk_crcs is None else (crc, chunk_crcs))
+                finally:
+                    stream.close()
         try:
             conn = await self._acquire(head)
         except (Unavailable, Timeout):
@@ -691,22 +696,6 @@ class DataClient:
             sock.close()
             raise
         return BlockStream(self, targets, block_id, length, token, sock, fd, reply.write_handle)
-
-    async def _sc_write(
-        self,
-        targets: list[pb.WorkerAddr],
-        block_id: int,
-        data: bytes | bytearray | memoryview,
-        crc: int,
-        token: str,
-        chunk_crcs: list[int] | None,
-    ) -> list[str]:
-        stream = await self.open_stream(targets, block_id, len(data), token)
-        try:
-            await stream.write(data, account=chunk_crcs is None)
-            return await stream.commit(None if chunk_crcs is None else (crc, chunk_crcs))
-        finally:
-            stream.close()
 
 
 class BlockStream:
