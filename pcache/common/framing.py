@@ -108,13 +108,23 @@ async def write_frame(
     raw = header.SerializeToString()
     parts = payload if isinstance(payload, list) else [payload] if payload else []
     length = sum(len(p) for p in parts) if payload_len is None else payload_len
-    try:
-        writer.write(PREFIX.pack(len(raw), length) + raw)
-        for part in parts:
-            writer.write(part)
-    except (ConnectionError, OSError) as exc:
-        raise Unavailable(f"connection lost: {exc}") from exc
+    send(writer, PREFIX.pack(len(raw), length) + raw)
+    for part in parts:
+        send(writer, part)
     await drain(writer, timeout)
+
+
+def send(writer: asyncio.StreamWriter, data: bytes | bytearray | memoryview) -> None:
+    """Queue ``data`` on the connection (``drain`` waits for it to leave).
+
+    Raises:
+        Unavailable: the connection broke or is closed (the peer went away: uvloop raises
+            RuntimeError on a write to a transport its ``connection_lost`` closed).
+    """
+    try:
+        writer.write(data)
+    except (ConnectionError, OSError, RuntimeError) as exc:
+        raise Unavailable(f"connection lost: {exc}") from exc
 
 
 async def write_frame_paced(
@@ -136,10 +146,7 @@ async def write_frame_paced(
     view = memoryview(payload).cast("B")
     await write_frame(writer, header, view[:piece], payload_len=len(view), timeout=stall)
     for offset in range(piece, len(view), piece):
-        try:
-            writer.write(view[offset : offset + piece])
-        except (ConnectionError, OSError) as exc:
-            raise Unavailable(f"connection lost: {exc}") from exc
+        send(writer, view[offset : offset + piece])
         await drain(writer, stall)
 
 

@@ -347,7 +347,7 @@ class DataServer:
 
     async def _forward(self, down: _Downstream, chunk: bytes) -> _Downstream | None:
         try:
-            down.writer.write(chunk)
+            framing.send(down.writer, chunk)
             await framing.drain(down.writer, self.peer_timeout)
             return down
         except PCacheError as exc:
@@ -526,7 +526,7 @@ class DataServer:
                 for offset in range(0, length, CHUNK_SIZE):
                     data = await piece(offset, min(CHUNK_SIZE, length - offset))
                     await self.throttle(len(data))
-                    writer.write(data)
+                    framing.send(writer, data)
                     await framing.drain(writer, stall)
                 reply, _ = await framing.read_header(reader, stall * (1 + len(rest)))
                 framing.raise_if_error(reply)

@@ -165,3 +165,26 @@ def test_a_read_cancelled_while_its_thread_receives_leaves_the_socket_to_that_th
                 await data.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_sending_to_a_peer_that_went_away_is_unavailable(loop: str) -> None:
+    """A pipeline replica killed mid-block: uvloop raises RuntimeError on a write to the transport
+    its ``connection_lost`` closed, which escaped the ``PCacheError`` handlers of the worker
+    (a short-circuit commit failed whole instead of going on without that replica)."""
+    import uvloop
+
+    async def main() -> None:
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await reader.read() == b""  # the peer closed
+        with pytest.raises(Unavailable):
+            for _ in range(200):  # the reset arrives after a write or two
+                framing.send(writer, b"x" * 65536)
+                await framing.drain(writer, 5)
+                await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+
+    (uvloop.run if loop == "uvloop" else asyncio.run)(main())
