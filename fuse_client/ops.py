@@ -12,6 +12,7 @@ afterwards sees them; ``release`` only drops the handle.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import logging
@@ -95,6 +96,10 @@ class PCacheOperations(mfusepy.Operations):
         # not per handle: a read-only handle with an older view would fill pages that a handle
         # opened after a commit then reads; it re-reads its layout first (see ``read``).
         self._newest: OrderedDict[int, int] = OrderedDict()
+        # inode -> the version whose attributes (size) the kernel was last given: it caps reads
+        # at the size it holds until they time out, so an open of another version has them
+        # dropped (close-to-open across mounts: a file another mount made longer read short)
+        self._told: OrderedDict[int, int] = OrderedDict()
         # inode -> the version whose bytes the kernel's page cache holds for it (0: unknown).
         # An open keeps the page cache only when it opens that same version (close-to-open
         # without libfuse's auto_cache window, in which a second mount read old pages).
@@ -172,6 +177,8 @@ class PCacheOperations(mfusepy.Operations):
         if f is None and not st.is_dir:
             f = self._writer_of_inode(st.inode)  # written here under another name (a hard link)
         size = f.size if f is not None and f.writable() else st.size
+        if not st.is_dir:
+            self._tell(st.inode, st.version)
         return self._attrs(st, size)
 
     def keep_cache(self, fh: int) -> bool:
@@ -182,10 +189,7 @@ class PCacheOperations(mfusepy.Operations):
         with self._lock:
             key = (f.inode, f.name)  # the kernel caches pages per name: two hard links, two caches
             keep = self._paged.get(key) == f.version
-            self._paged[key] = f.version  # when not kept, the kernel drops the pages now
-            self._paged.move_to_end(key)
-            while len(self._paged) > KNOWN_INODES:
-                self._paged.popitem(last=False)
+            _remember(self._paged, key, f.version)  # when not kept, the kernel drops the pages now
         return keep
 
     def _committed(self, f: File, before: int) -> None:
@@ -199,14 +203,27 @@ class PCacheOperations(mfusepy.Operations):
             key = (f.inode, f.name)
             exact = f.version == before + 1 and self._paged.get(key) == before
             self._paged[key] = f.version if exact else 0
+            if exact:  # the kernel's size came from these writes
+                _remember(self._told, f.inode, f.version)
 
     def _saw(self, inode: int, version: int) -> None:
         """A handle of this mount opened or committed ``version`` of ``inode``."""
         with self._lock:
-            self._newest[inode] = max(self._newest.get(inode, 0), version)
-            self._newest.move_to_end(inode)
-            while len(self._newest) > KNOWN_INODES:
-                self._newest.popitem(last=False)
+            _remember(self._newest, inode, max(self._newest.get(inode, 0), version))
+
+    def _tell(self, inode: int, version: int) -> None:
+        """The kernel was given the attributes of ``version`` of ``inode``."""
+        with self._lock:
+            _remember(self._told, inode, version)
+
+    def attrs_stale(self, fh: int) -> bool:
+        """Whether the kernel may hold the attributes of another version than the one this new
+        handle opened (the caller then has them dropped)."""
+        f = self._handles.get(fh)
+        if f is None:
+            return False
+        told = self._told.get(f.inode)
+        return told is not None and told != f.version
 
     @translate_errors
     def chmod(self, path: str, mode: int) -> int:
@@ -317,6 +334,8 @@ class PCacheOperations(mfusepy.Operations):
             index += 1
             writer = None if entry.is_dir else self._writer_of_inode(entry.inode)
             size = writer.size if writer is not None else None
+            if not entry.is_dir:
+                self._tell(entry.inode, entry.version)
             yield index, entry.name, self._attrs(entry, size)
 
     @translate_errors
@@ -561,6 +580,20 @@ class PCacheOperations(mfusepy.Operations):
                 logger.warning("handle %d could not be committed at unmount", fh)
 
 
+def _remember(table: OrderedDict, key: Any, value: Any) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > KNOWN_INODES:
+        table.popitem(last=False)
+
+
+# libfuse 3: drop the kernel's attributes and pages of a path (FUSE_NOTIFY_INVAL_INODE)
+_invalidate_path = getattr(mfusepy._libfuse, "fuse_invalidate_path", None)
+if _invalidate_path is not None:
+    _invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    _invalidate_path.restype = ctypes.c_int
+
+
 class PCacheFuse(mfusepy.FUSE):
     """mfusepy's FUSE, with the page-cache decision of each open made by the operations.
 
@@ -572,6 +605,10 @@ class PCacheFuse(mfusepy.FUSE):
     def open(self, path: bytes, fip) -> int:
         ret = super().open(path, fip)
         fip.contents.keep_cache = int(self.operations.keep_cache(fip.contents.fh))
+        if self.operations.attrs_stale(fip.contents.fh) and _invalidate_path is not None:
+            # the kernel caps reads at the size it holds: another mount's commit made since it was
+            # given the attributes would read short (or past the end) until they time out
+            _invalidate_path(mfusepy._libfuse.fuse_get_context().contents.fuse, path)
         return ret
 
     def create(self, path: bytes, mode: int, fip) -> int:

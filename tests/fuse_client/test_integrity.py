@@ -514,3 +514,16 @@ def test_two_write_handles_on_one_mount_share_their_bytes_and_appends(two_mounts
     assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["0", "0"]
     lines = (b.path / "lines.log").read_text().splitlines()
     assert sorted(lines) == sorted(f"{t} {i}" for t in "AB" for i in range(40))
+
+
+def test_an_open_after_another_mount_changed_the_size_reads_the_new_content(two_mounts) -> None:
+    """Close-to-open across mounts for a file rewritten in place (Megatron's tracker file): mount
+    b read it, mount a rewrote it longer, b opened it again within its attribute timeout. The
+    kernel held the old size and capped the read at it: b read "1000" of "10000"."""
+    _cluster, a, b = two_mounts
+    (a.path / "latest.txt").write_bytes(b"1000")
+    assert (b.path / "latest.txt").read_bytes() == b"1000"
+    for version in (b"10000", b"2000000", b"3", b"40000000" * 1000):
+        (a.path / "latest.txt").write_bytes(version)
+        assert (b.path / "latest.txt").read_bytes() == version
+        assert (b.path / "latest.txt").stat().st_size == len(version)
