@@ -12,7 +12,6 @@ afterwards sees them; ``release`` only drops the handle.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import functools
 import logging
@@ -37,6 +36,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 BLOCK_REPORT = 512  # st_blocks unit
 KNOWN_INODES = 1 << 16  # inodes whose newest version (and cached pages' version) a mount remembers
 PAGE = mmap.PAGESIZE  # the kernel reads whole pages: up to the size it holds, rounded up to one
+READ_TRIES = 4  # a READ re-done when the file changed under it (bounded: the last answer stands)
 IO_SIZE = 1 << 20  # st_blksize: what cp, tar and Python use as their buffer
 XATTR_PREFIX = "user."
 UTIME_NOW = (1 << 30) - 1  # <sys/stat.h>
@@ -96,9 +96,7 @@ class PCacheOperations(mfusepy.Operations):
         # not per handle: a read-only handle with an older view would fill pages that a handle
         # opened after a commit then reads; it re-reads its layout first (see ``read``).
         self._newest: OrderedDict[int, int] = OrderedDict()
-        # inode -> the version whose attributes (size) the kernel was last given: it caps reads
-        # at the size it holds until they time out, so an open of another version has them
-        # dropped (close-to-open across mounts: a file another mount made longer read short)
+        # inode -> the version whose attributes (size) the kernel was last given (see ``read``)
         self._told: OrderedDict[int, int] = OrderedDict()
         # inode -> the version whose bytes the kernel's page cache holds for it (0: unknown).
         # An open keeps the page cache only when it opens that same version (close-to-open
@@ -215,15 +213,6 @@ class PCacheOperations(mfusepy.Operations):
         """The kernel was given the attributes of ``version`` of ``inode``."""
         with self._lock:
             _remember(self._told, inode, version)
-
-    def attrs_stale(self, fh: int) -> bool:
-        """Whether the kernel may hold the attributes of another version than the one this new
-        handle opened (the caller then has them dropped)."""
-        f = self._handles.get(fh)
-        if f is None:
-            return False
-        told = self._told.get(f.inode)
-        return told is not None and told != f.version
 
     @translate_errors
     def chmod(self, path: str, mode: int) -> int:
@@ -445,10 +434,12 @@ class PCacheOperations(mfusepy.Operations):
 
         The kernel takes a short answer for EOF: it shrinks the file to it and serves that size
         to every reader until the attributes time out (a 100 MiB file read back as one block,
-        exit 0). The kernel asks whole pages up to the size it holds, no further; a request past
-        this handle's view (a commit elsewhere, or by another handle here) re-reads the layout
-        before anything short is answered. A handle that opened an older version than one this
-        mount has seen re-reads it first too: the page cache is per inode, not per handle.
+        exit 0), and caches the zero-filled tail of a short answer. The page cache is per inode, not
+        per handle: pages an old handle fills are read with the size the kernel holds. So a handle
+        older than the version whose attributes the kernel was given (or that another handle here
+        opened) re-reads its layout first; a READ during which the kernel was given other
+        attributes is read again; and a short answer to a request past the view's last page (the
+        kernel asks whole pages up to the size it holds, no further) re-reads the layout first.
 
         A read-only handle of a file that a handle of this mount is writing reads through the
         writer (what ``getattr`` reports is the writer's size). The kernel sends ``release``
@@ -456,22 +447,24 @@ class PCacheOperations(mfusepy.Operations):
         leaves the read to the handle's own view.
         """
         f = self._get(fh)
-        refreshed = f.writable()  # a writer's own slots are the truth for it
-        for _attempt in range(3):
+        data = b""
+        for attempt in range(READ_TRIES):
             src = f if f.writable() else self._writer_of_inode(f.inode) or f
-            if src is f and not refreshed and f.version < self._newest.get(f.inode, 0):
-                refreshed = True
-                self._refresh(f)
+            told = self._told.get(f.inode, 0)
+            if src is f and not f.writable() and max(told, self._newest.get(f.inode, 0)) > f.version:
+                self._refresh(f)  # the kernel, or another handle here, has a newer version
             try:
                 data = src.pread(offset, size)
             except Exception:
                 if src is f or self._writers.get(f.inode) is src:
                     raise
                 continue  # the writer was released under this read (``release`` drops it, then closes it)
-            if len(data) < size and src is f and not refreshed and offset + size > -(-f.size // PAGE) * PAGE:
-                refreshed = True
-                if self._refresh(f):  # the kernel holds a larger size than this handle's view
-                    continue
+            last = attempt == READ_TRIES - 1
+            if src is f and not f.writable() and not last:
+                if self._told.get(f.inode, 0) != told:
+                    continue  # the kernel was given other attributes meanwhile: read in their version
+                if len(data) < size and offset + size > -(-f.size // PAGE) * PAGE and self._refresh(f):
+                    continue  # the kernel asked past this view's last page: a larger size it was given
             floor = max(0, min(size, src.size - offset))
             if not floor <= len(data) <= size:
                 logger.error(
@@ -479,7 +472,7 @@ class PCacheOperations(mfusepy.Operations):
                 )
                 raise FuseOSError(errno.EIO)
             return data
-        logger.error("%s: read of %d bytes at %d: the file changed under every try", path, size, offset)
+        logger.error("%s: read of %d bytes at %d: its writer was released under every try", path, size, offset)
         raise FuseOSError(errno.EIO)
 
     @staticmethod
@@ -587,13 +580,6 @@ def _remember(table: OrderedDict, key: Any, value: Any) -> None:
         table.popitem(last=False)
 
 
-# libfuse 3: drop the kernel's attributes and pages of a path (FUSE_NOTIFY_INVAL_INODE)
-_invalidate_path = getattr(mfusepy._libfuse, "fuse_invalidate_path", None)
-if _invalidate_path is not None:
-    _invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    _invalidate_path.restype = ctypes.c_int
-
-
 class PCacheFuse(mfusepy.FUSE):
     """mfusepy's FUSE, with the page-cache decision of each open made by the operations.
 
@@ -605,10 +591,6 @@ class PCacheFuse(mfusepy.FUSE):
     def open(self, path: bytes, fip) -> int:
         ret = super().open(path, fip)
         fip.contents.keep_cache = int(self.operations.keep_cache(fip.contents.fh))
-        if self.operations.attrs_stale(fip.contents.fh) and _invalidate_path is not None:
-            # the kernel caps reads at the size it holds: another mount's commit made since it was
-            # given the attributes would read short (or past the end) until they time out
-            _invalidate_path(mfusepy._libfuse.fuse_get_context().contents.fuse, path)
         return ret
 
     def create(self, path: bytes, mode: int, fip) -> int:

@@ -516,14 +516,41 @@ def test_two_write_handles_on_one_mount_share_their_bytes_and_appends(two_mounts
     assert sorted(lines) == sorted(f"{t} {i}" for t in "AB" for i in range(40))
 
 
-def test_an_open_after_another_mount_changed_the_size_reads_the_new_content(two_mounts) -> None:
-    """Close-to-open across mounts for a file rewritten in place (Megatron's tracker file): mount
-    b read it, mount a rewrote it longer, b opened it again within its attribute timeout. The
-    kernel held the old size and capped the read at it: b read "1000" of "10000"."""
+def test_readers_reopening_a_file_another_mount_rewrites_never_hang_or_mix_versions(two_mounts) -> None:
+    """Eight readers on mount b reopen a file mount a rewrites with growing and shrinking sizes,
+    while another reader streams a large file on b (reads in flight, pages locked): the opens
+    that drop the kernel's attributes wait for those pages, and must never stall the mount."""
     _cluster, a, b = two_mounts
-    (a.path / "latest.txt").write_bytes(b"1000")
-    assert (b.path / "latest.txt").read_bytes() == b"1000"
-    for version in (b"10000", b"2000000", b"3", b"40000000" * 1000):
-        (a.path / "latest.txt").write_bytes(version)
-        assert (b.path / "latest.txt").read_bytes() == version
-        assert (b.path / "latest.txt").stat().st_size == len(version)
+    versions = [bytes([65 + i]) * (3000 + (i % 4) * 70_000) for i in range(12)]
+    (a.path / "flip.bin").write_bytes(versions[0])
+    (a.path / "stream.bin").write_bytes(os.urandom(24 * MiB))
+    stop = threading.Event()
+    bad: list[str] = []
+    reads = [0]
+
+    def reopen() -> None:
+        while not stop.is_set() and not bad:
+            got = (b.path / "flip.bin").read_bytes()
+            reads[0] += 1
+            if not got or got != got[:1] * len(got) or not versions[got[0] - 65].startswith(got):
+                bad.append(f"{len(got)} bytes of {got[:1]!r}, not (a prefix of) one version")
+
+    def stream() -> None:
+        while not stop.is_set():
+            read_with(b.path / "stream.bin", MiB)
+
+    threads = [threading.Thread(target=reopen) for _ in range(8)] + [threading.Thread(target=stream)]
+    for t in threads:
+        t.start()
+    try:
+        for version in versions[1:]:
+            (a.path / "flip.bin").write_bytes(version)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not any(t.is_alive() for t in threads), "a reader hung"
+    assert not bad, bad[:3]
+    assert reads[0] > 20
+    assert (b.path / "flip.bin").read_bytes() == versions[-1]
