@@ -47,12 +47,12 @@ async def read_exactly(reader: asyncio.StreamReader, n: int, timeout: float) -> 
             return await reader.readexactly(n)
     except asyncio.IncompleteReadError as exc:
         raise Unavailable("connection closed by peer") from exc
+    except TimeoutError as exc:  # before OSError, of which it is a subclass
+        raise Timeout(f"peer sent nothing for {timeout:.1f}s") from exc
     except (ConnectionError, OSError) as exc:
         if isinstance(exc, PCacheError):
             raise
-        raise Unavailable(f"connection lost: {exc}") from exc
-    except TimeoutError as exc:
-        raise Timeout(f"peer sent nothing for {timeout:.1f}s") from exc
+        raise Unavailable(f"connection lost: {str(exc) or type(exc).__name__}") from exc
 
 
 async def read_header(
@@ -124,7 +124,7 @@ def send(writer: asyncio.StreamWriter, data: bytes | bytearray | memoryview) -> 
     try:
         writer.write(data)
     except (ConnectionError, OSError, RuntimeError) as exc:
-        raise Unavailable(f"connection lost: {exc}") from exc
+        raise Unavailable(f"connection lost: {str(exc) or type(exc).__name__}") from exc
 
 
 async def write_frame_paced(
@@ -160,7 +160,7 @@ async def drain(writer: asyncio.StreamWriter, timeout: float) -> None:
     except (ConnectionError, OSError) as exc:
         if isinstance(exc, PCacheError):
             raise
-        raise Unavailable(f"connection lost: {exc}") from exc
+        raise Unavailable(f"connection lost: {str(exc) or type(exc).__name__}") from exc
 
 
 def error_header(exc: BaseException) -> pb.DataHeader:
@@ -272,7 +272,7 @@ async def sock_request(sock: socket.socket, header: pb.DataHeader, timeout: floa
     except TimeoutError as exc:
         raise Timeout(f"peer took nothing for {timeout:.1f}s") from exc
     except OSError as exc:
-        raise Unavailable(f"connection lost: {exc}") from exc
+        raise Unavailable(f"connection lost: {str(exc) or type(exc).__name__}") from exc
 
 
 async def sock_recv_exactly(sock: socket.socket, view: memoryview, timeout: float) -> None:
@@ -295,7 +295,7 @@ async def sock_recv_exactly(sock: socket.socket, view: memoryview, timeout: floa
     except OSError as exc:
         if isinstance(exc, PCacheError):
             raise
-        raise Unavailable(f"connection lost: {exc}") from exc
+        raise Unavailable(f"connection lost: {str(exc) or type(exc).__name__}") from exc
 
 
 # ------------------------------------------------- blocking exchange (a thread) --
@@ -354,6 +354,6 @@ def sock_receive(sock: socket.socket, prefix: bytes, timeout: float) -> tuple[pb
     except OSError as exc:
         if isinstance(exc, PCacheError):
             raise
-        raise Unavailable(f"connection lost: {exc}") from exc
+        raise Unavailable(f"connection lost: {str(exc) or type(exc).__name__}") from exc
     finally:
         sock.setblocking(False)

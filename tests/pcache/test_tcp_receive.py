@@ -81,6 +81,26 @@ def test_a_peer_that_stops_in_the_middle_of_a_payload_times_out() -> None:
         peer.close()
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_stream_peer_that_sends_nothing_is_a_timeout_that_says_so(loop: str) -> None:
+    """A peer that takes a connection and never answers (a tarpit, a hung worker) is a Timeout
+    naming its deadline: asyncio's TimeoutError is an OSError, and was reported as
+    ``Unavailable("connection lost: ")``."""
+    import uvloop
+
+    async def main() -> None:
+        held = []
+        server = await asyncio.start_server(lambda r, w: held.append(w), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        with pytest.raises(Timeout, match=r"sent nothing for 0\.3s"):
+            await framing.read_header(reader, 0.3)
+        writer.close()
+        server.close()
+
+    (uvloop.run if loop == "uvloop" else asyncio.run)(main())
+
+
 def test_a_peer_that_closes_in_the_middle_of_a_payload_is_unavailable() -> None:
     client, peer = pair()
     whole = frame(os.urandom(MiB))
@@ -171,7 +191,8 @@ def test_a_read_cancelled_while_its_thread_receives_leaves_the_socket_to_that_th
 def test_sending_to_a_peer_that_went_away_is_unavailable(loop: str) -> None:
     """A pipeline replica killed mid-block: uvloop raises RuntimeError on a write to the transport
     its ``connection_lost`` closed, which escaped the ``PCacheError`` handlers of the worker
-    (a short-circuit commit failed whole instead of going on without that replica)."""
+    (a short-circuit commit failed whole instead of going on without that replica). An error
+    without a message (``ConnectionResetError()``) is named by its type."""
     import uvloop
 
     async def main() -> None:
@@ -179,11 +200,12 @@ def test_sending_to_a_peer_that_went_away_is_unavailable(loop: str) -> None:
         port = server.sockets[0].getsockname()[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         assert await reader.read() == b""  # the peer closed
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable) as caught:
             for _ in range(200):  # the reset arrives after a write or two
                 framing.send(writer, b"x" * 65536)
                 await framing.drain(writer, 5)
                 await asyncio.sleep(0.01)
+        assert not str(caught.value).endswith(": ")  # the cause is named, never an empty message
         writer.close()
         server.close()
 
