@@ -37,7 +37,7 @@ three sides in turn (local disk, memfs, PCache):
    attributes, so the mount answers ``ls -l`` with the directory's listing pages and the two
    xattr probes ``ls`` makes per file (SELinux label, ACL) without a master round trip.
 
-Targets: ``cold_read_vs_ceiling >= 0.7``, ``warm_read_vs_local >= 0.8`` and ``ls -l`` of 100,000
+Targets: ``write_vs_ceiling >= 0.7``, ``cold_read_vs_ceiling >= 0.7``, ``warm_read_vs_local >= 0.8`` and ``ls -l`` of 100,000
 files in at most 10 s (``ls_l_files_per_s >= 10000``).
 
 The last line of output is ``RESULT key=value ...``; throughputs are MB/s (10**6 bytes/s),
@@ -95,6 +95,7 @@ WORKERS = 2
 PER_DIR = 1000  # files per directory in the metadata tree
 CREATE_THREADS = 8  # concurrent SDK creates while preparing the metadata tree
 COLD_READ_TARGET = 0.7
+WRITE_TARGET = 0.7  # issue 18: the mount writes at >= 0.7 of the in-memory ceiling
 LS_L_TARGET = 10_000  # files per second of `ls -l` through the mount (100,000 in 10 s)
 WARM_READ_TARGET = 0.8
 SIDES = ("local", "memfs", "pcache")
@@ -650,7 +651,7 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
         "ls_l_vs_local": ratio(rate["pcache_ls_l"], rate["local_ls_l"]),
     }
     rows = [
-        ("write 1 MiB + fsync (MB/s)", "write", res["write_vs_ceiling"], res["write_vs_local"], None),
+        ("write 1 MiB + fsync (MB/s)", "write", res["write_vs_ceiling"], res["write_vs_local"], ("ceiling", WRITE_TARGET)),
         ("read cold, FUSE (MB/s)", "cold_read", res["cold_read_vs_ceiling"], res["cold_read_vs_local"], ("ceiling", COLD_READ_TARGET)),
         ("read warm, page cache (MB/s)", "warm_read", res["warm_read_vs_ceiling"], res["warm_read_vs_local"], ("local", WARM_READ_TARGET)),
         ("read cold from disk (MB/s)", "disk_cold_read", None, res["disk_cold_read_vs_local"], None),

@@ -12,6 +12,7 @@ afterwards sees them; ``release`` only drops the handle.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import logging
@@ -446,6 +447,16 @@ class PCacheOperations(mfusepy.Operations):
         without waiting for it: a writer closed under such a read (its close committed first)
         leaves the read to the handle's own view.
         """
+        return self._read(path, size, offset, fh, None)  # type: ignore[return-value]
+
+    @translate_errors
+    def read_into(self, path: str, view: memoryview, offset: int, fh: int) -> int:
+        """:meth:`read` of ``len(view)`` bytes into ``view`` (libfuse's reply buffer: a block file
+        read on this host lands there with no copy in between); returns how many."""
+        return self._read(path, len(view), offset, fh, view)  # type: ignore[return-value]
+
+    def _read(self, path: str, size: int, offset: int, fh: int, into: memoryview | None) -> bytes | int:
+        """The bytes read (``into`` None), or how many were read into ``into``; see :meth:`read`."""
         f = self._get(fh)
         data = b""
         for attempt in range(READ_TRIES):
@@ -454,7 +465,11 @@ class PCacheOperations(mfusepy.Operations):
             if src is f and not f.writable() and max(told, self._newest.get(f.inode, 0)) > f.version:
                 self._refresh(f)  # the kernel, or another handle here, has a newer version
             try:
-                data = src.pread(offset, size)
+                if into is None:
+                    data = src.pread(offset, size)
+                    got = len(data)
+                else:
+                    got = src.pread_into(into, offset)
             except Exception:
                 if src is f or self._writers.get(f.inode) is src:
                     raise
@@ -463,15 +478,13 @@ class PCacheOperations(mfusepy.Operations):
             if src is f and not f.writable() and not last:
                 if self._told.get(f.inode, 0) != told:
                     continue  # the kernel was given other attributes meanwhile: read in their version
-                if len(data) < size and offset + size > -(-f.size // PAGE) * PAGE and self._refresh(f):
+                if got < size and offset + size > -(-f.size // PAGE) * PAGE and self._refresh(f):
                     continue  # the kernel asked past this view's last page: a larger size it was given
             floor = max(0, min(size, src.size - offset))
-            if not floor <= len(data) <= size:
-                logger.error(
-                    "%s: read of %d bytes at %d returned %d (expected %d)", path, size, offset, len(data), floor
-                )
+            if not floor <= got <= size:
+                logger.error("%s: read of %d bytes at %d returned %d (expected %d)", path, size, offset, got, floor)
                 raise FuseOSError(errno.EIO)
-            return data
+            return data if into is None else got
         logger.error("%s: read of %d bytes at %d: its writer was released under every try", path, size, offset)
         raise FuseOSError(errno.EIO)
 
@@ -485,7 +498,9 @@ class PCacheOperations(mfusepy.Operations):
             return False
 
     @translate_errors
-    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+    def write(self, path: str, data: bytes | memoryview, offset: int, fh: int) -> int:
+        """``data`` may be a view of libfuse's request buffer (:meth:`PCacheFuse.write`): it is
+        consumed (copied or written) before this returns, never kept."""
         f = self._get(fh)
         if fh in self._appending:
             return f.append(data)  # at the shared end, one append at a time
@@ -597,6 +612,30 @@ class PCacheFuse(mfusepy.FUSE):
         ret = super().create(path, mode, fip)
         fip.contents.keep_cache = int(self.operations.keep_cache(fip.contents.fh))
         return ret
+
+    def read(self, path: bytes | None, buf, size: int, offset: int, fip) -> int:
+        """READ answered in libfuse's reply buffer (mfusepy copies the operation's ``bytes`` into
+        it): the operations read into a view of it."""
+        if not size:
+            return 0
+        view = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B")
+        fh = fip.contents.fh
+        return self.operations.read_into(
+            None if path is None else path.decode(self.encoding, self.errors), view, offset, fh
+        )
+
+    def write(self, path: bytes | None, buf, size: int, offset: int, fip) -> int:
+        """WRITE with the request's bytes as a view of libfuse's buffer, not a copy
+        (mfusepy copies each 1 MiB into ``bytes`` first). The operations consume the data before
+        they return (copied into the block's buffer or written to its file), and libfuse reuses
+        the buffer only after this returns."""
+        data = (
+            memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B") if size else b""
+        )
+        fh = fip.contents.fh
+        return self.operations.write(
+            None if path is None else path.decode(self.encoding, self.errors), data, offset, fh
+        )
 
     def getxattr(self, path: bytes, name: bytes, value, size: int, *args) -> int:
         """``ls -l`` asks every file for ``security.selinux`` and ``system.posix_acl_access``; PCache

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from pcache.common import framing, memory, uds
@@ -146,6 +146,28 @@ class _ScBlock:
             assert verified is not None
             verified.put((info.block_id, first), raw)
         return raw if skip == 0 and length == len(raw) else raw[skip : skip + length]
+
+    def pread_into(self, offset: int, view: memoryview, verified: VerifiedChunks | None = None) -> int:
+        """:meth:`pread` of ``len(view)`` bytes into ``view``. A range of whole chunks (the last
+        may end at the block's end) is read straight into ``view`` and checked there; any other
+        is read as :meth:`pread` does and copied. Returns the bytes read (``len(view)``).
+
+        Raises:
+            CorruptBlock: a chunk failed its CRC32C check, or the file is short (``view`` then
+                holds unchecked bytes: the caller must not use them).
+        """
+        length = len(view)
+        end = offset + length
+        if length and offset % CHUNK_SIZE == 0 and (end % CHUNK_SIZE == 0 or end == self.info.block_length):
+            if end > self.info.block_length:
+                raise CorruptBlock(f"block {self.info.block_id}: read past its {self.info.block_length} bytes")
+            if os.preadv(self.fd, [view], offset) != length:
+                raise CorruptBlock(f"block {self.info.block_id}: file shorter than its record")
+            verify_chunks(self.info.block_id, view, offset // CHUNK_SIZE, self.info.chunk_crcs)
+            return length
+        data = self.pread(offset, length, verified)
+        view[: len(data)] = data
+        return len(data)
 
     def unlinked(self) -> bool:
         """Whether the worker deleted the block's file (the open descriptor alone keeps its space)."""
@@ -527,11 +549,27 @@ class DataClient:
         Raises:
             CorruptBlock: a chunk failed its CRC32C check.
         """
+        with self._pinned(uds_path, block_id) as entry:
+            return None if entry is None else entry.pread(offset, length, self.verified)
+
+    def sc_read_open_into(self, uds_path: str, block_id: int, offset: int, view: memoryview) -> int | None:
+        """:meth:`sc_read_open` into ``view``; the bytes read, or None (no open descriptor).
+
+        Raises:
+            CorruptBlock: a chunk failed its CRC32C check (``view`` holds unchecked bytes).
+        """
+        with self._pinned(uds_path, block_id) as entry:
+            return None if entry is None else entry.pread_into(offset, view, self.verified)
+
+    @contextlib.contextmanager
+    def _pinned(self, uds_path: str, block_id: int) -> Iterator[_ScBlock | None]:
+        """The block's open short-circuit descriptor, pinned while in use; None when none is open."""
         entry = self._sc_open.get((uds_path, block_id))
         if entry is None or not entry.acquire():
-            return None
+            yield None
+            return
         try:
-            return entry.pread(offset, length, self.verified)
+            yield entry
         finally:
             entry.release()
 

@@ -307,6 +307,30 @@ class File(io.RawIOBase):
     def _direct(self, offset: int, length: int) -> bytes | None:
         """Serve a read inside one stored block through an open short-circuit descriptor, in
         this thread (no event-loop hop); None when that is not possible right now."""
+        found = self._direct_source(offset, length)
+        if found is None:
+            return None
+        uds_path, block_id, off = found
+        try:
+            return self._client.aio.data.sc_read_open(uds_path, block_id, off, length)  # opened with its token
+        except PCacheError:
+            return None  # the async path fails over and reports it
+
+    def _direct_into(self, offset: int, view: memoryview) -> int | None:
+        """:meth:`_direct` into ``view`` (whole chunks straight from the block file, no copy);
+        the number of bytes, or None."""
+        found = self._direct_source(offset, len(view))
+        if found is None:
+            return None
+        uds_path, block_id, off = found
+        try:
+            return self._client.aio.data.sc_read_open_into(uds_path, block_id, off, view)
+        except PCacheError:
+            return None
+
+    def _direct_source(self, offset: int, length: int) -> tuple[str, int, int] | None:
+        """(short-circuit socket, block id, offset in the block) of a read inside one stored block
+        of this host's workers, or None."""
         f = self._f
         if length <= 0 or offset >= f.size:
             return None
@@ -319,10 +343,7 @@ class File(io.RawIOBase):
         data = self._client.aio.data
         for addr in slot.locations:
             if data.can_short_circuit(addr):
-                try:
-                    return data.sc_read_open(addr.uds_path, slot.block_id, off, length)  # opened with its token
-                except PCacheError:
-                    return None  # the async path fails over and reports it
+                return addr.uds_path, slot.block_id, off
         return None
 
     def readall(self) -> bytes:
@@ -358,6 +379,32 @@ class File(io.RawIOBase):
             parts.append(piece)
             pos += len(piece)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def pread_into(self, view: memoryview, offset: int) -> int:
+        """:meth:`pread` into ``view`` (``len(view)`` bytes at most); returns how many. A read of a
+        read-only handle inside one block of this host's workers goes from the block file into
+        ``view`` with no copy in between, and one inside the handle's last read unit is copied
+        from it (the mount answers READ this way, into libfuse's buffer).
+
+        Raises:
+            as :meth:`pread`.
+        """
+        f = self._f
+        if not f.writable:
+            length = min(len(view), max(0, f.size - offset))
+            block_end = (offset // f.block_size + 1) * f.block_size
+            if length > 0 and offset + length <= block_end:
+                n = self._direct_into(offset, view[:length])
+                if n is not None:
+                    return n
+                hot = f.hot  # the handle's last read unit (a remote block's): one copy, no allocation
+                if hot is not None and hot[0] <= offset and offset + length <= hot[0] + len(hot[1]):
+                    start = offset - hot[0]
+                    view[:length] = memoryview(hot[1])[start : start + length]
+                    return length
+        data = self.pread(offset, len(view))
+        view[: len(data)] = data
+        return len(data)
 
     def _pread_piece(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``, at least one, at most to the end of a unit or block."""
