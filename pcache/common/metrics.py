@@ -66,6 +66,11 @@ MASTER_BAD_REPLICAS = Counter(
 MASTER_LOST_REPLICAS = Counter(
     "pcache_master_lost_replicas_total", "Replicas whose block file a worker found gone.", registry=_MASTER
 )
+MASTER_FAILED_REPLICATIONS = Counter(
+    "pcache_master_failed_replications_total",
+    "Re-replication copies a worker reported it could not make (the target is then chosen again at once).",
+    registry=_MASTER,
+)
 MASTER_EVICTED_BLOCKS = Counter(
     "pcache_master_evicted_blocks_total",
     "Clean blocks of bound files evicted from the cache (every copy) under capacity pressure.",
@@ -133,6 +138,11 @@ CRC_FAILURES = Counter("pcache_worker_crc_failures_total", "Chunks that failed t
 SCRUB_BYTES = Counter("pcache_worker_scrub_bytes_total", "Block bytes the scrub read and verified.", registry=_WORKER)
 SCRUB_CORRUPT = Counter(
     "pcache_worker_scrub_corrupt_total", "Blocks the scrub found failing their CRC32C.", registry=_WORKER
+)
+MISFIT_BLOCKS = Counter(
+    "pcache_worker_misfit_blocks_total",
+    "Block files found with another size than their CRC record gives (truncated; reported corrupt).",
+    registry=_WORKER,
 )
 LOST_BLOCKS = Counter(
     "pcache_worker_lost_blocks_total",

@@ -220,6 +220,7 @@ class DiskBlockStore:
         self._writing: set[int] = set()  # block ids being written (each holds its reservation)
         self._reserved = 0
         self._infos: dict[int, BlockInfo] = {}
+        self._size_queue: list[int] = []  # blocks whose file size :meth:`misfits` checks next
         self.used_bytes = 0
         for block_id in self._scan():
             with contextlib.suppress(NotFound, CorruptBlock):
@@ -439,6 +440,28 @@ class DiskBlockStore:
             if info is not None:
                 self.used_bytes -= info.length
         return info is not None
+
+    def misfits(self, limit: int = 10_000) -> list[int]:
+        """Blocks whose file is not the size their record gives (truncated or extended behind the
+        store's back: a bad disk, a careless hand), checking the next ``limit`` records round-robin
+        so that each call costs at most ``limit`` stats (HDFS's DirectoryScanner compares block
+        lengths likewise). A flipped bit keeps the size: the scrub finds that."""
+        if not self._size_queue:
+            with self._lock:
+                self._size_queue = list(self._infos)
+        batch, self._size_queue = self._size_queue[-limit:], self._size_queue[:-limit]
+        bad = []
+        for block_id in batch:
+            info = self._infos.get(block_id)
+            if info is None:
+                continue  # deleted meanwhile
+            try:
+                size = os.stat(self.block_path(block_id)).st_size
+            except FileNotFoundError:
+                continue  # the presence check reports it
+            if size != info.length + 4 * len(info.chunk_crcs) + FOOTER.size:
+                bad.append(block_id)
+        return bad
 
     def vanished(self) -> list[int]:
         """Blocks the store holds a record of whose file is gone (forgotten as they are found)."""

@@ -4,7 +4,9 @@ Two background loops of a worker, both reporting to the master through one incre
 report (``ReportBlocks``), so repair starts within seconds instead of at the next full report:
 
 - a presence check every ``block_check_interval`` seconds: block files that vanished (deleted
-  by hand, a replaced disk) are forgotten and reported lost (HDFS incremental block reports);
+  by hand, a replaced disk) are forgotten and reported lost (HDFS incremental block reports),
+  and block files of the wrong size (truncated) are reported corrupt: the size of up to 10,000
+  blocks per round, round-robin, so a store of 100,000 blocks is swept every ten rounds;
 - a scrub that reads every block's chunks and checks their CRC32Cs, at most
   ``scrub_bytes_per_s`` bytes/s, one pass every ``scrub_interval`` seconds (HDFS's
   VolumeScanner, Ceph's deep scrub): a replica nobody reads cannot stay corrupt for ever.
@@ -19,7 +21,7 @@ from collections.abc import Awaitable, Callable
 
 from pcache.common.checksum import CHUNK_SIZE
 from pcache.common.errors import CorruptBlock, NotFound
-from pcache.common.metrics import CRC_FAILURES, LOST_BLOCKS, SCRUB_BYTES, SCRUB_CORRUPT
+from pcache.common.metrics import CRC_FAILURES, LOST_BLOCKS, MISFIT_BLOCKS, SCRUB_BYTES, SCRUB_CORRUPT
 from pcache.worker.blockstore import DiskBlockStore
 
 logger = logging.getLogger(__name__)
@@ -46,14 +48,26 @@ class BlockChecker:
         self.scrub_interval = scrub_interval
         self.passes = 0  # full scrub passes finished
         self._reported_corrupt: set[int] = set()
+        self._reported_misfits: set[int] = set()
 
     async def check_presence(self) -> list[int]:
-        """Forget and report the blocks whose files vanished; returns their ids."""
+        """Forget and report the blocks whose files vanished, and report the blocks whose file
+        has the wrong size as corrupt (once each); returns the ids of the vanished ones."""
         lost = await asyncio.to_thread(self.store.vanished)
         if lost:
             LOST_BLOCKS.inc(len(lost))
             logger.error("block files gone from %s: %s; reporting them lost", self.store.blocks_dir, lost[:20])
             await self.report(lost, [])
+        misfits = [b for b in await asyncio.to_thread(self.store.misfits) if b not in self._reported_misfits]
+        if misfits:
+            MISFIT_BLOCKS.inc(len(misfits))
+            logger.error(
+                "block files of the wrong size in %s: %s; reporting them corrupt", self.store.blocks_dir, misfits[:20]
+            )
+            await self.report([], misfits)
+            self._reported_misfits.update(misfits)
+        if self._reported_misfits:  # forget the ones deleted since (the master replaced them)
+            self._reported_misfits.intersection_update(await asyncio.to_thread(self.store.block_ids))
         return lost
 
     async def scrub_pass(self) -> list[int]:

@@ -40,6 +40,28 @@ def test_write_read_ranges_and_record(tmp_path: Path) -> None:
         store.read(8, 0, 1)
 
 
+def test_misfits_finds_truncated_and_extended_files_round_robin(tmp_path: Path) -> None:
+    store = DiskBlockStore(str(tmp_path), capacity_bytes=64 * MiB, reserve_bytes=0)
+    for block_id in range(1, 8):
+        put(store, block_id, os.urandom(1000 + block_id))
+    assert sorted(store.misfits(limit=100)) == []
+    os.truncate(store.block_path(3), 500)  # truncated: part of the data and the whole CRC record gone
+    with open(store.block_path(5), "ab") as fh:
+        fh.write(b"x")  # extended
+    flipped = Path(store.block_path(6))
+    raw = bytearray(flipped.read_bytes())
+    raw[10] ^= 0xFF
+    flipped.write_bytes(raw)  # same size: not a misfit (the scrub's job)
+    os.unlink(store.block_path(7))  # gone: the presence check's job
+    seen: list[int] = []
+    for _ in range(3):  # 3 records per call: 7 records are checked in 3 calls
+        seen += store.misfits(limit=3)
+    assert sorted(seen) == [3, 5]
+    assert sorted(store.misfits(limit=100)) == [3, 5]  # found again until the block is replaced
+    store.delete(3)
+    assert store.misfits(limit=100) == [5]
+
+
 def test_flipped_byte_fails_only_its_chunk(tmp_path: Path) -> None:
     store = DiskBlockStore(str(tmp_path), reserve_bytes=0)
     data = os.urandom(3 * MiB)
