@@ -40,9 +40,12 @@ def fsck(ctx: click.Context, path: str, dest: str | None, as_json: bool) -> int:
         for d in report.damaged:
             holders = ",".join(a.worker_id for a in d.good) or "-"
             bad = ",".join(a.worker_id for a in d.quarantined) or "-"
+            dead = "".join(
+                f"  held by {a.worker_id} ({a.host}:{a.port}, node {a.node_id}) when it died" for a in d.dead
+            )
             click.echo(
                 f"{d.state.upper():<17} {d.path}  block {d.index} (id {d.block_id}, bytes {d.offset}+{d.length})"
-                f"  good: {holders}  quarantined: {bad}"
+                f"  good: {holders}  quarantined: {bad}{dead}"
             )
         files = len({d.path for d in damaged})
         click.echo(

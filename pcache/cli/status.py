@@ -17,7 +17,8 @@ from pcache.common.errors import PCacheError, Unavailable
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> int:
-    """Show the cluster's workers and block health; exit 1 if any block is missing or corrupt."""
+    """Show the cluster's workers and block health; exit 1 if any block is missing or corrupt
+    (not while a restarted master still waits for the workers' block reports)."""
     from pcache.client import Client
 
     master = resolve_master(ctx)
@@ -33,8 +34,12 @@ def status(ctx: click.Context, as_json: bool) -> int:
                 if isinstance(own, PCacheError):
                     click.echo(f"master {address}: {own}")
                 else:
+                    leader = own.master.leader or (
+                        f"none: etcd unreachable for {own.master.etcd_down:.0f} s" if own.master.etcd_down
+                        else "none (an election is under way)"
+                    )  # fmt: skip
                     click.echo(f"master {address}: {own.master.role}, epoch {own.epoch}, log index"
-                               f" {own.master.applied_index}, leader {own.master.leader or 'unknown'}")  # fmt: skip
+                               f" {own.master.applied_index}, leader {leader}")  # fmt: skip
             raise
     if as_json:
         click.echo(
@@ -50,6 +55,16 @@ def status(ctx: click.Context, as_json: bool) -> int:
             f"under-replicated {st.under_replicated_blocks}  missing {st.missing_blocks}  corrupt {st.corrupt_blocks}"
             f"  damaged files {st.damaged_files}" + ("  (pcache fsck names them)" if st.damaged_files else "")
         )
+        if st.starting_left > 0:
+            click.echo(
+                f"STARTING: the master waits {st.starting_left:.1f} s more for workers to report their blocks;"
+                " until then blocks not reported yet count as missing and nothing is repaired"
+            )
+        if st.blocks_without_target:
+            click.echo(
+                f"  {st.blocks_without_target} under-replicated blocks wait for a target: no other live worker"
+                " has room for them, or copies to those that do failed lately (see below)"
+            )
         if st.cached_bound_blocks or st.evicted_blocks:
             click.echo(
                 f"bound files: {st.cached_bound_blocks} blocks cached, {st.evicted_blocks} evicted"
@@ -65,10 +80,17 @@ def status(ctx: click.Context, as_json: bool) -> int:
                 f"{info.addr.worker_id:<14} {info.addr.host + ':' + str(info.addr.port):<22} {info.addr.node_id[:16]:<16} "
                 f"{state:<6} {info.used_bytes:>12} {info.free_bytes:>14} {info.inflight:>8} {info.mem_tier_hit_ratio:>8.2f}"
             )
+            if w.failed_copies:
+                click.echo(
+                    f"  ! {w.failed_copies} copies to {info.addr.worker_id} failed lately, the last with"
+                    f" {w.failed_copy_error or 'no error given'}: it gets copies only when no other worker can take them"
+                )
         if st.tenants:
             from pcache.cli.tenant import echo_tenants
 
             echo_tenants(list(st.tenants))
+    if st.starting_left > 0:
+        return EXIT_OK  # not every worker has reported yet: missing is not known
     return EXIT_PARTIAL if st.missing_blocks or st.corrupt_blocks else EXIT_OK
 
 
@@ -86,6 +108,12 @@ def _echo_masters(role) -> None:
     for f in role.followers:
         sync = "in sync" if f.in_sync else "OUT OF SYNC"
         age = f"{f.last_contact_age:.1f} s ago" if f.last_contact_age >= 0 else "never"
+        if f.state == "gone":
+            click.echo(
+                f"  follower {f.address} (member {f.member}): GONE {f.gone_age:.0f} s ago (its etcd member key"
+                f" expired: dead, stopped or cut off), last answer {age}; not replicated to until it is back"
+            )
+            continue
         click.echo(
             f"  follower {f.address} (member {f.member}): {sync}, {f.state}, lag {f.lag} entries, "
             f"applied {f.applied_index}, last answer {age}"

@@ -30,7 +30,7 @@ from pcache.client.budget import ReadBudget, WriteBudget
 from pcache.client.data import BlockStream, DataClient
 from pcache.client.file import PCacheFile, View, parse_mode
 from pcache.client.load import LoadReport, free, load
-from pcache.client.master import MasterClient
+from pcache.client.master import FAILOVER_ERRORS, MasterClient
 from pcache.client.salvage import SalvageResult, salvage
 from pcache.common.config import ClientConfig, default_node_id
 from pcache.common.errors import (
@@ -296,6 +296,8 @@ class PCacheClient:
             return False
         try:
             page = await self.master.listdir(parent, start_after=last)
+        except FAILOVER_ERRORS + (Timeout,):
+            raise  # no master answers: the stat would wait as long again for the same answer
         except PCacheError:
             return False  # the stat itself says what is wrong
         cache = self._stat_cache if self.cfg.metadata_ttl > 0 else self._ahead

@@ -442,7 +442,7 @@ class PCacheFile:
                     return await self._read_successor(layout, idx, offset, length)
                 slot = self.slots[idx]
         raise Unavailable(
-            f"{self.path}: no replica of block {slot.block_id} could be read ({'; '.join(errors) or 'no live replica'})"
+            f"{self.path}: no replica of block {slot.block_id} could be read ({'; '.join(errors) or 'no good replica on a live worker: pcache fsck says which'})"
         )
 
     async def _read_successor(self, layout: pb.FileLayout, idx: int, offset: int, length: int) -> Buffer:
@@ -460,7 +460,7 @@ class PCacheFile:
         if data is None:
             raise Unavailable(
                 f"{self.path}: block {gone} was replaced by block {successor.block_id}, and no replica of that"
-                f" could be read ({'; '.join(errors) or 'no live replica'})"
+                f" could be read ({'; '.join(errors) or 'no good replica on a live worker: pcache fsck says which'})"
             )
         return data + bytes(length - n)
 

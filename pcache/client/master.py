@@ -71,6 +71,7 @@ class MasterClient:
         self._batching = True
         self._flush_soon = False  # a flush is scheduled for the next loop turn
         self.failovers = 0  # calls that had to go to another master (a metric for tests and benchmarks)
+        self._last_error: E.PCacheError | None = None  # why the last call that failed over failed
 
     @property
     def address(self) -> str:
@@ -87,7 +88,14 @@ class MasterClient:
 
     async def _call(self, name: str, request):
         if len(self.addresses) == 1:  # one master: no failover, so no retry to answer once
-            return await self._call_one(0, name, request)
+            try:
+                return await self._call_one(0, name, request)
+            except E.NotLeader as exc:  # one master of a pair given: say how to follow failovers
+                if not exc.leader:
+                    raise
+                err = E.NotLeader(f"{exc.message}; give the client every master (--master A,B) to follow failovers")
+                err.leader = exc.leader
+                raise err from exc
         if name in MUTATIONS and not request.header.request_id:
             request.header.request_id = f"{self.client_id}:{next(self._request_ids)}"
         deadline = time.monotonic() + self.cfg.failover_timeout
@@ -104,6 +112,7 @@ class MasterClient:
                 tried += 1
                 self.current = moved.index
             except FAILOVER_ERRORS + (E.Timeout,) as exc:
+                self._last_error = exc
                 if isinstance(exc, E.Timeout) and name not in MUTATIONS and name not in _IDEMPOTENT:
                     raise
                 if time.monotonic() + delay > deadline:
@@ -234,7 +243,16 @@ class MasterClient:
                     self._flush_later()
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._queued.append((op, future))
-        return await future
+        # A caller queued behind a call that fails over waits for it, then for its own batch: each
+        # may take the whole failover budget. Its own deadline counts from its call.
+        budget = self.cfg.failover_timeout if len(self.addresses) > 1 else self.cfg.rpc_timeout
+        try:
+            return await asyncio.wait_for(future, budget + 1.0)
+        except TimeoutError as exc:
+            last = self._last_error
+            raise E.Unavailable(
+                f"no master answered {name} within {budget + 1.0:.0f} s" + (f" (last: {last})" if last else "")
+            ) from exc
 
     def _flush(self) -> None:
         if self._inflight or not self._queued:

@@ -21,6 +21,7 @@ from pcache.common.metrics import (
     MASTER_BAD_REPLICAS,
     MASTER_EVICTED_BLOCKS,
     MASTER_EVICTED_BYTES,
+    MASTER_FAILED_REPLICATIONS,
     MASTER_LOST_REPLICAS,
 )
 from pcache.master.namespace import Freed, Namespace
@@ -69,6 +70,18 @@ class BlockManager:
         self.by_worker: dict[str, set[int]] = {}
         self.under: set[int] = set()
         self.inflight: dict[int, float] = {}  # block -> time a REPLICATE was issued
+        self.issued: dict[int, tuple[str, tuple[str, ...]]] = {}  # block -> (source, pipeline) of it
+        # block -> {worker: until}: targets a REPLICATE of the block failed to reach lately, left
+        # out of the next choices for ``replication_timeout`` seconds
+        self.avoid: dict[int, dict[str, float]] = {}
+        # worker -> (until, copies, last error): copies to it failed lately; chosen as a target
+        # only when no other worker can take the block (a worker that heartbeats but cannot be
+        # reached for data, or stalls, would otherwise take and time out copy after copy)
+        self.failing: dict[str, tuple[float, int, str]] = {}
+        self.without_target: set[int] = set()  # under-replicated blocks the last pass found no target for
+        # block -> workers that held a copy when they died, until the block has its replicas back:
+        # which workers to bring back for a missing block (`pcache fsck`)
+        self.died_with: dict[int, set[str]] = {}
         # block -> workers holding a copy that failed its CRC. Kept (evidence, and often mostly
         # good: `pcache fsck --salvage` reads its good chunks), never served, and deleted only once
         # good replicas are back (HDFS likewise never deletes the last replica, even corrupt).
@@ -203,7 +216,9 @@ class BlockManager:
             replicas = self.locations.pop(meta.block_id, set(meta.replicas))
             self.target.pop(meta.block_id, None)
             self.under.discard(meta.block_id)
-            self.inflight.pop(meta.block_id, None)
+            self._settle(meta.block_id)
+            self.avoid.pop(meta.block_id, None)
+            self.died_with.pop(meta.block_id, None)
             self.corrupt.pop(meta.block_id, None)
             replicas |= self.quarantined.pop(meta.block_id, set())  # the file is gone: so is the evidence
             for wid in replicas:
@@ -212,6 +227,9 @@ class BlockManager:
 
     def worker_registered(self, worker_id: str, reported: list[int]) -> None:
         """Reconcile a full block report: adopt known blocks, delete orphans."""
+        self.failing.pop(worker_id, None)  # (re)started: a fresh chance as a target
+        for block_id in [b for b, wids in self.died_with.items() if worker_id in wids]:
+            self._forget_death(block_id, worker_id)
         have = set(reported)
         for block_id in have:
             if worker_id in self.quarantined.get(block_id, ()):
@@ -246,9 +264,78 @@ class BlockManager:
 
     def worker_died(self, worker_id: str) -> None:
         """Forget every replica on a dead worker; its blocks become under-replicated."""
-        for block_id in list(self.by_worker.get(worker_id, ())):
+        held = list(self.by_worker.get(worker_id, ()))
+        for block_id in held:
             self._drop_replica(block_id, worker_id)
-        logger.warning("worker %s is dead; %d blocks under-replicated", worker_id, len(self.under))
+            self.died_with.setdefault(block_id, set()).add(worker_id)
+        now = time.monotonic()
+        for block_id, (source, targets) in list(self.issued.items()):
+            if worker_id != source and worker_id not in targets:
+                continue
+            self._settle(block_id)  # that copy will not come: choose again
+            if worker_id != source:  # the pipeline's targets before the dead one may still get theirs
+                for wid in targets[: targets.index(worker_id)]:
+                    self.avoid.setdefault(block_id, {})[wid] = now + self.replication_timeout
+        logger.warning(
+            "worker %s is dead: %d blocks lost a copy; %d under-replicated, %d missing in all",
+            worker_id, len(held), self.under_replicated(), self.missing(),
+        )  # fmt: skip
+
+    def replication_failed(self, worker_id: str, block_id: int, targets: list[str], error: str = "") -> None:
+        """A REPLICATE sent to ``worker_id`` did not reach ``targets`` (worker ids; its other
+        targets reported their copies): issue it again at the next pass, to other workers, rather
+        than after ``replication_timeout`` seconds, which is how long a block can otherwise stay
+        one failure away from loss. A report about an older command than the block's last one
+        only marks the targets to avoid. (HDFS leaves a failed transfer to the NameNode's pending
+        timeout; its DataNode reports only a missing source replica, as :meth:`lost` does here.)"""
+        if block_id not in self.locations:
+            return
+        MASTER_FAILED_REPLICATIONS.inc(max(1, len(targets)))
+        now = time.monotonic()
+        for wid in targets:
+            self.avoid.setdefault(block_id, {})[wid] = now + self.replication_timeout
+            _, copies, _ = self.failing.get(wid, (0.0, 0, ""))
+            self.failing[wid] = (now + self.replication_timeout, copies + 1, error)
+        logger.warning(
+            "block %d: re-replication from %s to %s failed (%s); choosing again",
+            block_id, worker_id, ",".join(targets) or "-", error or "no reason given",
+        )  # fmt: skip
+        source, sent_to = self.issued.get(block_id, ("", ()))
+        if source == worker_id and set(targets) <= set(sent_to):
+            self._settle(block_id)
+        if len(self.live_replicas(block_id)) < self.target.get(block_id, 1):
+            self.under.add(block_id)
+
+    def failing_targets(self, now: float | None = None) -> dict[str, tuple[int, str]]:
+        """Workers copies failed to lately: worker id -> (failed copies, the last error)."""
+        now = time.monotonic() if now is None else now
+        for wid in [w for w, (until, _, _) in self.failing.items() if until <= now]:
+            del self.failing[wid]
+        return {wid: (copies, error) for wid, (_, copies, error) in self.failing.items()}
+
+    def _forget_death(self, block_id: int, worker_id: str) -> None:
+        """Drop ``worker_id`` from the block's dead holders (it is back)."""
+        wids = self.died_with.get(block_id)
+        if wids is not None:
+            wids.discard(worker_id)
+            if not wids:
+                del self.died_with[block_id]
+
+    def _settle(self, block_id: int) -> None:
+        """The block's REPLICATE (if any) is over: stored, failed, or no longer needed."""
+        self.inflight.pop(block_id, None)
+        self.issued.pop(block_id, None)
+
+    def _avoided(self, block_id: int, now: float) -> list[str]:
+        """Targets a REPLICATE of this block failed to reach less than ``replication_timeout`` ago."""
+        avoid = self.avoid.get(block_id)
+        if not avoid:
+            return []
+        for wid in [w for w, until in avoid.items() if until <= now]:
+            del avoid[wid]
+        if not avoid:
+            del self.avoid[block_id]
+        return list(avoid)
 
     def block_received(self, worker_id: str, block_id: int) -> None:
         """A worker stored a copy made by re-replication. A copy of a bound file's block that
@@ -256,7 +343,7 @@ class BlockManager:
         ``pcache free``) is deleted: only a fetch brings an evicted block back
         (:meth:`fetched`)."""
         if block_id not in self.locations or (block_id in self.ufs and not self.locations[block_id]):
-            self.inflight.pop(block_id, None)
+            self._settle(block_id)
             self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
             return
         self._add_replica(worker_id, block_id)
@@ -265,7 +352,7 @@ class BlockManager:
     def _add_replica(self, worker_id: str, block_id: int) -> None:
         self.locations[block_id].add(worker_id)
         self.by_worker.setdefault(worker_id, set()).add(block_id)
-        self.inflight.pop(block_id, None)
+        self._settle(block_id)
         self._persist(block_id)
 
     def bad_block(self, worker_id: str, block_id: int) -> None:
@@ -335,7 +422,7 @@ class BlockManager:
                 self._command(wid, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
         self.locations[block_id] = set()
         self.under.discard(block_id)
-        self.inflight.pop(block_id, None)
+        self._settle(block_id)
         self._uncached(block_id)
         self._persist(block_id)
         self.evicted_blocks += 1
@@ -451,15 +538,21 @@ class BlockManager:
         issued = 0
         now = time.monotonic()
         alive = len(self.registry.alive())
+        failing = list(self.failing_targets(now))
+        self.without_target.clear()
         for block_id in list(self.under):
             if block_id not in self.locations:
                 self.under.discard(block_id)
+                self.avoid.pop(block_id, None)
+                self.died_with.pop(block_id, None)
                 continue
             live = self.live_replicas(block_id)
             want = min(self.target.get(block_id, 1), alive)
             if len(live) >= want:
                 if len(live) >= self.target.get(block_id, 1):
                     self.under.discard(block_id)
+                    self.avoid.pop(block_id, None)
+                    self.died_with.pop(block_id, None)
                 continue
             if not live:
                 if block_id in self.ufs:  # a bound file's, not cached: fetched again when read
@@ -472,12 +565,16 @@ class BlockManager:
             size = meta.length if meta else 0
             holders = [w.worker_id for w in live] + list(self.locations[block_id])
             bad = list(self.quarantined.get(block_id, ()))
-            targets = self.registry.choose(
-                want - len(live), size=size, exclude=holders + bad + self._deleting(block_id)
-            )
+            # not the workers a copy of it failed to reach lately (with no other, it waits for them)
+            avoided = self._avoided(block_id, now)
+            exclude = holders + bad + self._deleting(block_id) + avoided
+            targets = self.registry.choose(want - len(live), size=size, exclude=exclude + failing)
+            if not targets and failing:  # only workers copies failed to lately: try them
+                targets = self.registry.choose(want - len(live), size=size, exclude=exclude)
             if not targets:
-                if bad:  # only the bad copies' workers could take it: replace those copies
+                if bad and not avoided:  # only the bad copies' workers could take it: replace those copies
                     self._release_quarantine(block_id)
+                self.without_target.add(block_id)
                 continue
             source = min(live, key=lambda w: w.load())
             source.commands.append(
@@ -486,6 +583,7 @@ class BlockManager:
                 )
             )
             self.inflight[block_id] = now
+            self.issued[block_id] = (source.worker_id, tuple(t.worker_id for t in targets))
             issued += 1
         return issued
 
@@ -541,7 +639,8 @@ class BlockManager:
     def _check(self, block_id: int) -> None:
         if len(self.live_replicas(block_id)) >= self.target.get(block_id, 1):
             self.under.discard(block_id)
-            self.inflight.pop(block_id, None)
+            self._settle(block_id)
+            self.died_with.pop(block_id, None)
             if block_id in self.quarantined:
                 self._release_quarantine(block_id)
 

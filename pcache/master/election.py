@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TTL = 5.0  # seconds a leader's lease lives without a keep-alive
 MARGIN = 0.5  # seconds a leader steps down before its lease can expire (clock rate, scheduling)
 ETCD_ERRORS = (aetcd.ClientError, OSError, asyncio.TimeoutError)
+LOG_EVERY = 10.0  # seconds between two log lines about one etcd outage
 Guard = Callable[[], Awaitable[tuple[list[Any], list[Any]] | None]]
 
 
@@ -89,6 +90,10 @@ class Election:
         self.timeout = timeout
         self.key = leader_key(cluster)
         self.epoch = 0
+        # the leader key's value at this candidate's last look ("": nobody held it; None: not known)
+        self.seen_leader: str | None = None
+        self.etcd_down_since: float | None = None  # monotonic: the campaign has not reached etcd since
+        self._logged_down = 0.0
         self._client = aetcd.Client(host=host, port=port, timeout=max(1, round(timeout)))
         self._lease: aetcd.Lease | None = None
         self._valid_until = 0.0  # monotonic: this master leads until then
@@ -135,15 +140,38 @@ class Election:
             try:
                 extra = await guard() if guard is not None else ([], [])
                 epoch = await self._try_once(*extra) if extra is not None else None
+                if self.etcd_down_since is not None:
+                    logger.warning(
+                        "election %s: etcd at %s answers again (after %.1f s)",
+                        self.cluster, self.endpoint, time.monotonic() - self.etcd_down_since,
+                    )  # fmt: skip
+                self.etcd_down_since = None
             except ETCD_ERRORS as exc:
-                logger.warning("election %s: etcd at %s: %s", self.cluster, self.endpoint, exc)
+                self._etcd_failed(exc)
                 epoch = None
             if epoch is not None:
                 return epoch
             await asyncio.sleep(poll)
 
+    def _etcd_failed(self, exc: BaseException) -> None:
+        """Record an etcd failure of the campaign; logged at once, then once per ``LOG_EVERY`` s."""
+        now = time.monotonic()
+        self.seen_leader = None  # not known any more
+        if self.etcd_down_since is None:
+            self.etcd_down_since = self._logged_down = now
+            logger.warning("election %s: etcd at %s: %s; no master can lead until it answers", self.cluster,
+                           self.endpoint, exc)  # fmt: skip
+        elif now - self._logged_down >= LOG_EVERY:
+            self._logged_down = now
+            logger.warning(
+                "election %s: etcd at %s still unreachable after %.0f s: %s",
+                self.cluster, self.endpoint, now - self.etcd_down_since, exc,
+            )  # fmt: skip
+
     async def _try_once(self, compare: list | None = None, success: list | None = None) -> int | None:
-        if await asyncio.wait_for(self._client.get(self.key), self.timeout) is not None:
+        held = await asyncio.wait_for(self._client.get(self.key), self.timeout)
+        self.seen_leader = held.value.decode() if held is not None else ""
+        if held is not None:
             return None  # someone leads: no lease to grant and revoke (a candidate polls often)
         sent = time.monotonic()
         lease = await asyncio.wait_for(self._client.lease(int(round(self.ttl))), self.timeout)
@@ -161,6 +189,7 @@ class Election:
                 await asyncio.wait_for(lease.revoke(), self.timeout)
             return None
         self._lease = lease
+        self.seen_leader = None  # this master: once it steps down, not known until it looks again
         self.epoch = responses[0].response_put.header.revision
         self._valid_until = sent + self.ttl - MARGIN
         self._keeper = asyncio.ensure_future(self._keep_alive())

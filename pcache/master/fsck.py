@@ -46,7 +46,12 @@ def check(ns: Namespace, blocks: BlockManager, path: str = "/") -> pb.FsckReport
                     good=[w.info.addr for w in blocks.live_replicas(block_id)],
                     quarantined=[w.info.addr for w in blocks.quarantined_live(block_id)],
                     crc32c=meta.crc32c if meta else 0,
-                )
+                    dead=[
+                        blocks.registry.workers[w].info.addr
+                        for w in sorted(blocks.died_with.get(block_id, ()))
+                        if w in blocks.registry.workers and not blocks.registry.workers[w].alive
+                    ],
+                )  # fmt: skip
             )
     return report
 

@@ -479,6 +479,9 @@ class LogShipper:
         self.heartbeat = heartbeat
         self.on_deposed = on_deposed
         self.followers: dict[str, Follower] = {}
+        # followers whose etcd member key expired (dead, stopped, cut off): shown by `pcache status` until
+        # they come back, so that a lost master does not simply vanish: member -> (address, when, last answer)
+        self.gone: dict[str, tuple[str, float, float]] = {}
         self._client_tls: ssl.SSLContext | None = None
         self._waiters: list[tuple[int, float, asyncio.Future]] = []  # (index, since, future), index order
         self._closed = False
@@ -497,9 +500,10 @@ class LogShipper:
         return min([self.store.index, *acks])
 
     def status(self) -> list[pb.FollowerStatus]:
-        """One line per follower for ``pcache status``."""
+        """One line per follower for ``pcache status``, then one per follower that left (state
+        ``gone``, ``gone_age`` seconds ago)."""
         now = time.monotonic()
-        return [
+        live = [
             pb.FollowerStatus(
                 member=f.member, address=f.address, in_sync=f.in_sync, applied_index=f.acked,
                 lag=max(0, self.store.index - f.acked), state=f.state,
@@ -507,6 +511,14 @@ class LogShipper:
             )
             for f in self.followers.values()
         ]  # fmt: skip
+        gone = [
+            pb.FollowerStatus(
+                member=member, address=address, in_sync=False, state="gone", gone_age=now - left,
+                last_contact_age=now - contact if contact else -1.0,
+            )
+            for member, (address, left, contact) in self.gone.items() if member not in self.followers
+        ]  # fmt: skip
+        return live + gone
 
     # ---------------------------------------------------------- members --
 
@@ -516,6 +528,7 @@ class LogShipper:
             follower = self.followers.get(member)
             if follower is not None and follower.address == address and follower.task is not None:
                 continue
+            self.gone.pop(member, None)
             if follower is None:
                 follower = self.followers[member] = Follower(member, address)
             else:  # back, or at a new address: it keeps its duties (answers may be waiting for it)
@@ -561,6 +574,11 @@ class LogShipper:
     def _remove(self, follower: Follower) -> None:
         if self.followers.get(follower.member) is follower:
             del self.followers[follower.member]
+            self.gone[follower.member] = (follower.address, time.monotonic(), follower.last_contact)
+            logger.warning(
+                "follower %s at %s left (its etcd member key expired): not replicated to until it is back",
+                follower.member, follower.address,
+            )  # fmt: skip
             with contextlib.suppress(KeyError):
                 MASTER_FOLLOWER_LAG.remove(follower.member)
 

@@ -162,9 +162,32 @@ class MasterServer:
             return "this master's leader lease ran out: it takes no mutation (another master may lead now)"
         return None
 
+    def _known_leader(self) -> str:
+        """The leader as this follower knows it: the leader key at its campaign's last look (empty
+        while nobody holds it or etcd does not answer), else the master that ships to it."""
+        election = self.ha.election if self.ha is not None else None
+        if election is None:
+            return self.replication.leader
+        if election.etcd_down_since is not None:
+            return ""
+        if election.seen_leader is None:  # not looked yet since it follows
+            return self.replication.leader
+        return election.seen_leader
+
     def _not_leader_message(self) -> str:
-        leader = self.replication.leader
-        return f"this master is a follower; the leader is {leader}" if leader else "this master is a follower"
+        election = self.ha.election if self.ha is not None else None
+        if election is not None and election.etcd_down_since is not None:
+            down = time.monotonic() - election.etcd_down_since
+            return (
+                f"this master is a follower, and no master can lead: etcd at {election.endpoint} unreachable"
+                f" for {down:.0f} s"
+            )
+        leader = self._known_leader()
+        if leader:
+            return f"this master is a follower; the leader is {leader}"
+        if election is not None and election.seen_leader == "":
+            return "this master is a follower; no master leads now (an election is under way)"
+        return "this master is a follower"
 
     def _leads_now(self) -> bool:
         """Whether this master refuses log entries: it leads (a standalone master always does)."""
@@ -183,7 +206,7 @@ class MasterServer:
         why = self._why_not_writable()
         if why is not None or self.ns is None or self.blocks is None:
             err = E.NotLeader(why or "this master is taking over; try again")
-            err.leader = self.replication.leader if self.role == "follower" else ""
+            err.leader = self._known_leader() if self.role == "follower" else ""
             raise err
         return self.ns, self.blocks
 
@@ -293,8 +316,11 @@ class MasterServer:
         """This master's part in the pair, for ``pcache status``."""
         role = pb.MasterRole(
             role=self.role, member=self.member, address=self.address, applied_index=self.store.index,
-            leader=self.address if self.role in ("standalone", "leader") else self.replication.leader,
+            leader=self.address if self.role in ("standalone", "leader") else self._known_leader(),
         )  # fmt: skip
+        election = self.ha.election if self.ha is not None else None
+        if election is not None and election.etcd_down_since is not None:
+            role.etcd_down = time.monotonic() - election.etcd_down_since
         if self.shipper is not None:
             role.followers.extend(self.shipper.status())
             role.alone = self.shipper.alone()
@@ -409,6 +435,12 @@ class MasterServer:
             self._block_switch_at = 0.0
             logger.info("block tokens are signed with key %s from now on", self.block_signer.current)
 
+    def starting_left(self) -> float:
+        """Seconds until this leader repairs blocks: after a (re)start or a failover, workers get
+        ``dead_after`` seconds to report their blocks before anything is copied or counted missing
+        (HDFS's safe mode, by time)."""
+        return max(0.0, self.cfg.dead_after - (time.monotonic() - max(self._started, self._led_since)))
+
     def upkeep_once(self) -> None:
         """One pass of liveness, orphan and replication upkeep (liveness only on a follower)."""
         self.reload_keys()
@@ -423,8 +455,7 @@ class MasterServer:
         ns, blocks = self.leading()
         for state in expired_workers:
             blocks.worker_died(state.worker_id)
-        # After a (re)start, give workers time to report before copying anything.
-        if time.monotonic() - max(self._started, self._led_since) > self.cfg.dead_after:
+        if not self.starting_left():
             issued = blocks.schedule()
             if issued:
                 logger.info("issued %d re-replications", issued)

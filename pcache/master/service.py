@@ -534,6 +534,8 @@ class MasterServicer(pb_grpc.MasterServicer):
             blocks.lost(request.worker_id, list(request.lost))
             for block_id in request.corrupt:
                 blocks.bad_block(request.worker_id, block_id)
+            for failure in request.failed:
+                blocks.replication_failed(request.worker_id, failure.block_id, list(failure.targets), failure.error)
 
         return await self._worker_call(request.header, "ReportBlocks", apply)
 
@@ -590,6 +592,12 @@ class MasterServicer(pb_grpc.MasterServicer):
             status.damaged_files = fsck.damaged_files(ns, blocks)
             status.cached_bound_blocks = blocks.evictable()
             status.evicted_blocks, status.evicted_bytes = blocks.evicted_blocks, blocks.evicted_bytes
+            status.blocks_without_target = len(blocks.without_target & blocks.under)
+            status.starting_left = self.m.starting_left()
+            failing = blocks.failing_targets()
+            for w in status.workers:
+                if w.info.addr.worker_id in failing:
+                    w.failed_copies, w.failed_copy_error = failing[w.info.addr.worker_id]
         return status
 
     # ------------------------------------------------------------ tenants --

@@ -605,14 +605,18 @@ class BlockReport(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., block_id: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("info", "alive", "last_heartbeat_age")
+    __slots__ = ("info", "alive", "last_heartbeat_age", "failed_copies", "failed_copy_error")
     INFO_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AGE_FIELD_NUMBER: _ClassVar[int]
+    FAILED_COPIES_FIELD_NUMBER: _ClassVar[int]
+    FAILED_COPY_ERROR_FIELD_NUMBER: _ClassVar[int]
     info: WorkerInfo
     alive: bool
     last_heartbeat_age: float
-    def __init__(self, info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., alive: _Optional[bool] = ..., last_heartbeat_age: _Optional[float] = ...) -> None: ...
+    failed_copies: int
+    failed_copy_error: str
+    def __init__(self, info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., alive: _Optional[bool] = ..., last_heartbeat_age: _Optional[float] = ..., failed_copies: _Optional[int] = ..., failed_copy_error: _Optional[str] = ...) -> None: ...
 
 class ClusterStatusRequest(_message.Message):
     __slots__ = ("header", "any_master")
@@ -623,7 +627,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., any_master: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size", "corrupt_blocks", "damaged_files", "master", "tenants", "cached_bound_blocks", "evicted_blocks", "evicted_bytes")
+    __slots__ = ("epoch", "workers", "under_replicated_blocks", "missing_blocks", "inodes", "blocks", "default_replication", "default_block_size", "corrupt_blocks", "damaged_files", "master", "tenants", "cached_bound_blocks", "evicted_blocks", "evicted_bytes", "blocks_without_target", "starting_left")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     UNDER_REPLICATED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -639,6 +643,8 @@ class ClusterStatus(_message.Message):
     CACHED_BOUND_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     EVICTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_WITHOUT_TARGET_FIELD_NUMBER: _ClassVar[int]
+    STARTING_LEFT_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     under_replicated_blocks: int
@@ -654,7 +660,9 @@ class ClusterStatus(_message.Message):
     cached_bound_blocks: int
     evicted_blocks: int
     evicted_bytes: int
-    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., damaged_files: _Optional[int] = ..., master: _Optional[_Union[MasterRole, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ..., cached_bound_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., evicted_bytes: _Optional[int] = ...) -> None: ...
+    blocks_without_target: int
+    starting_left: float
+    def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., damaged_files: _Optional[int] = ..., master: _Optional[_Union[MasterRole, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ..., cached_bound_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., blocks_without_target: _Optional[int] = ..., starting_left: _Optional[float] = ...) -> None: ...
 
 class Tenant(_message.Message):
     __slots__ = ("name", "root", "quota_bytes", "quota_inodes", "used_bytes", "used_inodes", "reserved_bytes", "root_inode", "created")
@@ -705,7 +713,7 @@ class ListTenantsResponse(_message.Message):
     def __init__(self, tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ...) -> None: ...
 
 class FollowerStatus(_message.Message):
-    __slots__ = ("member", "address", "in_sync", "applied_index", "lag", "state", "last_contact_age")
+    __slots__ = ("member", "address", "in_sync", "applied_index", "lag", "state", "last_contact_age", "gone_age")
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IN_SYNC_FIELD_NUMBER: _ClassVar[int]
@@ -713,6 +721,7 @@ class FollowerStatus(_message.Message):
     LAG_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LAST_CONTACT_AGE_FIELD_NUMBER: _ClassVar[int]
+    GONE_AGE_FIELD_NUMBER: _ClassVar[int]
     member: str
     address: str
     in_sync: bool
@@ -720,10 +729,11 @@ class FollowerStatus(_message.Message):
     lag: int
     state: str
     last_contact_age: float
-    def __init__(self, member: _Optional[str] = ..., address: _Optional[str] = ..., in_sync: _Optional[bool] = ..., applied_index: _Optional[int] = ..., lag: _Optional[int] = ..., state: _Optional[str] = ..., last_contact_age: _Optional[float] = ...) -> None: ...
+    gone_age: float
+    def __init__(self, member: _Optional[str] = ..., address: _Optional[str] = ..., in_sync: _Optional[bool] = ..., applied_index: _Optional[int] = ..., lag: _Optional[int] = ..., state: _Optional[str] = ..., last_contact_age: _Optional[float] = ..., gone_age: _Optional[float] = ...) -> None: ...
 
 class MasterRole(_message.Message):
-    __slots__ = ("role", "member", "address", "leader", "applied_index", "followers", "alone")
+    __slots__ = ("role", "member", "address", "leader", "applied_index", "followers", "alone", "etcd_down")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -731,6 +741,7 @@ class MasterRole(_message.Message):
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
     ALONE_FIELD_NUMBER: _ClassVar[int]
+    ETCD_DOWN_FIELD_NUMBER: _ClassVar[int]
     role: str
     member: str
     address: str
@@ -738,7 +749,8 @@ class MasterRole(_message.Message):
     applied_index: int
     followers: _containers.RepeatedCompositeFieldContainer[FollowerStatus]
     alone: bool
-    def __init__(self, role: _Optional[str] = ..., member: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., applied_index: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., alone: _Optional[bool] = ...) -> None: ...
+    etcd_down: float
+    def __init__(self, role: _Optional[str] = ..., member: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., applied_index: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., alone: _Optional[bool] = ..., etcd_down: _Optional[float] = ...) -> None: ...
 
 class KeyValue(_message.Message):
     __slots__ = ("key", "value")
@@ -833,7 +845,7 @@ class FsckRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
 
 class DamagedBlock(_message.Message):
-    __slots__ = ("path", "index", "block_id", "offset", "length", "state", "good", "quarantined", "crc32c", "token")
+    __slots__ = ("path", "index", "block_id", "offset", "length", "state", "good", "quarantined", "crc32c", "token", "dead")
     PATH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -844,6 +856,7 @@ class DamagedBlock(_message.Message):
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DEAD_FIELD_NUMBER: _ClassVar[int]
     path: str
     index: int
     block_id: int
@@ -854,7 +867,8 @@ class DamagedBlock(_message.Message):
     quarantined: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
     crc32c: int
     token: str
-    def __init__(self, path: _Optional[str] = ..., index: _Optional[int] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., state: _Optional[str] = ..., good: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., quarantined: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., crc32c: _Optional[int] = ..., token: _Optional[str] = ...) -> None: ...
+    dead: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
+    def __init__(self, path: _Optional[str] = ..., index: _Optional[int] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., state: _Optional[str] = ..., good: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., quarantined: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., crc32c: _Optional[int] = ..., token: _Optional[str] = ..., dead: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ...) -> None: ...
 
 class FsckReport(_message.Message):
     __slots__ = ("files", "blocks", "damaged")
@@ -867,16 +881,28 @@ class FsckReport(_message.Message):
     def __init__(self, files: _Optional[int] = ..., blocks: _Optional[int] = ..., damaged: _Optional[_Iterable[_Union[DamagedBlock, _Mapping]]] = ...) -> None: ...
 
 class IncrementalBlockReport(_message.Message):
-    __slots__ = ("header", "worker_id", "lost", "corrupt")
+    __slots__ = ("header", "worker_id", "lost", "corrupt", "failed")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
     CORRUPT_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     worker_id: str
     lost: _containers.RepeatedScalarFieldContainer[int]
     corrupt: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., lost: _Optional[_Iterable[int]] = ..., corrupt: _Optional[_Iterable[int]] = ...) -> None: ...
+    failed: _containers.RepeatedCompositeFieldContainer[ReplicationFailure]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., lost: _Optional[_Iterable[int]] = ..., corrupt: _Optional[_Iterable[int]] = ..., failed: _Optional[_Iterable[_Union[ReplicationFailure, _Mapping]]] = ...) -> None: ...
+
+class ReplicationFailure(_message.Message):
+    __slots__ = ("block_id", "targets", "error")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    error: str
+    def __init__(self, block_id: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

@@ -269,7 +269,10 @@ class WorkerServer:
                     target=f"master {link.address}",
                     token=self.token,
                 )
+                was_leader = link.leader
                 link.epoch, link.leader = max(reply.epoch, stamped), reply.leader
+                if link.leader and not was_leader and len(self.links) > 1:
+                    logger.info("master %s leads (epoch %d): its commands are run", link.address, link.epoch)
                 self._take_block_keys(link, reply.block_keys)
                 if reply.reregister:
                     registered = False
@@ -335,15 +338,51 @@ class WorkerServer:
                 async with self._persist_slots:
                     await self.persist(cmd)
             elif cmd.kind == pb.WorkerCommand.REPLICATE:
-                async with self._repl_slots:
-                    stored = await self.data.replicate(cmd.block_id, list(cmd.targets))
-                for wid in stored:
-                    await self._to_leader("BlockReceived", pb.BlockReport(worker_id=wid, block_id=cmd.block_id))
-                logger.info("replicated block %d to %s", cmd.block_id, ",".join(stored))
+                await self.replicate(cmd)
         except NotFound:
             logger.info("command %s for block %d: block not here", cmd.kind, cmd.block_id)
         except PCacheError as exc:
             logger.warning("command %s for block %d failed: %s", cmd.kind, cmd.block_id, exc)
+
+    async def replicate(self, cmd: pb.WorkerCommand) -> None:
+        """Copy a block down the command's targets and report each copy stored; report the
+        targets that did not get theirs at once (the master chooses again without waiting for its
+        replication timeout), and a block the master thinks is here but is not as lost (as an
+        HDFS DataNode reports a transfer of a replica it does not have).
+
+        Raises:
+            PCacheError: the master could not be told (it then re-issues after its timeout).
+        """
+        wanted = [t.worker_id for t in cmd.targets]
+        blame = True  # whether the targets failed (not this worker's copy)
+        try:
+            async with self._repl_slots:
+                stored = await self.data.replicate(cmd.block_id, list(cmd.targets))
+            error = ""
+        except NotFound as exc:
+            if not await asyncio.to_thread(self.store.has, cmd.block_id):
+                logger.warning("asked to replicate block %d, which is not here: reporting it lost", cmd.block_id)
+                self.store.forget(cmd.block_id)
+                await self._to_leader(
+                    "ReportBlocks", pb.IncrementalBlockReport(worker_id=self.worker_id, lost=[cmd.block_id])
+                )
+                return
+            stored, error, blame = [], f"{type(exc).__name__}: {exc}", False
+        except CorruptBlock as exc:  # this copy is bad (reported by the read): another source is chosen
+            stored, error, blame = [], f"{type(exc).__name__}: {exc}", False
+        except PCacheError as exc:
+            stored, error = [], f"{type(exc).__name__}: {exc}"
+        for wid in stored:
+            await self._to_leader("BlockReceived", pb.BlockReport(worker_id=wid, block_id=cmd.block_id))
+        missed = [wid for wid in wanted if wid not in stored]
+        if missed:
+            logger.warning("replicating block %d to %s failed: %s", cmd.block_id, ",".join(missed), error or "no copy")
+            failure = pb.ReplicationFailure(
+                block_id=cmd.block_id, targets=missed if blame else [], error=error or "no copy stored"
+            )
+            await self._to_leader("ReportBlocks", pb.IncrementalBlockReport(worker_id=self.worker_id, failed=[failure]))
+        else:
+            logger.info("replicated block %d to %s", cmd.block_id, ",".join(stored))
 
     async def report_blocks(self, lost: list[int], corrupt: list[int]) -> None:
         """Incremental block report: block files gone and blocks failing their CRCs."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -146,6 +147,164 @@ def test_unconfirmed_replication_is_issued_again_after_the_timeout(c: Cluster) -
     assert c.bm.schedule() == 1
     ((kind, block, _),) = c.take("w1")
     assert (kind, block) == (REPLICATE, b)
+
+
+def test_a_failed_replication_is_issued_again_at_once_to_another_target(c: Cluster) -> None:
+    (b,) = c.write("/f", [["w1", "w2"]])
+    c.kill("w2")
+    assert c.bm.schedule() == 1
+    ((_, _, (first,)),) = c.take("w1")
+    assert c.bm.schedule() == 0  # in flight
+    c.bm.replication_failed("w1", b, [first], "Unavailable: connection refused")
+    assert c.bm.schedule() == 1  # at the next pass, not after replication_timeout
+    ((kind, block, (second,)),) = c.take("w1")
+    assert (kind, block) == (REPLICATE, b) and second not in (first, "w1", "w2")
+    # the other one fails too: no target is left but the two that failed lately; it waits for them
+    c.bm.replication_failed("w1", b, [second])
+    assert c.bm.schedule() == 0 and c.take_all() == {}
+    assert b in c.bm.under and c.bm.under_replicated() == 1
+    for until in c.bm.avoid[b].values():
+        assert until > time.monotonic() + 25
+    c.bm.avoid[b] = {wid: time.monotonic() - 1 for wid in c.bm.avoid[b]}  # the window is over
+    assert c.bm.schedule() == 1
+    ((_, _, (third,)),) = c.take("w1")
+    c.bm.block_received(third, b)
+    assert c.bm.under == set() and c.bm.inflight == {} and c.bm.issued == {}
+    assert c.stored_replicas(b) == sorted(["w1", third])
+    assert c.bm.schedule() == 0 and b not in c.bm.avoid
+
+
+def test_a_failure_report_about_an_older_command_only_marks_its_targets(c: Cluster) -> None:
+    (b,) = c.write("/f", [["w1", "w2"]])
+    c.kill("w2")
+    assert c.bm.schedule() == 1
+    ((_, _, (target,)),) = c.take("w1")
+    other = ({"w3", "w4"} - {target}).pop()
+    c.bm.replication_failed("w3" if target != "w3" else "w4", b, [other])  # not this command's source
+    assert b in c.bm.inflight and c.bm.schedule() == 0  # the command in flight stands
+    c.bm.replication_failed("w1", b, ["w9"])  # nor this command's targets
+    assert b in c.bm.inflight and c.bm.schedule() == 0
+    c.bm.replication_failed("w1", b, [target])
+    assert c.bm.schedule() == 0  # both live candidates failed lately
+    # a report about a block nobody has any more changes nothing
+    c.bm.replication_failed("w1", 98765, ["w3"])
+    assert 98765 not in c.bm.avoid
+
+
+def test_a_copy_that_failed_at_its_source_blames_no_target(c: Cluster) -> None:
+    (b,) = c.write("/f", [["w1", "w2"]], replication=3)
+    assert c.bm.schedule() == 1
+    ((source, [(_, _, targets)]),) = c.take_all().items()
+    c.bm.replication_failed(source, b, [], "CorruptBlock: chunk 0 failed its CRC32C check")
+    assert b not in c.bm.inflight and b not in c.bm.avoid and c.bm.failing_targets() == {}
+    c.bm.bad_block(source, b)  # the read that failed reported the source's copy
+    assert c.bm.schedule() == 1  # at once, from the other copy; the target is not left out
+    ((other, [(_, _, again)]),) = c.take_all().items()
+    assert other != source and set(targets) <= set(again)  # (two now: the bad copy no longer counts)
+
+
+def test_a_dead_target_ends_its_replication_at_once(c: Cluster) -> None:
+    blocks = c.write("/f", [["w1", "w2"], ["w1", "w2"]], replication=3)
+    assert c.bm.schedule() == 2
+    issued = {blk: (src, targets) for src, lst in c.take_all().items() for _, blk, targets in lst}
+    assert all(targets[0] in ("w3", "w4") for _, targets in issued.values())
+    c.kill("w3")
+    dropped = {blk for blk, (_, targets) in issued.items() if "w3" in targets}
+    assert dropped and all(blk not in c.bm.inflight for blk in dropped)
+    assert all(blk in c.bm.inflight for blk in set(blocks) - dropped)
+    assert c.bm.schedule() == len(dropped)
+    again = [(blk, targets) for lst in c.take_all().values() for _, blk, targets in lst]
+    assert sorted(blk for blk, _ in again) == sorted(dropped) and all(t == ["w4"] for _, t in again)
+
+
+def test_a_dead_source_ends_its_replication_and_its_targets_stay_candidates() -> None:
+    c = Cluster(workers=3)
+    (b,) = c.write("/f", [["w1", "w2"]], replication=3)
+    assert c.bm.schedule() == 1
+    ((source, [(_, _, targets)]),) = c.take_all().items()
+    assert targets == ["w3"]
+    c.kill(source)  # it died while sending: w3 gets nothing from it
+    assert b not in c.bm.inflight and b not in c.bm.avoid
+    assert c.bm.schedule() == 1  # at once, to the same target, from the other holder
+    ((other, [(_, _, again)]),) = c.take_all().items()
+    assert other != source and again == ["w3"]
+
+
+def test_a_dead_worker_in_a_pipeline_leaves_out_only_the_targets_before_it() -> None:
+    c = Cluster(workers=6)
+    (b,) = c.write("/f", [["w1"]], replication=3)
+    assert c.bm.schedule() == 1
+    ((_, _, (head, tail)),) = c.take("w1")
+    c.kill(tail)  # the head may still store its copy; nothing reaches past the dead one
+    assert set(c.bm.avoid[b]) == {head}
+    assert c.bm.schedule() == 1
+    ((_, _, again),) = c.take("w1")
+    assert head not in again and tail not in again and len(again) == 2
+    c2 = Cluster(workers=6)
+    (b2,) = c2.write("/f", [["w1"]], replication=3)
+    c2.bm.schedule()
+    ((_, _, (head2, _)),) = c2.take("w1")
+    c2.kill(head2)  # the head is gone: the rest of its pipeline gets nothing either
+    assert b2 not in c2.bm.avoid and c2.bm.schedule() == 1
+
+
+def test_a_worker_copies_failed_to_is_chosen_only_when_no_other_can_take_the_block() -> None:
+    c = Cluster(workers=4)
+    first, second = c.write("/f", [["w1", "w2"], ["w1", "w2"]])
+    c.kill("w2")
+    c.bm.schedule()
+    issued = {blk: targets for _, lst in c.take_all().items() for _, blk, targets in lst}
+    bad = issued[first][0]  # w3 or w4
+    good = ({"w3", "w4"} - {bad}).pop()
+    c.bm.replication_failed("w1", first, [bad], "Timeout: peer did not accept data for 10.0s")
+    assert c.bm.failing_targets() == {bad: (1, "Timeout: peer did not accept data for 10.0s")}
+    if issued[second] == [bad]:  # in flight to it: reported failed too
+        c.bm.replication_failed("w1", second, [bad], "Timeout: again")
+    for _ in range(5):  # every other block goes to the good worker while the bad one is failing
+        (b,) = c.write(f"/g{_}", [["w1"]])
+        assert c.bm.schedule() >= 1
+        sent = {blk: targets for _, lst in c.take_all().items() for _, blk, targets in lst}
+        assert sent[b] == [good]
+        c.bm.block_received(good, b)
+        for blk, targets in sent.items():
+            if blk != b:
+                c.bm.block_received(targets[0], blk)
+    # only the failing worker could take it: it is tried (the block's own failed target waits)
+    c.kill(good)
+    (last,) = c.write("/h", [["w1"]])
+    assert c.bm.schedule() >= 1
+    assert [t for _, blk, t in c.take("w1") if blk == last] == [[bad]]
+    # a restarted worker starts afresh
+    c.register(bad, [])
+    assert c.bm.failing_targets() == {}
+
+
+def test_blocks_with_no_target_are_counted() -> None:
+    c = Cluster(workers=3)
+    (b,) = c.write("/f", [["w1", "w2"]])
+    c.reg.register(info("w3", free=10))  # full: the block is 100 bytes
+    c.kill("w2")
+    assert c.bm.schedule() == 0 and c.bm.without_target == {b}
+    c.reg.register(info("w3", free=1000))
+    assert c.bm.schedule() == 1 and c.bm.without_target == set()
+
+
+def test_fsck_names_the_dead_workers_that_held_a_missing_block(c: Cluster) -> None:
+    from pcache.master import fsck
+
+    (b,) = c.write("/f", [["w1", "w2"]])
+    c.kill("w1")
+    c.kill("w2")
+    (damaged,) = fsck.check(c.ns, c.bm).damaged
+    assert damaged.state == "missing" and [a.worker_id for a in damaged.dead] == ["w1", "w2"]
+    assert damaged.dead[0].node_id == "node-w1"
+    c.register("w2", [b])  # back with its copy: readable, and no longer a dead holder
+    (damaged,) = fsck.check(c.ns, c.bm).damaged
+    assert damaged.state == "under-replicated" and [a.worker_id for a in damaged.dead] == ["w1"]
+    c.bm.schedule()
+    ((_, _, (target,)),) = c.take("w2")
+    c.bm.block_received(target, b)
+    assert fsck.check(c.ns, c.bm).damaged == [] and c.bm.died_with == {}
 
 
 def test_block_received_for_unknown_block_is_deleted(c: Cluster) -> None:

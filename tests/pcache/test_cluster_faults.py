@@ -6,6 +6,8 @@ import hashlib
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -113,6 +115,46 @@ def test_kill_master_during_creates_keeps_acknowledged_files(make_cluster) -> No
         for path, data in acked.items():
             assert pc.read_file(path) == data, path
     assert len(acked) >= 50
+
+
+def test_status_right_after_a_master_restart_waits_for_the_block_reports(make_cluster) -> None:
+    """No false alarm while the workers re-register: for ``dead_after`` seconds the restarted
+    master says it is starting, and `pcache status` does not exit 1 for blocks not reported yet."""
+    cluster = make_cluster(workers=2, master_args=["--master.dead_after=8"])
+    with Client(master=cluster.master_address) as pc:
+        pc.write_file("/reported.bin", os.urandom(3 * MiB), replication=2)
+    cluster.kill(cluster.master, signal.SIGKILL)
+    cluster.start_master()
+    cmd = [sys.executable, "-m", "pcache", "--master", cluster.master_address, "status"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "STARTING: the master waits" in out.stdout, out.stdout + out.stderr
+    cluster.wait_workers(2, timeout=30)
+    with Client(master=cluster.master_address) as pc:
+        wait_for(lambda: pc.status().starting_left == 0, 15, "the start-up wait to end")
+        st = pc.status()
+        assert st.missing_blocks == 0 and st.under_replicated_blocks == 0
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "STARTING" not in out.stdout, out.stdout + out.stderr
+
+
+def test_fsck_names_the_dead_workers_to_bring_back_for_a_missing_block(make_cluster) -> None:
+    cluster = make_cluster(workers=2)
+    data = os.urandom(2 * MiB)
+    with Client(master=cluster.master_address) as pc:
+        pc.write_file("/both-died.bin", data, replication=2)
+        ids = sorted(w.info.addr.worker_id for w in pc.status().workers)
+        for proc in cluster.worker_procs:
+            cluster.kill(proc, signal.SIGKILL)
+        wait_for(lambda: pc.status().missing_blocks == 1, 20, "the block to be missing")
+    cmd = [sys.executable, "-m", "pcache", "--master", cluster.master_address, "fsck", "/"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("MISSING"))
+    assert all(f"held by {wid} (127.0.0.1:" in line for wid in ids), line
+    cluster.start_worker(1)  # bring one back: the file reads again
+    cluster.wait_workers(1, timeout=30)
+    with Client(master=cluster.master_address) as pc:
+        assert pc.read_file("/both-died.bin") == data
 
 
 def test_flipped_byte_is_detected_and_repaired(make_cluster) -> None:

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -192,6 +193,12 @@ def test_sigstopped_leader_is_fenced_after_its_lease(make_ha) -> None:
                 direct.write_file("/from-old", b"x")
             with pytest.raises(E.NotLeader):
                 direct.stat("/before")
+            wait_for(lambda: role_of(cluster, old).leader == new.address, 10, "the old leader to see the new one")
+            with pytest.raises(E.NotLeader, match=r"the leader is .*give the client every master") as caught:
+                direct.mkdir("/from-old-dir")  # one master given: the error says how to follow failovers
+            assert caught.value.leader == new.address
+        log = cluster.worker_procs[0].log  # each worker says which master it obeys from now on
+        wait_for(lambda: f"master {new.address} leads (epoch" in log.read_text(), 10, "the worker to follow")
         assert role_of(cluster, old).role == "follower"
         assert pc.read_file("/before") == b"1" and pc.read_file("/during") == b"2"
         assert not pc.exists("/from-old")
@@ -235,11 +242,22 @@ def test_follower_killed_restarted_and_wiped_catches_up(make_ha) -> None:
         status = pc.status().master
         assert status.role == "leader" and status.alone
         assert not any(f.in_sync for f in status.followers)
+        # once its etcd member key expires it is shown gone, not dropped from the status
+        (gone,) = wait_for(
+            lambda: [f for f in pc.status().master.followers if f.state == "gone"], 20, "the follower shown gone"
+        )
+        assert gone.address == follower.address and not gone.in_sync and gone.gone_age >= 0
+        cli = subprocess.run(
+            [sys.executable, "-m", "pcache", "--master", cluster.master_address, "status"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert f"follower {follower.address}" in cli.stdout and "GONE" in cli.stdout, cli.stdout
         # back: it catches up from the log tail (10 files are more than 50 entries: a checkpoint)
         cluster.start_ha_master(index_of(cluster, follower))
         cluster.wait_in_sync(timeout=30)
         status = pc.status().master
         assert not status.alone and status.followers[0].lag == 0
+        assert [f.state for f in status.followers].count("gone") == 0
         # a short absence is caught up from the tail
         follower = follower_of(cluster, leader)
         cluster.kill(follower, signal.SIGKILL)
@@ -277,12 +295,29 @@ def test_etcd_stopped_no_split_brain_reads_go_on(make_ha) -> None:
                 with pytest.raises((E.Unavailable, E.Timeout)):
                     pc.write_file("/no-leader", b"x")
                 assert f.read() == payload[1 << 20 :] and first == payload[: 1 << 20]  # the open file reads on
+
+                def stat(i: int) -> tuple[float, BaseException | None]:
+                    started = time.monotonic()
+                    try:
+                        pc.stat(f"/nowhere-{i}")
+                    except E.PCacheError as exc:
+                        return time.monotonic() - started, exc
+                    return time.monotonic() - started, None
+
+                # concurrent calls: those queued behind the first (batched) fail within their own
+                # failover budget too, not after the first's and then their own
+                with ThreadPoolExecutor(8) as pool:
+                    stats = list(pool.map(stat, range(8)))
+                assert all(exc is not None for _, exc in stats), stats
+                assert max(took for took, _ in stats) < 5.5, stats
                 cli = subprocess.run(
                     [sys.executable, "-m", "pcache", "--master", cluster.master_address, "status"],
                     capture_output=True, text=True, timeout=60,
                 )  # fmt: skip
                 assert cli.returncode == 2, cli.stdout + cli.stderr
                 assert cli.stdout.count(": follower, epoch") == 2, cli.stdout  # each master says what it is
+                assert cli.stdout.count("leader none: etcd unreachable for") == 2, cli.stdout  # and why nobody leads
+                assert "no master can lead: etcd at" in cli.stderr, cli.stderr
             finally:
                 os.kill(cluster.etcd.proc.pid, signal.SIGCONT)
     with client_of(cluster) as pc:

@@ -127,6 +127,62 @@ def test_a_block_file_deleted_behind_the_worker_is_found_and_repaired(make_clust
         assert pc.read_file("/lost.bin") == data
 
 
+def test_a_truncated_replica_nobody_reads_is_found_and_repaired(make_cluster) -> None:
+    cluster = make_cluster(workers=3, worker_args=CHECKS)  # no scrub pass in this test's time
+    data = os.urandom(3 * BLOCK)
+    with Client(master=cluster.master_address) as pc:
+        pc.write_file("/short.bin", data, block_size=BLOCK, replication=2)
+        wait_for(lambda: healthy(pc), 10, "a healthy start")
+        victim = block_files(pc, "/short.bin")[1][0]
+        os.truncate(victim, 4096)
+        started = time.monotonic()
+
+        def repaired() -> bool:
+            files = block_files(pc, "/short.bin")[1]
+            return healthy(pc) and victim not in files and len(files) == 2
+
+        wait_for(repaired, 20, "the truncated copy to be replaced")
+        print(f"truncated replica found and replaced in {time.monotonic() - started:.1f} s")
+        wait_for(lambda: not victim.exists() or victim.stat().st_size > 4096, 15, "the bad copy to go")
+        # the good copy is the only one read now, and the new copy is whole
+        for f in block_files(pc, "/short.bin")[1]:
+            assert f.read_bytes()[:BLOCK] == data[BLOCK : 2 * BLOCK]
+        assert pc.read_file("/short.bin") == data
+
+
+def test_a_copy_to_a_target_that_cannot_be_reached_is_made_elsewhere_at_once(make_cluster) -> None:
+    # Worker 2 heartbeats but advertises an address nobody can connect to (a firewall, a wrong
+    # advertise_host): every copy sent to it fails. The master waits 120 s for an unanswered
+    # REPLICATE, so the blocks are repaired within seconds only because their source reports the
+    # failed copies and the master chooses other targets.
+    cluster = make_cluster(workers=2, master_args=["--master.replication_timeout=120"], worker_args=CHECKS)
+    data = os.urandom(16 * MiB)
+    with Client(master=cluster.master_address) as pc:
+        pc.write_file("/repl.bin", data, block_size=MiB, replication=2)  # every block on workers 0 and 1
+        wait_for(lambda: healthy(pc), 10, "a healthy start")
+        cluster.start_worker(2, ["--worker.advertise_host=127.0.0.2"])  # binds 127.0.0.1: refused
+        cluster.wait_workers(3)
+        started = time.monotonic()
+        for replicas in block_files(pc, "/repl.bin"):
+            (lost,) = [f for f in replicas if f.is_relative_to(cluster.root / "worker-0")]
+            lost.unlink()  # each block's other candidate target is the unreachable worker 2
+
+        def repaired() -> bool:
+            files = block_files(pc, "/repl.bin")
+            return healthy(pc) and all(len(r) == 2 and all(f.exists() for f in r) for r in files)
+
+        wait_for(repaired, 30, "every block to be copied again")
+        print(f"16 lost copies repaired in {time.monotonic() - started:.1f} s")
+        assert pc.read_file("/repl.bin") == data
+        assert not any(f.is_relative_to(cluster.root / "worker-2") for r in block_files(pc, "/repl.bin") for f in r)
+    # with 16 blocks some copies went to worker 2 first (each a coin toss), and were reported failed
+    log = (cluster.root / "logs" / "master.log").read_text()
+    assert log.count("failed (Unavailable") >= 1, log[-3000:]
+    out = pcache_cli(cluster, "status")  # the operator sees which worker copies fail to, and why
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "copies to w-" in out.stdout and "failed lately" in out.stdout and "Connection refused" in out.stdout
+
+
 def test_scrub_finds_and_repairs_a_replica_nobody_reads(make_cluster) -> None:
     cluster = make_cluster(
         workers=3, worker_args=[*CHECKS, "--worker.scrub_bytes_per_s=1073741824", "--worker.scrub_interval=1"]
