@@ -41,7 +41,8 @@ KINDS = "sdpucvem"
 
 
 def new_job_id() -> str:
-    """A sortable, unique job id: ``YYYYmmdd-HHMMSS-xxxxxx``."""
+    """A unique job id, sortable to the second: ``YYYYmmdd-HHMMSS-xxxxxx`` (jobs created within one
+    second are ordered by their ``created`` time, see :func:`list_jobs`)."""
     return time.strftime("%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
 
 
@@ -117,7 +118,9 @@ class Journal:
     def update(self, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into ``job.json`` (atomic rename) and return the result."""
         doc = self.describe()
-        doc.update(fields, id=self.job_id, updated=time.time())
+        now = time.time()
+        doc.setdefault("created", now)
+        doc.update(fields, id=self.job_id, updated=now)
         tmp = os.path.join(self.dir, "job.json.tmp")
         with open(tmp, "w") as fh:
             json.dump(doc, fh, indent=1, sort_keys=True)
@@ -222,10 +225,12 @@ class Journal:
 
 
 def list_jobs(state_dir: str) -> list[dict[str, Any]]:
-    """Every job's ``job.json`` under ``state_dir``, newest first."""
+    """Every job's ``job.json`` under ``state_dir``, newest first: by the second in the job's id,
+    then by its ``created`` time (two jobs started within one second: the id's random part says
+    nothing about which came first)."""
     jobs = []
     try:
-        names = sorted(os.listdir(state_dir), reverse=True)
+        names = os.listdir(state_dir)
     except FileNotFoundError:
         return []
     for name in names:
@@ -234,4 +239,7 @@ def list_jobs(state_dir: str) -> list[dict[str, Any]]:
                 jobs.append(json.load(fh))
         except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
             continue
+    jobs.sort(
+        key=lambda job: (str(job.get("id", ""))[:15], job.get("created", 0.0), str(job.get("id", ""))), reverse=True
+    )
     return jobs

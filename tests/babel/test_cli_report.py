@@ -58,3 +58,23 @@ def test_progress_has_a_total_in_every_phase_that_knows_one() -> None:
         bar.phase("verifying", 0, 4)
         bar.advance(0, 4)
         assert bar.bar.tasks[-1].finished
+
+
+def test_jobs_started_within_one_second_list_newest_first(tmp_path: Path) -> None:
+    """Job ids are sortable to the second only: their random part must not decide which of two
+    jobs of one second is the newest (`babel jobs` listed a failed earlier job above the one
+    just run, and the daemon resumed queued jobs out of order)."""
+    from babel.journal import Journal, list_jobs
+
+    first, second = "20261205-223810-ffffff", "20261205-223810-000000"  # the later one sorts first by name
+    for job_id, state in ((first, "failed"), (second, "ok")):
+        journal = Journal(str(tmp_path), job_id, create=True)
+        journal.update(state=state)
+        journal.close()
+    older = "20261205-223809-aaaaaa"
+    (tmp_path / older).mkdir()
+    (tmp_path / older / "job.json").write_text(json.dumps({"id": older, "state": "ok"}))  # written before `created`
+    assert [j["id"] for j in list_jobs(str(tmp_path))] == [second, first, older]
+    result = CliRunner().invoke(cli, ["jobs", "--state-dir", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert [j["state"] for j in json.loads(result.output)] == ["ok", "failed", "ok"]
