@@ -34,7 +34,6 @@ from pcache.client.data import BlockStream, WrongBlock
 from pcache.common.checksum import chunk_crcs
 from pcache.common.errors import (
     CorruptBlock,
-    FileTooLarge,
     InvalidArgument,
     NotFound,
     PCacheError,
@@ -43,7 +42,7 @@ from pcache.common.errors import (
     Timeout,
     Unavailable,
 )
-from pcache.common.layout import HOLE
+from pcache.common.layout import HOLE, check_file_size
 from pcache.proto import pcache_pb2 as pb
 
 if TYPE_CHECKING:
@@ -55,7 +54,6 @@ Buffer = bytes | bytearray  # block bytes as read: a TCP read lands in a bytearr
 
 # PermissionDenied: a block token expired (or the replica moved): the next replica, then fresh locations
 READ_FAILOVER_ERRORS = (Unavailable, Timeout, CorruptBlock, NotFound, PermissionDenied)
-MAX_FILE_SIZE = 1 << 42  # 4 TiB: keeps the per-handle slot list (one entry per block) small
 STREAM_AFTER = 4 << 20  # bytes a new block holds in memory before the rest streams to the local worker
 
 
@@ -612,8 +610,7 @@ class PCacheFile:
 
     async def _write_blocks(self, data: bytes | bytearray | memoryview, pos: int) -> int:
         view = memoryview(data).cast("B")
-        if pos + len(view) > MAX_FILE_SIZE:
-            raise FileTooLarge(f"writing past the {MAX_FILE_SIZE} byte file size limit", path=self.path)
+        check_file_size(pos + len(view), self.block_size, self.path)
         total = len(view)
         while view:
             idx, off = divmod(pos, self.block_size)
@@ -821,8 +818,7 @@ class PCacheFile:
         size = self.pos if size is None else size
         if size < 0:
             raise InvalidArgument("negative size")
-        if size > MAX_FILE_SIZE:
-            raise FileTooLarge(f"{size} bytes is over the {MAX_FILE_SIZE} byte file size limit", path=self.path)
+        check_file_size(size, self.block_size, self.path)
         async with self._gate.shared():
             for slot in self.slots:
                 await self._unstream(slot)

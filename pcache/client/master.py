@@ -21,7 +21,7 @@ import time
 from pcache.common import errors as E
 from pcache.common.config import ClientConfig, check_addresses
 from pcache.common.credentials import find_tls_dir, find_token
-from pcache.common.rpc import call_stamped, channel_options
+from pcache.common.rpc import MAX_BATCH, call_stamped, channel_options
 from pcache.common.tls import channel as tls_channel
 from pcache.common.tls import load_optional
 from pcache.proto import pcache_pb2 as pb
@@ -47,7 +47,6 @@ MUTATIONS = frozenset(
 )
 # errors after which another master may answer (a Timeout only for calls safe to repeat)
 FAILOVER_ERRORS = (E.Unavailable, E.StaleEpoch)
-MAX_BATCH = 256  # calls per Batch RPC
 PROBE_AFTER = 1.0  # seconds a call may hang before the other masters are asked who leads
 
 

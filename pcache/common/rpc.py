@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 ERROR_KEY = "pcache-error"
 EPOCH_KEY = "pcache-epoch"  # every master answer carries the master's epoch (fencing, DESIGN.md)
 LEADER_KEY = "pcache-leader"  # a NotLeader answer names the leader when the master knows it
+MAX_BATCH = 256  # ops per Batch RPC: clients send at most this many, the master refuses more
 
 STATUS_BY_ERROR: dict[type[E.PCacheError], grpc.StatusCode] = {
     E.NotFound: grpc.StatusCode.NOT_FOUND,

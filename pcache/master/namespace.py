@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from pcache.common import errors as E
 from pcache.common.auth import check_name
-from pcache.common.layout import HOLE, MAX_BLOCK_SIZE, MAX_REPLICATION, MIN_BLOCK_SIZE
+from pcache.common.layout import HOLE, MAX_BLOCK_SIZE, MAX_REPLICATION, MIN_BLOCK_SIZE, check_file_size
 from pcache.common.paths import PATH_MAX, normalize, parent_and_name, split_path
 from pcache.master.allocations import Allocations
 from pcache.master.binds import IMMUTABLE, MODES, Binds, check_uri
@@ -378,12 +378,14 @@ class Namespace:
     def link(self, src: str, dst: str) -> pb.Inode:
         """Make ``dst`` another name of the non-directory at ``src`` (a hard link; a symlink at
         ``src`` is linked itself, as ``linkat`` without ``AT_SYMLINK_FOLLOW``). The inode counts its
-        names (``nlink``); its content, blocks and quota charge are shared, and it goes when its
-        last name does.
+        names (``nlink``); its content, blocks and byte charge are shared, and it goes when its
+        last name does. Each name counts against the tenant's inode quota (a quota of entries:
+        otherwise links would make names without bound).
 
         Raises:
             NotFound: ``src``, or ``dst``'s parent. AlreadyExists: ``dst`` exists.
             NotPermitted: ``src`` is a directory (link(2)'s EPERM).
+            QuotaExceeded: the tenant has used its inode quota.
             CrossTenant: the names are in two tenants' trees (EXDEV).
             NotSupported: either name is under a bound path (one object per name in the store).
         """
@@ -407,6 +409,7 @@ class Namespace:
                 f"cannot link across tenants ({node.tenant or 'no tenant'!r} -> {dst_parent.tenant or 'no tenant'!r})",
                 path=dst,
             )
+        self.tenants.check_inodes(node.tenant)  # each name is charged: links cannot make free entries
         now = time.time()
         node.nlink = links(node) + 1
         node.ctime = now
@@ -415,6 +418,7 @@ class Namespace:
                 (_ikey(node.id), node.SerializeToString()),
                 (_dkey(dst_parent.id, dst_name), U64.pack(node.id)),
                 (_ikey(dst_parent.id), self._touch(dst_parent, now)),
+                *self.tenants.charge({node.tenant: [1, 0]}),
             ]
         )
         node.name = dst_name
@@ -520,6 +524,7 @@ class Namespace:
             if victim.type != pb.DIRECTORY and links(victim) > 1:  # only this name of it goes
                 victim.nlink, victim.ctime = links(victim) - 1, now
                 puts.append((_ikey(victim.id), victim.SerializeToString()))
+                puts += self.tenants.charge({victim.tenant: [-1, 0]})
             else:
                 deletes.append(_ikey(victim.id))
                 puts += self.persist.cancel(victim.id)  # its object is replaced by the moved file's, or stays
@@ -586,7 +591,11 @@ class Namespace:
             now = time.time()
             node.nlink, node.ctime = links(node) - 1, now
             self.store.write(
-                [(_ikey(node.id), node.SerializeToString()), (_ikey(parent.id), self._touch(parent, now))],
+                [
+                    (_ikey(node.id), node.SerializeToString()),
+                    (_ikey(parent.id), self._touch(parent, now)),
+                    *self.tenants.charge({node.tenant: [-1, 0]}),
+                ],
                 [_dkey(parent.id, name)],
             )
             return Freed([])
@@ -617,9 +626,9 @@ class Namespace:
         victims = [node]
         roots = self.tenants.root_inodes()
         kept: list[tuple[bytes, bytes]] = []  # hard-linked files with names outside the tree
+        names: dict[int, int] = {node.id: 1}  # inode -> its names in the tree (each one charged)
+        found: dict[int, pb.Inode] = {}
         if node.type == pb.DIRECTORY:
-            names: dict[int, int] = {}  # inode -> its names in the tree
-            found: dict[int, pb.Inode] = {}
             stack = [node.id]
             while stack:
                 dir_id = stack.pop()
@@ -651,7 +660,10 @@ class Namespace:
         tenant_of = {v.id: v.tenant for v in victims}
         for victim in victims:
             if victim.id not in roots:  # a root is not counted
-                add(deltas, victim.tenant, inodes=-1)
+                add(deltas, victim.tenant, inodes=-names[victim.id])
+        for ino, child_names in names.items():
+            if ino not in tenant_of:  # a linked file that keeps names outside the tree: these go
+                add(deltas, found[ino].tenant, inodes=-child_names)
         for meta in freed.blocks:
             add(deltas, tenant_of.get(meta.inode, ""), nbytes=-freed_bytes([meta]))
         writing: list[int] = []
@@ -1201,10 +1213,12 @@ class Namespace:
                 for this file (see :meth:`Allocations.check`: a master restart, an
                 expired allocation, another file's block); nothing was committed.
             InvalidArgument: a block list that does not match the size.
+            FileTooLarge: ``size`` is over :func:`~pcache.common.layout.max_file_size`.
         """
         node = self._get_inode(inode)
         if node.type != pb.REGULAR:
             raise E.IsADirectory(f"inode {inode} is not a regular file")
+        check_file_size(size, node.block_size, path or f"inode {inode}")  # the client's check bounds nothing
         self._check_bound_writable(node)
         if base_version and base_version != node.version:
             if replace:

@@ -22,8 +22,9 @@ from google.protobuf.message import Message
 from pcache.common import errors as E
 from pcache.common import ufs
 from pcache.common.auth import Claims, mint_block_token, mint_token
+from pcache.common.layout import HOLE
 from pcache.common.metrics import RPC_SECONDS
-from pcache.common.rpc import rpc_method
+from pcache.common.rpc import MAX_BATCH, rpc_method
 from pcache.master import fsck
 from pcache.master.binds import check_uri
 from pcache.master.blocks import BlockManager
@@ -247,7 +248,13 @@ class MasterServicer(pb_grpc.MasterServicer):
 
         An error of one op is its own result; losing the lease mid-batch fails the whole batch
         (the client sends it again to the new leader; its creates are answered once).
+
+        Raises:
+            InvalidArgument: more than ``MAX_BATCH`` ops (one request must not hold the event loop
+                that every tenant's calls and the workers' heartbeats share).
         """
+        if len(request.ops) > MAX_BATCH:
+            raise E.InvalidArgument(f"a batch holds at most {MAX_BATCH} ops, not {len(request.ops)}")
         await self._ready(*(op.stat.path or op.create.path for op in request.ops))
         ns, blocks = self.m.leading()
         self._check(request.header, "Batch")
@@ -349,6 +356,9 @@ class MasterServicer(pb_grpc.MasterServicer):
             _owned(scope, node)
             out = pb.FileLayout(inode=node)
             for index, meta in enumerate(metas):
+                if meta.block_id == HOLE:  # stores nothing: no replicas, no token
+                    out.blocks.append(pb.BlockLocation(offset=index * node.block_size, length=meta.length))
+                    continue
                 replicas = [w.info.addr for w in blocks.live_replicas(meta.block_id)]
                 holders = [a.worker_id for a in replicas] + [
                     w.worker_id for w in blocks.quarantined_live(meta.block_id)

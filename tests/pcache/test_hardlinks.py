@@ -90,14 +90,16 @@ def test_directory_nlink_counts_subdirectories(ns: Namespace) -> None:
     assert ns.resolve("/p").subdirs == 0
 
 
-def test_links_stay_inside_a_tenant_and_are_charged_once(ns: Namespace) -> None:
+def test_links_stay_inside_a_tenant_and_bytes_are_charged_once(ns: Namespace) -> None:
+    """A link shares its file's bytes (charged once) and is a name of its own in the inode quota
+    (a quota of entries: links must not make names for nothing)."""
     ns.create_tenant("t1")
     ns.create_tenant("t2")
     write(ns, "/t1/f", [BLOCK])
     used = ns.tenants.get("t1")
     ns.link("/t1/f", "/t1/g")
     after = ns.tenants.get("t1")
-    assert (after.used_inodes, after.used_bytes) == (used.used_inodes, used.used_bytes)
+    assert (after.used_inodes, after.used_bytes) == (used.used_inodes + 1, used.used_bytes)
     with pytest.raises(E.CrossTenant):
         ns.link("/t1/f", "/t2/f")
     ns.delete("/t1/f", file=True)

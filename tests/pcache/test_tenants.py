@@ -345,3 +345,82 @@ def test_attributes_and_symlink_targets_are_bounded(cluster: LocalCluster, two: 
         with pytest.raises(E.NameTooLong):
             a.symlink("t" * 4096, "/long-link")
         a.symlink("t" * 4095, "/long-link")
+
+
+def test_one_tenant_cannot_hold_the_master_with_one_huge_request(cluster: LocalCluster, two: dict[str, str]) -> None:
+    """The master serves every tenant and the workers' heartbeats on one event loop: a request
+    whose work grows without bound is refused by the master itself, not only by well-behaved
+    clients. Before: a sparse file of 2 M 64 KiB holes committed through the raw RPC made every
+    later open take more than the call deadline, and another tenant's ``stat`` with it; a
+    ``Batch`` of 200,000 stats held the loop for 2.5 s."""
+    from pcache.common.layout import MAX_FILE_BLOCKS
+    from pcache.common.rpc import MAX_BATCH
+
+    with _client(cluster, two["tb"]) as b:
+        node = b._run(
+            b.aio.master.create("/sparse", mode=0o600, exclusive=True, truncate=False, block_size=BLOCK, replication=1)
+        )
+        too_many = MAX_FILE_BLOCKS + 1
+        with pytest.raises(E.FileTooLarge, match=rf"at most {MAX_FILE_BLOCKS} blocks of {BLOCK} bytes"):
+            b._run(b.aio.master.commit_file(node.id, too_many * BLOCK, [pb.CommittedBlock()] * too_many, replace=True))
+        most = MAX_FILE_BLOCKS  # the largest sparse file of this block size: 8 GiB of holes
+        b._run(b.aio.master.commit_file(node.id, most * BLOCK, [pb.CommittedBlock()] * most, replace=True))
+        layout = b._run(b.aio.master.layout("/sparse"))
+        assert len(layout.blocks) == most and not layout.blocks[-1].token and not layout.blocks[-1].replicas
+        assert layout.blocks[-1].offset == (most - 1) * BLOCK and layout.blocks[-1].length == BLOCK
+        with b.open("/sparse", "r+b") as f:  # the client refuses it before asking
+            with pytest.raises(E.FileTooLarge) as caught:
+                f.truncate(too_many * BLOCK)
+            assert caught.value.errno == errno.EFBIG
+        assert b.stat("/sparse").size == most * BLOCK
+
+        async def batch(n: int) -> pb.BatchResponse:
+            async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+                ops = [pb.BatchOp(stat=pb.PathRequest(path="/private"))] * n
+                return await pb_grpc.MasterStub(channel).Batch(
+                    pb.BatchRequest(header=pb.RequestHeader(), ops=ops), metadata=bearer(two["tb"]), timeout=10
+                )
+
+        assert len(asyncio.run(batch(MAX_BATCH)).results) == MAX_BATCH
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            asyncio.run(batch(MAX_BATCH + 1))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and f"at most {MAX_BATCH} ops" in str(
+            refused.value.details()
+        )
+        b.remove("/sparse")
+
+
+def test_every_hard_link_counts_against_the_inode_quota(cluster: LocalCluster, admin: Client) -> None:
+    """A tenant's inode quota bounds its names: before, ``link`` made entries for nothing (400
+    links under a quota of 200, usage still 10). Each name is charged when made and given back
+    when it goes, by unlink, by a rename over it, or with the directory that holds it."""
+    admin.create_tenant("tl", quota_inodes=8)
+    with _client(cluster, admin.issue_token("tl")) as c:
+
+        def used() -> int:
+            return {t.name: t for t in admin.tenants()}["tl"].used_inodes
+
+        c.mkdir("/d")
+        c.write_file("/d/base", b"b" * 1000)
+        c.link("/d/base", "/d/l1")
+        c.link("/d/base", "/l2")
+        assert used() == 4  # /d, and three names of one file
+        c.write_file("/other", b"o")
+        c.link("/other", "/l3")
+        c.write_file("/v", b"v")
+        c.link("/v", "/v2")
+        assert used() == 8
+        with pytest.raises(E.QuotaExceeded) as caught:
+            c.link("/d/base", "/l4")  # a ninth name
+        assert caught.value.errno == errno.EDQUOT
+        assert c.stat("/l2").nlink == 3 and not c.exists("/l4")
+        c.remove("/l2")  # one name of three
+        assert used() == 7
+        c.rename("/other", "/v2")  # over one of v's two names: that name goes
+        assert used() == 6 and c.stat("/v").nlink == 1
+        c.remove("/d", recursive=True)  # /d and base's last two names
+        assert used() == 3
+        assert (c.read_file("/v2"), c.read_file("/l3"), c.read_file("/v")) == (b"o", b"o", b"v")
+        c.link("/v", "/l5")
+        assert used() == 4
+    admin.delete_tenant("tl", purge=True)
