@@ -60,10 +60,12 @@ class BlockManager:
         *,
         replication_timeout: float,
         watermarks: Watermarks | None = None,
+        write_token_ttl: float = 600.0,
     ) -> None:
         self.ns = ns
         self.registry = registry
         self.replication_timeout = replication_timeout
+        self.write_token_ttl = write_token_ttl  # the longest a write token lives (see ``freed``)
         self.watermarks = watermarks or Watermarks()
         self.locations: dict[int, set[str]] = {}
         self.target: dict[int, int] = {}
@@ -209,7 +211,9 @@ class BlockManager:
             self.under.add(block_id)  # copied to ``replication`` workers, as every block
 
     def freed(self, freed: Freed) -> None:
-        """Blocks dropped from the namespace: delete every replica."""
+        """Blocks dropped from the namespace: delete every replica, and have its holders refuse
+        writes of the id while a write token of it may still be valid (a block token cannot be
+        revoked: replayed after the delete, it stored the block again, charged to nobody)."""
         for meta in freed.blocks:
             self.ufs.discard(meta.block_id)
             self._uncached(meta.block_id)
@@ -223,7 +227,12 @@ class BlockManager:
             replicas |= self.quarantined.pop(meta.block_id, set())  # the file is gone: so is the evidence
             for wid in replicas:
                 self.by_worker.get(wid, set()).discard(meta.block_id)
-                self._command(wid, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=meta.block_id))
+                self._command(
+                    wid,
+                    pb.WorkerCommand(
+                        kind=pb.WorkerCommand.DELETE, block_id=meta.block_id, refuse_writes_s=self.write_token_ttl
+                    ),
+                )
 
     def worker_registered(self, worker_id: str, reported: list[int]) -> None:
         """Reconcile a full block report: adopt known blocks, delete orphans."""

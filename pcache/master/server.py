@@ -238,6 +238,7 @@ class MasterServer:
             self.registry,
             replication_timeout=self.cfg.replication_timeout,
             watermarks=self.watermarks,
+            write_token_ttl=min(self.cfg.block_token_ttl, self.cfg.orphan_grace),  # as Service.block_token mints them
         )
         self.blocks.confirm_known()  # workers that already heartbeat here confirm their replicas now
         self._led_since = time.monotonic()

@@ -541,7 +541,7 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
-    __slots__ = ("kind", "block_id", "targets", "task", "uri", "key", "upload_id", "part_size", "blocks", "file_size", "block_size")
+    __slots__ = ("kind", "block_id", "targets", "task", "uri", "key", "upload_id", "part_size", "blocks", "file_size", "block_size", "refuse_writes_s")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[WorkerCommand.Kind]
@@ -563,6 +563,7 @@ class WorkerCommand(_message.Message):
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FILE_SIZE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REFUSE_WRITES_S_FIELD_NUMBER: _ClassVar[int]
     kind: WorkerCommand.Kind
     block_id: int
     targets: _containers.RepeatedCompositeFieldContainer[WorkerAddr]
@@ -574,7 +575,8 @@ class WorkerCommand(_message.Message):
     blocks: _containers.RepeatedCompositeFieldContainer[BlockLocation]
     file_size: int
     block_size: int
-    def __init__(self, kind: _Optional[_Union[WorkerCommand.Kind, str]] = ..., block_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., task: _Optional[int] = ..., uri: _Optional[str] = ..., key: _Optional[str] = ..., upload_id: _Optional[str] = ..., part_size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockLocation, _Mapping]]] = ..., file_size: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
+    refuse_writes_s: float
+    def __init__(self, kind: _Optional[_Union[WorkerCommand.Kind, str]] = ..., block_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., task: _Optional[int] = ..., uri: _Optional[str] = ..., key: _Optional[str] = ..., upload_id: _Optional[str] = ..., part_size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockLocation, _Mapping]]] = ..., file_size: _Optional[int] = ..., block_size: _Optional[int] = ..., refuse_writes_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("epoch", "reregister", "commands", "leader", "block_keys")

@@ -23,16 +23,19 @@ import os
 import shutil
 import struct
 import threading
+import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
 from pcache.common.checksum import CHUNK_SIZE, RunningCrc, verify_chunks
-from pcache.common.errors import AlreadyExists, CorruptBlock, InvalidArgument, NoSpace, NotFound
+from pcache.common.errors import AlreadyExists, CorruptBlock, InvalidArgument, NoSpace, NotFound, PermissionDenied
 
 logger = logging.getLogger(__name__)
 
 META_MAGIC = b"PCBM"
+BURIED_REMEMBERED = 262_144  # ids of deleted blocks whose writes are refused (see ``bury``): ~30 MiB at most
 FOOTER = struct.Struct(">4sHQII")  # magic, version, length, block crc, chunk count
 
 
@@ -178,7 +181,7 @@ class BlockWriter:
             self.closed = True
             info = BlockInfo(self.block_id, self.length, self.crc, tuple(chunks))
             self.store._publish(self.path, info)
-        except AlreadyExists:
+        except (AlreadyExists, PermissionDenied):  # PermissionDenied is an OSError: not a full disk
             self.abort()
             raise
         except OSError as exc:
@@ -221,6 +224,7 @@ class DiskBlockStore:
         self._reserved = 0
         self._infos: dict[int, BlockInfo] = {}
         self._size_queue: list[int] = []  # blocks whose file size :meth:`misfits` checks next
+        self._buried: OrderedDict[int, float] = OrderedDict()  # block id -> monotonic time writes are refused until
         self.used_bytes = 0
         for block_id in self._scan():
             with contextlib.suppress(NotFound, CorruptBlock):
@@ -297,6 +301,31 @@ class DiskBlockStore:
     def _refuse_existing(self, block_id: int) -> None:
         if block_id in self._infos or os.path.lexists(self.block_path(block_id)):
             raise AlreadyExists(f"block {block_id} is stored here already; a block id is written once")
+        self._refuse_buried(block_id)
+
+    def bury(self, block_id: int, seconds: float) -> None:
+        """Refuse writes of ``block_id`` for ``seconds``: the block left the namespace, and a write
+        token of it that is still valid (a token cannot be revoked) must not store it again, where
+        no tenant is charged for it until the next full block report. Remembers the newest
+        :data:`BURIED_REMEMBERED` ids (not across a restart: the full block report at registration
+        then deletes such a block)."""
+        if seconds <= 0:
+            return
+        with self._lock:
+            self._buried[block_id] = time.monotonic() + seconds
+            self._buried.move_to_end(block_id)
+            while len(self._buried) > BURIED_REMEMBERED:
+                self._buried.popitem(last=False)
+
+    def _refuse_buried(self, block_id: int) -> None:
+        until = self._buried.get(block_id)
+        if until is None:
+            return
+        if until <= time.monotonic():
+            with self._lock:
+                self._buried.pop(block_id, None)
+            return
+        raise PermissionDenied(f"block {block_id} was deleted: its write token is spent")
 
     def _publish(self, tmp_path: str, info: BlockInfo) -> None:
         """Make the temp file the block, never over an existing one (``link`` fails if it exists,
@@ -308,6 +337,7 @@ class DiskBlockStore:
         path = self.block_path(info.block_id)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
+            self._refuse_buried(info.block_id)  # deleted while it was being written
             os.link(tmp_path, path)
         except FileExistsError as exc:
             raise AlreadyExists(f"block {info.block_id} is stored here already; a block id is written once") from exc
@@ -410,15 +440,19 @@ class DiskBlockStore:
         return self._scan()
 
     def read_raw(self, block_id: int, offset: int, length: int) -> bytes:
-        """Bytes ``offset .. offset+length`` of the block's file, unchecked: for salvage, when the
-        CRC record itself is damaged (the caller checks the bytes against the master's CRC).
+        """Bytes ``offset .. offset+length`` of the block's data, unchecked, at most to the end
+        of its data (``length`` is bounded by the file: a request cannot make the worker allocate
+        more than the block holds): for salvage, when the CRC record itself is damaged (the caller
+        checks the bytes against the master's CRC).
 
         Raises:
             NotFound: no file for the block.
         """
         fd = self.open_read(block_id)
         try:
-            return os.pread(fd, length, offset)
+            info = self._infos.get(block_id)
+            end = info.length if info is not None else os.fstat(fd).st_size  # a record may be what is damaged
+            return os.pread(fd, max(0, min(length, end - offset)), offset) if offset < end else b""
         finally:
             os.close(fd)
 

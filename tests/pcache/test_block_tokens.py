@@ -224,6 +224,53 @@ def test_a_writer_stores_exactly_what_it_was_allocated_and_commits_that(cluster:
         assert pc.stat("/sized").size == len(data)
 
 
+def test_a_write_token_replayed_after_its_file_is_deleted_stores_nothing(cluster: LocalCluster) -> None:
+    """A block token cannot be revoked: a tenant that committed a block, deleted the file (its
+    bytes no longer charged) and sent the same write frame again stored the block again on every
+    holder, charged to nobody until the next full block report (30 blocks over a 8 MiB quota in
+    five cycles). The master's DELETE now makes each holder refuse writes of that id while a
+    write token of it may still be valid."""
+    from pcache.common import errors as E
+    from pcache.testing.faults import wait_for
+
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.token, short_circuit=False)) as pc:
+        node = pc._run(
+            pc.aio.master.create(
+                "/replayed", mode=0o644, exclusive=True, truncate=False, block_size=1 << 20, replication=2
+            )
+        )
+        data = b"r" * 8192
+        loc = pc._run(pc.aio.master.allocate_block(node.id, len(data), "", []))
+        frame = pb.DataHeader(
+            op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), pipeline=list(loc.replicas[1:]),
+            token=loc.token,
+        )  # fmt: skip
+        stored = asyncio.run(_tcp(loc.replicas[0], frame, data))
+        assert stored.error == "" and len(stored.replicas) == 2
+        blk = pb.CommittedBlock(
+            block_id=loc.block_id, length=len(data), crc32c=crc32c(data), replicas=list(stored.replicas)
+        )
+        pc._run(pc.aio.master.commit_file(node.id, len(data), [blk], 0.0, replace=True))
+        holders = [a for a in loc.replicas if a.worker_id in stored.replicas]
+
+        def present(addr: pb.WorkerAddr) -> bool:
+            try:
+                pc._run(pc.aio.data.read(addr, loc.block_id, 0, len(data), loc.token))
+            except E.NotFound:
+                return False
+            return True
+
+        pc.unlink("/replayed")
+        wait_for(lambda: not any(present(a) for a in holders), 15, "the holders to delete the block")
+        for addr in holders:  # the whole pipeline again, then each holder alone
+            assert asyncio.run(_tcp(addr, frame, data)).error == "PermissionDenied"
+            alone = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), token=loc.token)
+            assert asyncio.run(_tcp(addr, alone, data)).error == "PermissionDenied"
+            sc_open = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=loc.block_id, length=len(data), token=loc.token)
+            assert asyncio.run(_sc(addr, sc_open))[0].error == "PermissionDenied"
+        assert not any(present(a) for a in holders)
+
+
 @pytest.mark.parametrize("short_circuit", [False, True])
 def test_a_replica_holding_another_blocks_bytes_is_never_served(cluster: LocalCluster, short_circuit: bool) -> None:
     """Other bytes stored under a block id on one replica (deleted and written again through the

@@ -111,6 +111,41 @@ def test_quota_gives_enospc_and_releases_reservations(tmp_path: Path) -> None:
     assert store.free_bytes == 4 * MiB
 
 
+def test_a_buried_block_id_takes_no_write_until_its_time_is_up(tmp_path: Path) -> None:
+    """A deleted block's id refuses writes while a write token of it may be valid, also a write
+    that began before the delete (it is dropped at its commit, with its temp file and its room)."""
+    import time
+
+    store = DiskBlockStore(str(tmp_path), capacity_bytes=8 * MiB, reserve_bytes=0)
+    put(store, 1, b"a" * 1000)
+    store.bury(1, 30)
+    store.delete(1)
+    with pytest.raises(E.PermissionDenied, match="was deleted"):
+        store.begin_write(1, 1000)
+    racing = store.begin_write(2, 1000)  # under way when its block is deleted
+    racing.write(b"b" * 1000)
+    store.bury(2, 30)
+    store.delete(2)
+    with pytest.raises(E.PermissionDenied):
+        racing.commit()
+    assert not store.has(2) and store.free_bytes == 8 * MiB and os.listdir(store.tmp_dir) == []
+    store.bury(3, 0.05)
+    time.sleep(0.1)
+    put(store, 3, b"c" * 10)  # its time is up
+    assert store.read(3, 0, 10) == b"c" * 10
+
+
+def test_read_raw_is_bounded_by_the_block(tmp_path: Path) -> None:
+    """A raw read (salvage) of more than the block holds returns what it holds: a request for
+    8 GiB made the worker allocate 8 GiB, and the answer ran past the data into the CRC record."""
+    store = DiskBlockStore(str(tmp_path), capacity_bytes=8 * MiB, reserve_bytes=0)
+    data = os.urandom(1000)
+    put(store, 5, data)
+    assert store.read_raw(5, 0, 1 << 33) == data
+    assert store.read_raw(5, 990, 100) == data[990:]
+    assert store.read_raw(5, 5000, 10) == b""
+
+
 def test_restart_recovers_blocks_and_drops_partial_writes(tmp_path: Path) -> None:
     store = DiskBlockStore(str(tmp_path), reserve_bytes=0)
     data = os.urandom(MiB + 3)
