@@ -74,11 +74,15 @@ def bind_cmd(ctx: click.Context, path: str, uri: str, mode: str, meta_ttl: str, 
 
 @click.command("unbind", epilog=EXAMPLES)
 @click.argument("path")
+@click.option(
+    "--force", is_flag=True, help="Unbind a write-back bind whose uploads are not done: those files are lost."
+)
 @click.pass_context
-def unbind_cmd(ctx: click.Context, path: str) -> None:
-    """Remove the bind at PATH and what is cached under it; the store keeps its objects."""
+def unbind_cmd(ctx: click.Context, path: str, force: bool) -> None:
+    """Remove the bind at PATH and what is cached under it; the store keeps its objects. A
+    write-back bind with files not uploaded yet is refused (pcache persist --wait PATH first)."""
     with admin_client(ctx) as pc:
-        pc.unbind(path)
+        pc.unbind(path, force=force)
     click.echo(f"unbound {path}")
 
 

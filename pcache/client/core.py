@@ -519,14 +519,15 @@ class PCacheClient:
         """
         return await self.master.bind(path, uri, mode=mode, meta_ttl=meta_ttl, check=check)
 
-    async def unbind(self, path: str) -> None:
+    async def unbind(self, path: str, *, force: bool = False) -> None:
         """Remove the bind at ``path`` and what is cached under it (the store keeps its objects).
-        An admin token's call.
+        An admin token's call. Under a write-back bind, files not uploaded yet exist nowhere
+        else: refused while any is waiting, unless ``force`` (they are dropped).
 
         Raises:
-            PermissionDenied. NotFound: no bind there.
+            PermissionDenied. NotFound: no bind there. Busy: write-back steps not done.
         """
-        await self.master.unbind(path)
+        await self.master.unbind(path, force=force)
 
     async def refresh(self, path: str) -> FileStat:
         """List the bound directory ``path`` from its under-store again now (a bound file: check

@@ -420,8 +420,8 @@ class MasterClient:
         spec = pb.Bind(path=path, uri=uri, mode=mode, meta_ttl=meta_ttl)
         return await self._call("BindPath", pb.BindRequest(header=self.header(), bind=spec, check=check))
 
-    async def unbind(self, path: str) -> None:
-        await self._call("UnbindPath", pb.BindRequest(header=self.header(), bind=pb.Bind(path=path)))
+    async def unbind(self, path: str, *, force: bool = False) -> None:
+        await self._call("UnbindPath", pb.BindRequest(header=self.header(), bind=pb.Bind(path=path), force=force))
 
     async def refresh(self, path: str) -> pb.Inode:
         return await self._call("RefreshPath", pb.PathRequest(header=self.header(), path=path))

@@ -202,8 +202,8 @@ class Client:
     def bind(self, path: str, uri: str, *, mode: str = "ro", meta_ttl: float = 60.0, check: bool = True) -> pb.Bind:
         return self._run(self.aio.bind(path, uri, mode=mode, meta_ttl=meta_ttl, check=check))
 
-    def unbind(self, path: str) -> None:
-        self._run(self.aio.unbind(path))
+    def unbind(self, path: str, *, force: bool = False) -> None:
+        self._run(self.aio.unbind(path, force=force))
 
     def refresh(self, path: str) -> FileStat:
         return self._run(self.aio.refresh(path))

@@ -20,6 +20,7 @@ checked by the :class:`~pcache.master.namespace.Namespace` mutation it concerns:
 
 from __future__ import annotations
 
+import posixpath
 import re
 from urllib.parse import parse_qsl, urlsplit
 
@@ -45,6 +46,29 @@ def stale(bind: pb.Bind, when: float, now: float) -> bool:
     """Whether what was listed or checked at ``when`` (seconds since the epoch; 0: never) must be
     looked at again under ``bind``'s ``meta_ttl``."""
     return when <= 0 or (bind.meta_ttl >= 0 and now - when > bind.meta_ttl)
+
+
+def _store_prefix(uri: str) -> tuple[tuple[str, str, str], str]:
+    """((scheme, endpoint, bucket), key prefix ending in ``/``, or "" for a whole bucket) of a
+    checked URI; a ``file://`` URI's path is taken literally, as its backend does."""
+    if uri.startswith("file://"):
+        path = posixpath.normpath("/" + uri[len("file://") :].partition("/")[2])
+        return ("file", "", ""), path.rstrip("/") + "/"
+    parts = urlsplit(uri)
+    endpoint = dict(parse_qsl(parts.query)).get("endpoint_url", "").rstrip("/").lower()
+    prefix = parts.path.strip("/")
+    return (parts.scheme, endpoint, parts.netloc), prefix + "/" if prefix else ""
+
+
+def overlap(uri: str, other: str) -> str | None:
+    """``other``'s store prefix (``s3://bucket/prefix/``) when it is, holds or lies inside ``uri``'s
+    on the same store (scheme, endpoint, bucket); None when the two are apart. Two endpoints
+    naming one server differently are taken for two stores."""
+    (store, prefix), (store2, prefix2) = _store_prefix(uri), _store_prefix(other)
+    if store != store2 or not (prefix.startswith(prefix2) or prefix2.startswith(prefix)):
+        return None
+    scheme, _, bucket = store2
+    return f"{scheme}://{bucket}/{prefix2}" if scheme != "file" else f"file://{prefix2}"
 
 
 def check_uri(uri: str) -> None:

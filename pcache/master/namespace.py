@@ -28,7 +28,7 @@ from pcache.common.auth import check_name
 from pcache.common.layout import HOLE, MAX_BLOCK_SIZE, MAX_REPLICATION, MIN_BLOCK_SIZE, check_file_size
 from pcache.common.paths import PATH_MAX, normalize, parent_and_name, split_path
 from pcache.master.allocations import Allocations
-from pcache.master.binds import IMMUTABLE, MODES, Binds, check_uri
+from pcache.master.binds import IMMUTABLE, MODES, Binds, check_uri, overlap
 from pcache.master.metastore import MetaStore
 from pcache.master.tenants import Tenants, add, freed_bytes
 from pcache.master.writeback import PersistQueue
@@ -929,6 +929,13 @@ class Namespace:
             raise E.InvalidArgument("the namespace root cannot be bound", path=path)
         if self.binds.covering(path) is not None or self.binds.under(path):
             raise E.Busy("binds do not nest: a directory above or below it is bound (pcache binds)", path=path)
+        for other in self.binds.all():
+            if "writeback" in (mode, other.mode) and (where := overlap(uri, other.uri)):
+                raise E.Busy(
+                    f"its store prefix overlaps {where}, bound {other.mode}: a write-back bind owns its prefix"
+                    " alone (one's uploads and deletes would overwrite or remove the other's objects)",
+                    path=path,
+                )
         parent, name = self._resolve_parent(path)
         ino = self._lookup(parent.id, name)
         puts: list[tuple[bytes, bytes]] = []
@@ -1143,17 +1150,25 @@ class Namespace:
             meta.crc32c = crc
             self.store.write([(_bkey(block_id), meta.SerializeToString())])
 
-    def unbind(self, path: str) -> tuple[pb.Bind, Freed]:
+    def unbind(self, path: str, *, force: bool = False) -> tuple[pb.Bind, Freed]:
         """Remove the bind at ``path`` with its directory and everything cached under it (the
-        under-store keeps its objects).
+        under-store keeps its objects). Under a ``writeback`` bind the files not uploaded yet
+        are the only copy: refused while any write-back step is not done, unless ``force``.
 
         Raises:
-            NotFound: no bind at ``path``.
+            NotFound: no bind at ``path``. Busy: write-back steps not done (and not ``force``).
         """
         path = normalize(path)
         bind = self.binds.get(path)
         if bind is None:
             raise E.NotFound("not a bound directory (pcache binds lists them)", path=path)
+        waiting = sum(1 for task in self.persist.tasks() if task.bind == bind.inode and not task.canceled)
+        if waiting and not force:
+            raise E.Busy(
+                f"{waiting} write-back steps (uploads, deletes) of this bind are not done: files not uploaded"
+                f" exist nowhere else; pcache persist --wait {path}, then unbind (--force drops them)",
+                path=path,
+            )
         parent, name = self._resolve_parent(path)
         node = self._get_inode(bind.inode)
         return bind, self._remove(parent, name, node, path, drop_bind=path)

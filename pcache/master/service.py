@@ -674,10 +674,11 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def UnbindPath(self, request: pb.BindRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
-        """Remove a bind and what is cached under it (the under-store keeps its objects)."""
+        """Remove a bind and what is cached under it (the under-store keeps its objects); refused
+        while write-back steps of it are not done, unless ``force``."""
 
         def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.Empty:
-            _, freed = ns.unbind(scope.inside(request.bind.path))
+            _, freed = ns.unbind(scope.inside(request.bind.path), force=request.force)
             blocks.freed(freed)
             return pb.Empty()
 

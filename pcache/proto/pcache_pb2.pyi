@@ -961,14 +961,16 @@ class Bind(_message.Message):
     def __init__(self, path: _Optional[str] = ..., uri: _Optional[str] = ..., mode: _Optional[str] = ..., meta_ttl: _Optional[float] = ..., created: _Optional[float] = ..., tenant: _Optional[str] = ..., inode: _Optional[int] = ...) -> None: ...
 
 class BindRequest(_message.Message):
-    __slots__ = ("header", "bind", "check")
+    __slots__ = ("header", "bind", "check", "force")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     BIND_FIELD_NUMBER: _ClassVar[int]
     CHECK_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     bind: Bind
     check: bool
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., bind: _Optional[_Union[Bind, _Mapping]] = ..., check: _Optional[bool] = ...) -> None: ...
+    force: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., bind: _Optional[_Union[Bind, _Mapping]] = ..., check: _Optional[bool] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class BindList(_message.Message):
     __slots__ = ("binds",)

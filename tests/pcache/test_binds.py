@@ -117,8 +117,8 @@ def test_a_tenant_root_is_never_bound_and_a_bind_inside_it_counts_against_the_te
 def test_unbind_removes_the_directory_with_what_was_cached_and_binds_survive_a_restart(tmp_path: Path) -> None:
     store = open_metastore(f"rocksdb://{tmp_path / 'meta'}")
     ns = _ns(store)
-    ns.bind("/ro", f"file://{tmp_path}", meta_ttl=IMMUTABLE)
-    ns.bind("/wb", f"file://{tmp_path}", mode="writeback")
+    ns.bind("/ro", f"file://{tmp_path}/ro", meta_ttl=IMMUTABLE)
+    ns.bind("/wb", f"file://{tmp_path}/wb", mode="writeback")
     node, _ = ns.create("/wb/ckpt", 0o644)  # writes are taken under a write-back bind
     block_id, _, _ = ns.allocate_block(node.id, BLOCK)
     ns.commit_file(node.id, BLOCK, [pb.CommittedBlock(block_id=block_id, length=BLOCK, crc32c=1, replicas=["w1"])])
@@ -138,6 +138,56 @@ def test_unbind_removes_the_directory_with_what_was_cached_and_binds_survive_a_r
     assert "pcache binds" in str(err.value)
     ns.mkdir("/wb")  # the name is free again, and writable
     store.close()
+
+
+def test_a_write_back_bind_with_uploads_not_done_is_unbound_only_by_force(ns: Namespace, tmp_path: Path) -> None:
+    """Files of a write-back bind not uploaded yet exist nowhere else: ``unbind`` dropped 300 MiB
+    of them without a word. It is refused while a step waits, and --force drops them."""
+    ns.bind("/wb", f"file://{tmp_path}", mode="writeback")
+    node, _ = ns.create("/wb/shard", 0o644)
+    block_id, _, _ = ns.allocate_block(node.id, BLOCK)
+    blk = pb.CommittedBlock(block_id=block_id, length=BLOCK, crc32c=1, replicas=["w1"])
+    ns.commit_file(node.id, BLOCK, [blk], path="/wb/shard", closing=True)  # its upload is queued
+    with pytest.raises(E.Busy, match=r"1 write-back steps .* persist --wait /wb") as caught:
+        ns.unbind("/wb")
+    assert caught.value.errno == errno.EBUSY and ns.resolve("/wb/shard").size == BLOCK
+    _, freed = ns.unbind("/wb", force=True)
+    assert [b.block_id for b in freed.blocks] == [block_id] and not ns.binds.all()
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "refused"),
+    [
+        ("s3://b/ov/?endpoint_url=http://h:1", "s3://b/ov/sub/?endpoint_url=http://h:1", True),  # inside
+        ("s3://b/ov/sub?endpoint_url=http://h:1", "s3://b/ov?endpoint_url=http://H:1/", True),  # above, spelled apart
+        ("s3://b/ov?endpoint_url=http://h:1", "s3://b/ov/?endpoint_url=http://h:1", True),  # the same prefix
+        ("s3://b?endpoint_url=http://h:1", "s3://b/any/?endpoint_url=http://h:1", True),  # the whole bucket
+        ("s3://b/ov/?endpoint_url=http://h:1", "s3://b/ov2/?endpoint_url=http://h:1", False),  # a sibling
+        ("s3://b/ov/?endpoint_url=http://h:1", "s3://other/ov/?endpoint_url=http://h:1", False),
+        ("s3://b/ov/?endpoint_url=http://h:1", "s3://b/ov/?endpoint_url=http://h:2", False),  # another store
+        ("s3://b/ov/?endpoint_url=http://h:1", "oss://b/ov/?endpoint_url=http://h:1", False),
+    ],
+)
+def test_a_write_back_bind_owns_its_store_prefix_alone(ns: Namespace, first: str, second: str, refused: bool) -> None:
+    """Two binds over one prefix, one of them write-back: one's deletes removed the other's
+    objects, and one's uploads replaced them, with both files saying ``persist: done``."""
+    ns.mkdir("/x")
+    ns.bind("/x/a", first, mode="writeback")
+    if refused:
+        with pytest.raises(E.Busy, match="owns its prefix alone"):
+            ns.bind("/x/b", second, mode="writeback")
+        with pytest.raises(E.Busy):
+            ns.bind("/x/b", second, mode="ro")
+    else:
+        ns.bind("/x/b", second, mode="writeback")
+
+
+def test_read_only_binds_may_share_a_prefix(ns: Namespace, tmp_path: Path) -> None:
+    ns.bind("/r1", f"file://{tmp_path}")
+    ns.bind("/r2", f"file://{tmp_path}/sub")
+    with pytest.raises(E.Busy):
+        ns.bind("/w", f"file://{tmp_path}/sub/deeper", mode="writeback")
+    assert [b.path for b in ns.binds.all()] == ["/r1", "/r2"]
 
 
 @pytest.mark.parametrize(
@@ -620,6 +670,7 @@ def test_under_a_writeback_bind_new_files_are_written_and_listed_objects_stay_as
             change()
     admin.refresh("/wb2")  # a listing leaves what was written here alone
     assert admin.read_file("/wb2/new") == b"written here"
+    admin.wait_persisted("/wb2", timeout=60)  # an unbind waits for nothing: it is refused before
     admin.unbind("/wb2")
 
 
