@@ -1284,15 +1284,22 @@ class Namespace:
 
     def _writeback_moves(self, src: str, dst: str) -> tuple[list[tuple[bytes, bytes]], dict[int, pb.Inode]]:
         """Write-back steps for moving (``dst``) or deleting (``dst`` empty) what is at ``src``:
-        every file's pending upload is canceled, its object under ``src`` deleted when it was
-        (or may have been) persisted, and its content uploaded under ``dst``. Returns the batch
-        entries and the files whose inode records change (persist state), by inode."""
+        every file's pending upload is canceled, its content uploaded under ``dst``, and its object
+        under ``src`` deleted when it was (or may have been) persisted. Returns the batch entries
+        and the files whose inode records change (persist state), by inode.
+
+        The uploads keep the order the files were closed in (a pending upload's place in the
+        queue, else the file's mtime), so a checkpoint directory renamed into place gets its
+        ``.metadata`` after its shards, as written; the old objects are deleted after every upload,
+        the last closed first (a reader of the old prefix never sees its marker over missing
+        shards)."""
         old, new = self.writeback_target(src), (self.writeback_target(dst) if dst else None)
         if old is None and new is None:
             return [], {}
         puts: list[tuple[bytes, bytes]] = []
         changed: dict[int, pb.Inode] = {}
         base = normalize(src)
+        files: list[tuple[tuple[int, float, int], str, pb.Inode, bool]] = []
         for file_path, node in list(self.walk(src)):
             if node.bind:  # listed from the store: stays as the store has it
                 continue
@@ -1300,8 +1307,12 @@ class Namespace:
                 # a store holds one object per name: the other name's writes would never reach it
                 raise E.NotSupported(f"{file_path} has {links(node)} hard links: not movable under a bound path",
                                      path=dst)  # fmt: skip
-            rel = file_path[len(base) :]
-            had = node.persist != pb.PERSIST_NONE
+            queued = min(self.persist.by_inode.get(node.id, ()), default=0)
+            order = (1, 0.0, queued) if queued else (0, node.mtime, node.id)  # persisted ones were closed first
+            files.append((order, file_path[len(base) :], node, node.persist != pb.PERSIST_NONE))
+        files.sort(key=lambda entry: entry[0])
+        deletes: list[tuple[bytes, bytes]] = []
+        for _, rel, node, _had in files:
             puts += self.persist.cancel(node.id)
             if new is not None:  # the new object first, then the old one goes (S3 has no rename)
                 node.persist, node.persist_error = pb.PERSIST_PENDING, ""
@@ -1313,12 +1324,13 @@ class Namespace:
                 )  # fmt: skip
             else:
                 node.persist, node.persist_error = pb.PERSIST_NONE, ""
+            changed[node.id] = node
+        for _, rel, _node, had in reversed(files):
             if old is not None and had:
-                puts += self.persist.new(
+                deletes += self.persist.new(
                     pb.PersistTask(kind=pb.PersistTask.DELETE, bind=old[0].inode, key=old[1] + rel)
                 )
-            changed[node.id] = node
-        return puts, changed
+        return puts + deletes, changed
 
     def inode_record(self, node: pb.Inode) -> tuple[bytes, bytes]:
         """The batch entry storing ``node``."""

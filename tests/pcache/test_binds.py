@@ -155,6 +155,41 @@ def test_a_write_back_bind_with_uploads_not_done_is_unbound_only_by_force(ns: Na
     assert [b.block_id for b in freed.blocks] == [block_id] and not ns.binds.all()
 
 
+@pytest.mark.parametrize("persisted", [False, True])
+def test_a_renamed_checkpoint_directory_uploads_in_close_order_and_its_old_marker_goes_first(
+    ns: Namespace, tmp_path: Path, persisted: bool
+) -> None:
+    """Saved to ``step-7.tmp`` then renamed into place (torch DCP's pattern): the moved files were
+    queued in name order, so ``.metadata`` reached the store before the shards and the bucket
+    held a checkpoint that looked whole with shards missing. Uploads keep the close order; the
+    old objects go after, the last closed first."""
+    ns.bind("/wb", f"file://{tmp_path}", mode="writeback")
+    ns.mkdir("/wb/step-7.tmp")
+    for name in ("__1_0.distcp", "__0_0.distcp", ".metadata"):  # closed in this order
+        node, _ = ns.create(f"/wb/step-7.tmp/{name}", 0o644)
+        block_id, _, _ = ns.allocate_block(node.id, BLOCK)
+        blk = pb.CommittedBlock(block_id=block_id, length=BLOCK, crc32c=1, replicas=["w1"])
+        ns.commit_file(node.id, BLOCK, [blk], path=f"/wb/step-7.tmp/{name}", closing=True)
+    if persisted:  # as the persister finishes each upload
+        for task in list(ns.persist.tasks()):
+            node = ns.get_inode(task.inode)
+            node.persist = pb.PERSIST_DONE
+            ns.persist.done(task, [ns.inode_record(node)])
+    ns.rename("/wb/step-7.tmp", "/wb/step-7")
+    steps = [(pb.PersistTask.Kind.Name(t.kind), t.key) for t in ns.persist.tasks() if not t.canceled]
+    uploads = [
+        ("UPLOAD", "step-7/__1_0.distcp"),
+        ("UPLOAD", "step-7/__0_0.distcp"),
+        ("UPLOAD", "step-7/.metadata"),
+    ]
+    deletes = [
+        ("DELETE", "step-7.tmp/.metadata"),
+        ("DELETE", "step-7.tmp/__0_0.distcp"),
+        ("DELETE", "step-7.tmp/__1_0.distcp"),
+    ]
+    assert steps == uploads + deletes  # a pending upload may have been under way: its object too
+
+
 @pytest.mark.parametrize(
     ("first", "second", "refused"),
     [
