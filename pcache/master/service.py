@@ -11,8 +11,11 @@ sees state a failover could undo.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import posixpath
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, TypeVar
 
@@ -24,6 +27,7 @@ from pcache.common import ufs
 from pcache.common.auth import Claims, mint_block_token, mint_token
 from pcache.common.layout import HOLE
 from pcache.common.metrics import RPC_SECONDS
+from pcache.common.paths import normalize
 from pcache.common.rpc import MAX_BATCH, rpc_method
 from pcache.master import fsck
 from pcache.master.binds import check_uri
@@ -37,6 +41,10 @@ if TYPE_CHECKING:
     from pcache.master.server import MasterServer
 
 R = TypeVar("R", bound=Message)
+logger = logging.getLogger(__name__)
+# seconds a client's call waits for the under-store (below clients' 10 s rpc_timeout: the caller
+# hears the store's failure, not its own deadline blaming the master)
+UFS_CLIENT_WAIT = 8.0
 
 
 _CLIENT = frozenset({"tenant", "admin"})
@@ -138,26 +146,67 @@ class MasterServicer(pb_grpc.MasterServicer):
         if header.epoch > self.m.epoch and self.m.is_leading():
             raise E.StaleEpoch(f"master epoch {self.m.epoch} is older than the caller's {header.epoch}")
 
-    async def _ready(self, *paths: str) -> None:
+    async def _ready(self, *paths: str, new: tuple[str, ...] = ()) -> None:
         """Bring the bound directories and files these caller paths look at up to date with their
         under-store first (:meth:`pcache.master.understore.UnderStores.ready`); nothing when no
-        directory is bound."""
+        directory is bound. The store is waited for at most :data:`UFS_CLIENT_WAIT` seconds, so
+        the caller hears the store's failure, not its own deadline blaming the master.
+
+        ``new``: the paths among them the call may create. Under a write-back bind whose store
+        does not answer, a name this master does not know, in a directory it knows, is taken for
+        a new one (its upload replaces whatever the store may hold under that key, as a write
+        there would): checkpoints go on being written through a store outage.
+
+        Raises:
+            Timeout, Unavailable, NotFound, PermissionDenied: the store's answer.
+        """
         ns, _ = self.m.leading()
         if not ns.binds.inodes():
             return
         scope = self._scope(ns)
         for path in paths:
-            if path:
-                await self.m.ufs.ready(scope.inside(path))
+            if not path:
+                continue
+            inside = scope.inside(path)
+            try:
+                await self._store_wait(self.m.ufs.ready(inside))
+            except (E.Unavailable, E.Timeout) as exc:
+                if path not in new or not self._new_through_outage(inside, exc):
+                    raise
+
+    @staticmethod
+    async def _store_wait(aw: Awaitable[None]) -> None:
+        try:
+            async with asyncio.timeout(UFS_CLIENT_WAIT):
+                await aw
+        except TimeoutError as exc:
+            raise E.Timeout(
+                f"the under-store did not answer within {UFS_CLIENT_WAIT:.0f} s (the master keeps asking it)"
+            ) from exc
+
+    def _new_through_outage(self, path: str, exc: E.PCacheError) -> bool:
+        """Whether a call may create ``path`` although its store did not answer (see :meth:`_ready`)."""
+        ns, _ = self.m.leading()
+        bind = ns.binds.covering(path)
+        if bind is None or bind.mode != "writeback" or normalize(path) == bind.path:
+            return False
+        try:
+            parent = ns.resolve(posixpath.dirname(normalize(path)))
+        except E.PCacheError:
+            return False
+        if parent.type != pb.DIRECTORY:
+            return False
+        logger.warning("%s: under-store did not answer (%s); created as a new name, to be uploaded", path, exc)
+        return True
 
     async def _listing_ready(self, request: pb.ListDirRequest) -> None:
         """Before a page of a bound directory: the path up to date, and the store listed at least
-        past that page (:meth:`UnderStores.page_ready`)."""
+        past that page (:meth:`UnderStores.page_ready`), within :data:`UFS_CLIENT_WAIT` seconds."""
         ns, _ = self.m.leading()
         if not ns.binds.inodes():
             return
         path = self._scope(ns).inside(request.path)
-        await self.m.ufs.ready(path)
+        await self._store_wait(self.m.ufs.ready(path))
         ns, _ = self.m.leading()
         try:
             node = ns.resolve(path)
@@ -165,7 +214,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             return  # the listing itself says why
         if node.type == pb.DIRECTORY:
             limit = min(request.limit or self.m.cfg.listdir_limit, self.m.cfg.listdir_limit)
-            await self.m.ufs.page_ready(node, request.start_after, limit)
+            await self._store_wait(self.m.ufs.page_ready(node, request.start_after, limit))
 
     async def _read(self, header: pb.RequestHeader, method: str, apply: Apply[R]) -> R:
         ns, blocks = self.m.leading()
@@ -234,12 +283,12 @@ class MasterServicer(pb_grpc.MasterServicer):
                 gid=request.owner.gid,
             )
 
-        await self._ready(request.path)
+        await self._ready(request.path, new=(request.path,))
         return await self._mutate(request.header, "Mkdir", pb.Inode, apply)
 
     @rpc_method
     async def Create(self, request: pb.CreateRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
-        await self._ready(request.path)
+        await self._ready(request.path, new=(request.path,))
         return await self._mutate(request.header, "Create", pb.Inode, _create(request))
 
     @rpc_method
@@ -255,7 +304,10 @@ class MasterServicer(pb_grpc.MasterServicer):
         """
         if len(request.ops) > MAX_BATCH:
             raise E.InvalidArgument(f"a batch holds at most {MAX_BATCH} ops, not {len(request.ops)}")
-        await self._ready(*(op.stat.path or op.create.path for op in request.ops))
+        await self._ready(
+            *(op.stat.path or op.create.path for op in request.ops),
+            new=tuple(op.create.path for op in request.ops if op.create.path),
+        )
         ns, blocks = self.m.leading()
         self._check(request.header, "Batch")
         scope = self._scope(ns)
@@ -286,7 +338,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         def apply(ns: Namespace, _: BlockManager, scope: Scope) -> pb.Inode:
             return ns.symlink(scope.inside(request.path), request.target, uid=request.owner.uid, gid=request.owner.gid)
 
-        await self._ready(request.path)
+        await self._ready(request.path, new=(request.path,))
         return await self._mutate(request.header, "Symlink", pb.Inode, apply)
 
     @rpc_method
@@ -313,7 +365,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             blocks.freed(freed)
             return node
 
-        await self._ready(request.src, request.dst)
+        await self._ready(request.src, request.dst, new=(request.dst,))
         return await self._mutate(request.header, "Rename", pb.Inode, apply)
 
     @rpc_method
@@ -665,7 +717,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.m.leading()
         if request.check:
             check_uri(spec.uri)  # refuse a URI with a secret before anything connects with it
-            await ufs.probe(spec.uri, self.m.cfg.ufs_timeout)
+            await ufs.probe(spec.uri, min(self.m.cfg.ufs_timeout, UFS_CLIENT_WAIT))
 
         def apply(ns: Namespace, _: BlockManager, scope: Scope) -> pb.Bind:
             return ns.bind(scope.inside(spec.path), spec.uri, mode=spec.mode or "ro", meta_ttl=spec.meta_ttl)

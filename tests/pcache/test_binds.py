@@ -898,3 +898,40 @@ def test_write_back_uploads_closed_files_in_close_order_and_deletes_and_renames_
     assert "run/doomed.bin" not in keys and "run/after" in keys and "run/moving" not in keys
     assert not [u["Key"] for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
     admin.unbind("/wbk")
+
+
+def test_a_write_back_bind_takes_new_files_while_its_store_hangs(admin: Client, moto_endpoint: str) -> None:
+    """A checkpoint written while the store does not answer: once the bind's listing is older
+    than its TTL, every new name was first looked up in the store, so ``mkdir`` and ``create``
+    failed after the client's own 10 s deadline ("deadline_exceeded (master ...)") and torch DCP
+    saves died. A new name in a known directory is now taken as new and uploaded once the store
+    is back; a lookup that cannot be answered fails as the store's Timeout, inside the client's
+    deadline."""
+    import time
+
+    from babel.testing.s3proxy import S3Proxy
+
+    bucket = create_bucket(moto_endpoint)
+    with S3Proxy(moto_endpoint) as proxy:
+        admin.bind("/hang", f"s3://{bucket}/ck/?endpoint_url={proxy.endpoint}", mode="writeback", meta_ttl=1)
+        admin.mkdir("/hang/step-1")
+        admin.write_file("/hang/step-1/shard", b"before")
+        admin.wait_persisted("/hang", timeout=60)
+        time.sleep(1.2)  # the listing is stale: names are looked up again
+        proxy.delay = 30.0  # the store takes connections and answers nothing
+        started = time.monotonic()
+        admin.mkdir("/hang/step-2")
+        admin.write_file("/hang/step-2/shard", b"during")
+        admin.write_file("/hang/step-2/.metadata", b"meta")
+        assert time.monotonic() - started < 3 * 10  # each within its deadline, none past it
+        assert admin.read_file("/hang/step-2/shard") == b"during"
+        t0 = time.monotonic()
+        with pytest.raises(E.Timeout, match="under-store did not answer"):
+            admin.stat("/hang/never-seen")  # a lookup only the store can answer: its failure, not the master's
+        assert time.monotonic() - t0 < 10
+        proxy.delay = 0.0
+        admin.wait_persisted("/hang", timeout=90)
+    s3 = _s3(moto_endpoint)
+    assert s3.get_object(Bucket=bucket, Key="ck/step-2/shard")["Body"].read() == b"during"
+    assert s3.get_object(Bucket=bucket, Key="ck/step-2/.metadata")["Body"].read() == b"meta"
+    admin.unbind("/hang")
