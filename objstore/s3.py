@@ -76,6 +76,7 @@ import contextlib
 import email.utils
 import functools
 import logging
+import os
 import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Awaitable, Callable
@@ -339,7 +340,13 @@ class S3Store:
             if self.options.get("profile"):
                 session.set_config_variable("profile", self.options["profile"])
             if self.options.get("credentials_file"):
-                session.set_config_variable("credentials_file", self.options["credentials_file"])
+                named = self.options["credentials_file"]
+                if not os.path.isfile(named):
+                    raise AccessDenied(f"credentials_file {named} is not a file on this host", uri=self.uri)
+                session.set_config_variable("credentials_file", named)
+                # a profile set here makes botocore skip the environment's keys: the file named is
+                # what signs (with the file alone, AWS_ACCESS_KEY_ID would win, silently)
+                session.set_config_variable("profile", self.options.get("profile") or "default")
             plain_http = (self.endpoint_url() or "").startswith("http://")
             config = AioConfig(
                 connect_timeout=float(self.options.get("connect_timeout", 10)),

@@ -158,9 +158,9 @@ class Namespace:
         try:
             parent = self.resolve(parent_path)
         except E.NotFound as exc:
-            raise E.NotFound("parent directory does not exist", path=path) from exc
+            raise E.NotFound("parent directory does not exist", path=parent_path) from exc  # the one missing
         if parent.type != pb.DIRECTORY:
-            raise E.NotADirectory("parent is not a directory", path=path)
+            raise E.NotADirectory("parent is not a directory", path=parent_path)
         return parent, name
 
     def get_block(self, block_id: int) -> pb.BlockMeta | None:
@@ -815,8 +815,13 @@ class Namespace:
         """
         bind = self.binds.of_inode(node.bind) if node.bind else None
         if bind is not None:
-            why = "bound read-only" if bind.mode == "ro" else "listed from the under-store and read-only for now"
-            raise E.ReadOnly(f"{why}: {bind.uri}", path=path or f"inode {node.id}")
+            why = (
+                f"bound read-only to {bind.uri}"
+                if bind.mode == "ro"
+                else f"an object listed from {bind.uri}: write-back binds upload files written through PCache"
+                " and leave the store's own objects as they are"
+            )
+            raise E.ReadOnly(why, path=path or node.name or "a file listed from the under-store")
 
     def get_inode(self, inode: int) -> pb.Inode:
         """The inode numbered ``inode``.

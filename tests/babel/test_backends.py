@@ -793,3 +793,30 @@ def test_listing_answered_200_with_an_error_or_cut_is_retried() -> None:
         response = {"body": body, "headers": {}, "status_code": 200}
         _handle_200_error(model, response)
         assert response["status_code"] == status, body[-40:]
+
+
+def test_a_named_credentials_file_signs_instead_of_the_environment(tmp_path: Path, monkeypatch) -> None:
+    """``credentials_file=`` without ``profile=``: botocore put the environment's keys first, so a
+    bind named one identity and ran as another, silently. The file's default profile now signs;
+    a file that is not there is an error, not a fallback."""
+    from objstore.errors import AccessDenied
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "FROM_THE_ENVIRONMENT")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    creds = tmp_path / "creds.ini"
+    creds.write_text("[default]\naws_access_key_id = FROM_THE_FILE\naws_secret_access_key = file-secret\n")
+
+    async def signer(uri: str) -> str:
+        store = open_store(uri)
+        try:
+            await store._c()
+            found = await store._session.get_credentials()
+            return found.access_key
+        finally:
+            await store.close()
+
+    endpoint = "endpoint_url=http://127.0.0.1:9"
+    assert asyncio.run(signer(f"s3://b/p/?{endpoint}&credentials_file={creds}")) == "FROM_THE_FILE"
+    assert asyncio.run(signer(f"s3://b/p/?{endpoint}")) == "FROM_THE_ENVIRONMENT"  # no file named: the chain
+    with pytest.raises(AccessDenied, match="not a file on this host"):
+        asyncio.run(signer(f"s3://b/p/?{endpoint}&credentials_file={tmp_path}/missing.ini"))

@@ -311,6 +311,8 @@ def test_an_admin_binds_a_bucket_the_master_checks_and_a_tenant_may_not_bind_at_
     with pytest.raises(E.PCacheError) as err:
         admin.bind("/bt/noprofile", f"{ref}&profile=absent")
     assert "absent" in str(err.value)
+    with pytest.raises(E.PermissionDenied, match="is not a file on this host"):  # not the environment's keys instead
+        admin.bind("/bt/nofile", f"{uri}&credentials_file={tmp_path}/missing.ini")
     # the tenant's own view: its binds only, paths inside its root
     token = admin.issue_token("bt")
     with Client(ClientConfig(master=cluster.master_address, token=token)) as tenant:
