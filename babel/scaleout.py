@@ -246,7 +246,8 @@ class View:
     """A shared job's state in etcd at one revision."""
 
     shards: list[Shard] = field(default_factory=list)
-    claims: dict[int, tuple[str, int]] = field(default_factory=dict)  # shard -> (owner, claim's create revision)
+    # shard -> (owner, claim's create revision, the lease it is under)
+    claims: dict[int, tuple[str, int, int]] = field(default_factory=dict)
     members: list[str] = field(default_factory=list)
     cut: dict[str, Any] | None = None  # the cut's summary once every shard record is written
     canceled: bool = False
@@ -426,7 +427,7 @@ class SharedJob:
             if name.startswith("shards/"):
                 view.shards.append(Shard.from_json(int(name[7:]), kv.value))
             elif name.startswith("claims/"):
-                view.claims[int(name[7:])] = (kv.value.decode(), kv.create_revision)
+                view.claims[int(name[7:])] = (kv.value.decode(), kv.create_revision, kv.lease)
             elif name.startswith("members/"):
                 view.members.append(name[8:])
             elif name == "cut":
@@ -452,9 +453,16 @@ class SharedJob:
             success=[tx.put(key, self.member.encode(), lease=self._lease)],
             failure=[],
         ))  # fmt: skip
-        if not ok:
-            return False
-        rev = responses[0].response_put.header.revision
+        if ok:
+            rev = responses[0].response_put.header.revision
+        else:  # another process cuts, or this one does: a put applied while its answer was lost
+            cutter = await self._etcd(self._client.get(key))
+            lease = self._lease.id if self._lease is not None else None
+            if cutter is None or cutter.value != self.member.encode() or cutter.lease != lease:
+                return False
+            if await self._etcd(self._client.get(self._key("cut"))) is not None:
+                return False
+            rev = cutter.create_revision
         started = time.monotonic()
         opts = options_from_dict(spec["options"])
         self.on_event(f"{self.member}: listing {spec['src']} to cut it into shards")
@@ -715,6 +723,12 @@ class SharedJob:
                 open_ = [s for s in view.shards if s.state == "todo"]
                 if not open_:
                     break
+                mine = self._orphans(view)
+                if mine:  # claimed by a call whose answer was lost: ours, and nobody else's to take
+                    orphan, held = mine[0]
+                    self.on_event(f"{self.member}: found its own claim of shard {orphan.index} (its answer was lost)")
+                    await self._guarded(spec, orphan, held)
+                    continue
                 free = [s for s in open_ if s.index not in view.claims]
                 # taken-over shards first (their cursor moved), then a random one of the rest: processes
                 # starting together spread over the key space instead of racing for shard 0
@@ -733,6 +747,20 @@ class SharedJob:
                 self._etcd_trouble(exc)
                 await asyncio.sleep(self.poll)
         return await self._retrying(lambda: self.report(spec, seconds=time.monotonic() - started))
+
+    def _orphans(self, view: View) -> list[tuple[Shard, int]]:
+        """The shards left to do that this process claimed under its current lease, with their
+        fences: a claim whose transaction etcd applied while its answer was lost (the call timed
+        out, etcd stalled) is this process's, kept alive by its own keep-alive, and no other
+        process may take it: without this, a job whose processes all lost such answers stood
+        still for ever, every shard claimed and none worked on."""
+        lease = self._lease.id if self._lease is not None else None
+        return [
+            (s, view.claims[s.index][1])
+            for s in view.shards
+            if s.state == "todo" and s.index in view.claims
+            and view.claims[s.index][0] == self.member and view.claims[s.index][2] == lease
+        ]  # fmt: skip
 
     def _etcd_trouble(self, exc: BaseException) -> None:
         """Log an etcd failure: at WARNING once per 10 s (an outage is one line, not one per call)."""
@@ -890,7 +918,7 @@ async def describe_job(endpoint: str, job: str, *, timeout: float = 5.0) -> dict
         "members": sorted(state.members), "cut": state.cut, "summary": report.to_dict(),
         "shards": [
             {"index": s.index, "after": s.after, "until": s.until, "keys": s.keys, "chunks": len(s.chunks),
-             "done": s.done, "state": s.state, "owner": state.claims.get(s.index, (s.owner, 0))[0],
+             "done": s.done, "state": s.state, "owner": state.claims.get(s.index, (s.owner, 0, 0))[0],
              "working": s.index in state.claims, "copied": s.report.get("copied", 0),
              "copied_bytes": s.report.get("copied_bytes", 0), "fatal": s.fatal}
             for s in state.shards

@@ -284,7 +284,8 @@ class SyncJob:
             todo_objects += 1
             todo_bytes += self._source(key).size
         self._take_resent()
-        self.report.already_done = counts["copy"] - todo_objects - self.report.vanished + counts.get("done", 0)
+        vanished = self.journal.get("m", "vanished") or 0  # planned copies found gone
+        self.report.already_done = counts["copy"] - todo_objects - vanished + counts.get("done", 0)
         if self.opts.dry_run:
             self.report.copied = todo_objects
             self.report.copied_bytes = todo_bytes
@@ -340,6 +341,7 @@ class SyncJob:
             self.journal.mark("planned", planning.counts)  # from here a resume goes on with copy()
             self._planned(planning.counts)
             self.report.already_done = planning.counts.get("done", 0)
+            await self._drop_unplanned_uploads(xfer)
             for info in ready:
                 yield self._copy_one(xfer, info, verify=True)
 
@@ -359,7 +361,9 @@ class SyncJob:
             self.journal.clear("i")
             self.journal.put("m", "resent", (self.journal.get("m", "resent") or 0) + resent)
         self.report.resent_bytes = self.journal.get("m", "resent") or 0
-        self.report.vanished = self.journal.get("m", "vanished") or 0
+        self.report.vanished = (self.journal.get("m", "vanished") or 0) + (
+            self.journal.get("m", "vanished_unplanned") or 0
+        )
 
     def _copy_slots(self) -> int:
         """Copies alive at once: twice the transfers, so the next ones wait ready (and verify)."""
@@ -422,6 +426,23 @@ class SyncJob:
         except (BabelError, OSError):
             return False
         return False
+
+    async def _drop_unplanned_uploads(self, xfer: Transferer) -> None:
+        """After a plan made again (a run killed before its plan was complete): abort the multipart
+        uploads the killed run left open for keys this plan does not copy. A key no longer listed
+        was deleted at the source (``vanished``, as when a planned copy finds it gone); one now
+        skipped needs no upload. Without this, such an upload stayed open for ever under a job
+        that said ``ok``."""
+        for key, rec in list(self.journal.scan("u")):
+            plan = self.journal.get("p", key)
+            if plan is not None and plan["a"] == "copy":
+                continue
+            await xfer.abort(key, rec["upload_id"])
+            self.journal.delete("u", key)
+            if plan is None:  # not a planned copy: counted apart from those (``copy``'s arithmetic)
+                self.report.vanished += 1
+                self.journal.put("m", "vanished_unplanned", (self.journal.get("m", "vanished_unplanned") or 0) + 1)
+                logger.info("%s: deleted at the source since a killed run listed it; its upload aborted", key)
 
     async def _vanished(self, xfer: Transferer, key: str) -> None:
         """A planned copy whose source is gone: noted (``vanished``), not failed, its open multipart

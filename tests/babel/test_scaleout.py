@@ -229,6 +229,39 @@ def test_a_claim_lost_to_another_process_fences_its_writes(tmp_path: Path, etcd:
 
 
 @REQUIRES_ETCD
+@pytest.mark.timeout(120)
+def test_a_claim_and_a_cut_whose_answers_were_lost_are_taken_up_by_their_owner(tmp_path: Path, etcd: Etcd) -> None:
+    """etcd stopped (SIGSTOP) longer than the lease: on its return it applied transactions whose
+    callers had timed out. Claims so made stood under each process's live lease, kept alive by its
+    own keep-alive, worked on by nobody and taken by nobody: both processes of a job polled for
+    ever. A process now takes up what etcd says it holds under its current lease: the cutter key,
+    then the claims."""
+    src = _tree(tmp_path / "src", 40, 100)
+
+    async def scenario() -> dict:
+        a = SharedJob(etcd.endpoint, "lost", str(tmp_path / "a"), ttl=3, poll=0.2)
+        try:
+            await a.submit(f"file://{src}", f"file://{tmp_path}/dst", SyncOptions(), shard_keys=10, chunk_keys=5)
+            await a._ensure_lease()
+            # the transactions went through, their answers never came back
+            await a._client.put(a._key("cutter"), a.member.encode(), lease=a._lease)
+            assert await a._try_cut(await a.spec())  # its own cutter key: it cuts
+            view = await a.view()
+            assert view.cut is not None and len(view.shards) == 3
+            for shard in view.shards:
+                await a._client.put(a._key("claims", f"{shard.index:06d}"), a.member.encode(), lease=a._lease)
+            report = await asyncio.wait_for(a.run(), 60)
+            assert report.state == "ok" and report.copied == 40, report.to_dict()
+            return {"done": [s.state for s in (await a.view()).shards], "claims": (await a.view()).claims}
+        finally:
+            await a.close()
+
+    got = asyncio.run(scenario())
+    assert got == {"done": ["done"] * 3, "claims": {}}
+    assert tree_contents(tmp_path / "dst") == tree_contents(src)
+
+
+@REQUIRES_ETCD
 @pytest.mark.timeout(240)
 def test_a_stopped_process_loses_its_shard_and_never_writes_it_again(tmp_path: Path, etcd: Etcd) -> None:
     src = _tree(tmp_path / "src", 120, 8 << 10)

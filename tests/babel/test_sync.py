@@ -718,6 +718,39 @@ def test_resume_after_source_deletions_notices_them(tmp_path: Path, new_bucket, 
     assert set(bucket_contents(s3, bucket)) >= {f"z{i:02d}.bin" for i in range(1, 20, 2)}
 
 
+def test_resume_of_a_run_killed_before_its_plan_was_complete_aborts_uploads_of_deleted_sources(
+    tmp_path: Path, new_bucket, s3
+) -> None:
+    """Replayed from a user: a run killed while it still listed and planned (many small objects
+    behind a large one) left the large one's multipart upload open; deleted at the source before
+    the resume, it was not listed again, so nothing aborted its upload, and the resumed job said
+    ``ok`` with ``vanished: 0`` (an upload billed for ever; ``babel clean --all`` skips ok jobs)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a-big.bin").write_bytes(os.urandom(20 << 20))
+    for i in range(600):
+        (src / f"z{i:03d}.bin").write_bytes(os.urandom(4000))
+    uri, bucket = new_bucket()
+    state = tmp_path / "state"
+    args = [f"file://{src}", uri, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "2"]
+    job = _kill_while_copying([*args, "--bwlimit", "2M"], state)
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])  # the killed run's upload is open
+    from babel.journal import Journal
+
+    journal = Journal(str(state), job)
+    try:
+        assert journal.get("m", "planned") is None  # killed before its plan was complete
+    finally:
+        journal.close()
+    (src / "a-big.bin").unlink()
+    r = babel("sync", "--resume", job, "--json", "--no-progress", env={"BABEL_STATE_DIR": str(state)})
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["state"] == "ok", report["errors"]
+    assert report["vanished"] == 1 and report["failed"] == 0
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert set(bucket_contents(s3, bucket)) == {f"z{i:03d}.bin" for i in range(600)}
+
+
 def test_resume_after_a_rewrite_with_the_same_size_and_mtime_mixes_nothing(tmp_path: Path, new_bucket, s3) -> None:
     """Replayed from users: the source rewritten between the crash and the resume with its size
     and mtime kept (``cp -p``, ``rsync -t``, a restored backup). The finished parts are checked
