@@ -36,6 +36,7 @@ import rocksdict
 
 from objstore.base import ObjectInfo
 from objstore.errors import StoreError as BabelError
+from pcache.common.process import process_alive
 
 KINDS = "sdpucvem"
 
@@ -97,6 +98,8 @@ class Journal:
             if "LOCK" not in str(exc):
                 raise
             pid = self.describe().get("pid")
+            if not process_alive(pid):  # the run before it (killed); the one running has not written its own yet
+                pid = None
             raise JobBusy(
                 f"job {job_id} is running{f' (pid {pid})' if pid else ''}: wait for it (babel jobs), or stop it"
                 " and resume it then",

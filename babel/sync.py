@@ -633,6 +633,9 @@ class SyncJob:
         return self.report
 
 
+NAME_MAX = 255  # bytes of one file name on the file systems under path-keyed stores (Linux's NAME_MAX)
+
+
 class _Planning:
     """The decisions of one job, pair by pair (:mod:`babel.planner`): ``p/`` records and their
     counts; a destination entry without Babel's metadata is HEADed first (``checkers`` at a
@@ -657,14 +660,13 @@ class _Planning:
             return
         if src.key.endswith("/") and await job._dst_keys_are_paths():
             if src.size:  # a marker with content: skipping it would lose bytes without a word
-                reason = (f"a directory marker with {src.size} bytes of content cannot be stored on"
-                          f" {job.dst.uri} (its keys are file paths): not copied")  # fmt: skip
-                job.journal.put("p", src.key, {"a": "fail", "r": reason})
-                self.counts["fail"] = self.counts.get("fail", 0) + 1
-                if self.on_copy is not None:  # the pipeline reports it now (copy() does otherwise)
-                    job._error(src.key, reason)
+                self._fail(src.key, f"a directory marker with {src.size} bytes of content cannot be stored on"
+                                    f" {job.dst.uri} (its keys are file paths): not copied")  # fmt: skip
             else:
                 await self.record(src, dst, Decision("skip", "directory marker"))
+            return
+        if await job._dst_keys_are_paths() and (reason := self._path_problem(src.key)):
+            self._fail(src.key, reason)
             return
         if (
             dst is not None
@@ -682,6 +684,36 @@ class _Planning:
                     t.result()
             return
         await self.record(src, dst, job._decide(src, dst))
+
+    def _fail(self, key: str, reason: str) -> None:
+        """Plan ``key`` as impossible to copy, by name (never retried: the destination cannot hold it)."""
+        self.job.journal.put("p", key, {"a": "fail", "r": reason})
+        self.counts["fail"] = self.counts.get("fail", 0) + 1
+        if self.on_copy is not None:  # the pipeline reports it now (copy() does otherwise)
+            self.job._error(key, reason)
+
+    def _path_problem(self, key: str) -> str:
+        """Why a destination that keeps keys as file paths cannot store ``key`` ("" when it can):
+        a segment longer than a file name may be, or a file of this job where a directory of the
+        path must be (``both`` and ``both/child.txt``; keys come in order, so the file was planned
+        first). rclone's ``serve s3`` answered both with 500 InternalError, retried for a minute."""
+        parts = key.split("/")
+        long = next((p for p in parts if len(p.encode("utf-8", "surrogateescape")) > NAME_MAX), None)
+        if long is not None:
+            return (f"a path segment of {len(long.encode('utf-8', 'surrogateescape'))} bytes cannot be a file name"
+                    f" on {self.job.dst.uri} (its keys are file paths, names at most {NAME_MAX} bytes): not copied")  # fmt: skip
+        for i in range(1, len(parts)):
+            above = "/".join(parts[:i])
+            plan = self.job.journal.get("p", above)
+            if plan is not None and plan["a"] != "fail":
+                return (f"{above!r} is a file of this job, and {self.job.dst.uri} keeps keys as file paths: nothing"
+                        " can be stored under it: not copied")  # fmt: skip
+        for below, _raw in self.job.journal.scan_raw("p", start_after=key + "/"):  # pages come in any order
+            if below.startswith(key + "/") and self.job.journal.get("p", below)["a"] != "fail":
+                return (f"{below!r} of this job is under it, and {self.job.dst.uri} keeps keys as file paths: a"
+                        " file cannot also be a directory: not copied")  # fmt: skip
+            break
+        return ""
 
     async def _head_then_decide(self, src: ObjectInfo, dst: ObjectInfo) -> None:
         try:
@@ -914,7 +946,8 @@ async def run_sync(
     Raises:
         BadURI: an unknown scheme or malformed URI (before anything runs).
         BadOption: an option out of bounds (:meth:`SyncOptions.check`).
-        FileNotFoundError: ``job_id`` names no job in ``state_dir``. BadOption: it names a verify job.
+        FileNotFoundError: ``job_id`` names no job in ``state_dir``. BadOption: it names a verify job,
+            or a chunk of a shared job (its processes on etcd resume it).
     """
     if job_id is not None:
         journal = Journal(state_dir, job_id)
@@ -923,6 +956,11 @@ async def run_sync(
             journal.close()
             raise BadOption("--resume", f"{job_id} is a verify job, not a sync: give the babel verify command"
                             " again (babel sync --ignore-times repairs what it found)")  # fmt: skip
+        if desc.get("kind") == "shared":  # resumed alone it would copy beside the shard's owner, unfenced
+            journal.close()
+            raise BadOption("--resume", f"{job_id} is a chunk of shared job {desc.get('shared', '?')!r}, which a"
+                            " process on etcd resumes: babel sync --etcd HOST:PORT --job "
+                            f"{desc.get('shared', 'NAME')} (babel jobs --etcd HOST:PORT shows it)")  # fmt: skip
         src_uri, dst_uri = desc["src"], desc["dst"]
         options = options_from_dict(desc["options"])
     else:

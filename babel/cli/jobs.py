@@ -230,13 +230,13 @@ def _cancel_shared(etcd: str, job_id: str, forget: bool) -> int:
 @click.option("--state-dir", default=None, help="Where job journals live.")
 @click.option("--daemon", "daemon_addr", metavar="ADDR", default=None, help="The job runs in `babel daemon` at ADDR.")
 @ETCD_OPTION
-@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 2).")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 124, as timeout(1)).")
 @click.option("--json", "as_json", is_flag=True, help="Print the finished job's job.json.")
 def wait_cmd(
     job_id: str, state_dir: str | None, daemon_addr: str | None, etcd: str | None, timeout: float | None, as_json: bool
 ) -> int:
     """Block until a job has finished; exit 0 ok, 1 partial, 2 failed, canceled or interrupted
-    (its process died), or when --timeout passed first. With --etcd, a shared job (its state in
+    (its process died), 124 when --timeout passed first (still running). With --etcd, a shared job (its state in
     etcd: done when every shard is)."""
     state_dir = state_dir or default_state_dir()
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -254,7 +254,7 @@ def wait_cmd(
             break
         if deadline is not None and time.monotonic() > deadline:
             click.echo(f"babel: job {job_id} still {state} after {timeout:g} s", err=True)
-            return 2
+            return EXIT_WAIT_TIMEOUT
         time.sleep(0.5)
     if as_json:
         click.echo(json.dumps(doc, indent=1, sort_keys=True))
@@ -263,4 +263,5 @@ def wait_cmd(
     return {"ok": 0, "partial": 1}.get(state, 2)
 
 
+EXIT_WAIT_TIMEOUT = 124  # `babel wait --timeout` gave up: the job still runs (not failed: exit 2)
 COMMANDS = [jobs_cmd, cancel_cmd, wait_cmd]

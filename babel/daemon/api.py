@@ -57,6 +57,8 @@ def _guard(daemon: Daemon, token: str):
         if not token_matches(request.headers.get("Authorization", ""), token):
             if request.method == "GET" and request.path == "/healthz":
                 return web.json_response({"ok": True})
+            if request.headers.get("Authorization", ""):
+                raise Unauthorized("the bearer token is not this daemon's (see `babel daemon --help`: its token file)")
             raise Unauthorized("a bearer token is required (Authorization: Bearer TOKEN; see `babel daemon --help`)")
         if request.method in BODY_METHODS and request.content_type != "application/json":
             raise UnsupportedMediaType(f"the body must be application/json, not {request.content_type or 'none'}")

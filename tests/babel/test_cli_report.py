@@ -78,3 +78,18 @@ def test_jobs_started_within_one_second_list_newest_first(tmp_path: Path) -> Non
     result = CliRunner().invoke(cli, ["jobs", "--state-dir", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     assert [j["state"] for j in json.loads(result.output)] == ["ok", "failed", "ok"]
+
+
+def test_a_chunk_of_a_shared_job_is_not_resumed_alone(tmp_path: Path) -> None:
+    """A process that lost its lease leaves its chunk's journal, which ``babel jobs`` lists as
+    interrupted; resumed with ``--resume`` it copied beside the shard's owner with no claim and
+    no fencing. It is refused, naming the command that resumes it."""
+    from babel.journal import Journal
+
+    chunk = "j1.000005.0005"
+    journal = Journal(str(tmp_path), chunk, create=True)
+    journal.update(kind="shared", shared="j1", src="file:///a", dst="file:///b", options={}, state="running")
+    journal.close()
+    result = CliRunner().invoke(cli, ["sync", "--resume", chunk, "--state-dir", str(tmp_path)])
+    assert result.exit_code != 0  # the CLI's entry point prints it as one line (exit 3)
+    assert "chunk of shared job 'j1'" in str(result.exception) and "--etcd HOST:PORT --job j1" in str(result.exception)

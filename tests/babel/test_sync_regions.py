@@ -216,6 +216,28 @@ def test_directory_markers_to_stores_whose_keys_are_paths(tmp_path: Path, s3_uri
     assert (tmp_path / "out" / "m" / "inner" / "file.txt").read_bytes() == b"file"
 
 
+def test_keys_a_path_keyed_store_cannot_hold_fail_at_once_by_name(tmp_path: Path, s3_uri: str, rclone_uri: str) -> None:
+    """Replayed from a user: ``both`` and ``both/child.txt`` (a key that is a file and a prefix),
+    and a 904-character key, synced to ``rclone serve s3``: each was answered 500 InternalError
+    and retried as transient, 120 retries and 51 s, then ``both/child.txt`` failed verification
+    with NoSuchKey. A destination that keeps keys as file paths cannot hold them: each fails at
+    once, by name and cause, and the rest is copied."""
+    s3 = client_for(s3_uri)
+    bucket = urlparse(s3_uri).netloc
+    long = "L" * 904
+    objects = {"both": b"file", "both/child.txt": b"child", long: b"long", "ok/x": b"x"}
+    for key, body in objects.items():
+        s3.put_object(Bucket=bucket, Key=f"data/{key}", Body=body)
+    started = time.monotonic()
+    report = sync(s3_uri, rclone_uri, tmp_path / "st")
+    assert time.monotonic() - started < 20
+    assert report["state"] == "partial" and report["retries"] == 0
+    errors = {e["key"]: e["error"] for e in report["errors"]}
+    assert set(errors) == {"both/child.txt", long}
+    assert "'both' is a file of this job" in errors["both/child.txt"] and "904 bytes" in errors[long]
+    assert contents(rclone_uri) == {"both": b"file", "ok/x": b"x"}
+
+
 def test_mtimes_are_carried_across_hops_and_resyncs_copy_nothing(tmp_path: Path, s3_uri: str, rclone_uri: str) -> None:
     """file -> moto -> rclone -> file: the last copy has the first file's mtime (a copy of a
     copy carries it), every hop verifies in full, and syncing any hop again copies nothing (the
