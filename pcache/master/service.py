@@ -172,7 +172,11 @@ class MasterServicer(pb_grpc.MasterServicer):
                 await self._store_wait(self.m.ufs.ready(inside))
             except (E.Unavailable, E.Timeout) as exc:
                 if path not in new or not self._new_through_outage(inside, exc):
+                    _outside(exc, scope)
                     raise
+            except E.PCacheError as exc:
+                _outside(exc, scope)
+                raise
 
     @staticmethod
     async def _store_wait(aw: Awaitable[None]) -> None:
@@ -741,7 +745,12 @@ class MasterServicer(pb_grpc.MasterServicer):
         """List a bound directory from its store again now (a bound file: HEAD it)."""
         ns, _ = self.m.leading()
         self._check(request.header, "RefreshPath")
-        await self.m.ufs.refresh(self._scope(ns).inside(request.path))
+        scope = self._scope(ns)
+        try:
+            await self.m.ufs.refresh(scope.inside(request.path))
+        except E.PCacheError as exc:
+            _outside(exc, scope)
+            raise
         return await self._read(request.header, "RefreshPath", lambda ns, _, scope: _stat(ns, scope, request.path))
 
     @rpc_method
@@ -785,9 +794,15 @@ def _in_scope(apply: Apply[R], ns: Namespace, blocks: BlockManager, scope: Scope
     try:
         return apply(ns, blocks, scope)
     except E.PCacheError as exc:
-        if isinstance(exc.filename, str):
-            exc.filename = scope.outside(exc.filename)
+        _outside(exc, scope)
         raise
+
+
+def _outside(exc: E.PCacheError, scope: Scope) -> None:
+    """Make ``exc`` name its path as the caller in ``scope`` sees it (a tenant never sees the
+    namespace path of its root)."""
+    if isinstance(exc.filename, str):
+        exc.filename = scope.outside(exc.filename)
 
 
 def _stat(ns: Namespace, scope: Scope, path: str) -> pb.Inode:

@@ -329,6 +329,11 @@ def test_an_admin_binds_a_bucket_the_master_checks_and_a_tenant_may_not_bind_at_
         with pytest.raises(E.Busy) as busy:
             tenant.remove("/web", recursive=True)
         assert "/bt" not in str(busy.value).replace(": /web", "")  # its own view of the path only
+        tenant.mkdir("/own")
+        with pytest.raises(E.PCacheError) as refused:  # a refresh's error too (it named /bt/own)
+            tenant.refresh("/own")
+        assert str(refused.value).endswith(": /own") and "/bt" not in str(refused.value)
+        tenant.rmdir("/own")
         with pytest.raises(E.AlreadyExists):  # EEXIST before EROFS, as mkdir(2)
             tenant.mkdir("/web")
     assert {b.path for b in admin.binds()} >= {"/bt/web", "/bt/down", "/bt/byfile"}
