@@ -691,20 +691,32 @@ def test_a_resume_whose_upload_the_store_dropped_starts_it_over(tmp_path: Path) 
     assert (tmp_path / "out" / "big.bin").read_bytes() == body
 
 
+def _killed_with_an_open_upload(
+    tmp_path: Path, new_bucket, s3, big: str, small: dict[str, int], bwlimit: str
+) -> tuple[Path, str, Path, str]:
+    """A tree of one 20 MiB object ``big`` and ``small`` ones (name: bytes) synced to a new bucket
+    at ``bwlimit`` and SIGKILLed while copying, with ``big``'s multipart upload open; returns
+    (source dir, bucket, state dir, job id)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / big).write_bytes(os.urandom(20 << 20))
+    for name, size in small.items():
+        (src / name).write_bytes(os.urandom(size))
+    uri, bucket = new_bucket()
+    state = tmp_path / "state"
+    args = [f"file://{src}", uri, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "2"]
+    job = _kill_while_copying([*args, "--bwlimit", bwlimit], state)
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])  # the killed run's upload is open
+    return src, bucket, state, job
+
+
 def test_resume_after_source_deletions_notices_them(tmp_path: Path, new_bucket, s3) -> None:
     """Replayed from users: source objects deleted between a crash and the resume are noticed
     (``vanished``, not ``NoSuchKey`` failures), and the multipart upload the killed run left
     open for one of them is aborted."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "big.bin").write_bytes(os.urandom(20 << 20))
-    for i in range(20):
-        (src / f"z{i:02d}.bin").write_bytes(os.urandom(50_000))
-    uri, bucket = new_bucket()
-    state = tmp_path / "state"
-    args = [f"file://{src}", uri, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "2"]
-    job = _kill_while_copying([*args, "--bwlimit", "5M"], state)
-    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])  # the killed run's upload is open
+    src, bucket, state, job = _killed_with_an_open_upload(
+        tmp_path, new_bucket, s3, "big.bin", {f"z{i:02d}.bin": 50_000 for i in range(20)}, "5M"
+    )
     gone = ["big.bin", *(f"z{i:02d}.bin" for i in range(0, 20, 2))]
     for name in gone:
         (src / name).unlink()
@@ -725,16 +737,9 @@ def test_resume_of_a_run_killed_before_its_plan_was_complete_aborts_uploads_of_d
     behind a large one) left the large one's multipart upload open; deleted at the source before
     the resume, it was not listed again, so nothing aborted its upload, and the resumed job said
     ``ok`` with ``vanished: 0`` (an upload billed for ever; ``babel clean --all`` skips ok jobs)."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a-big.bin").write_bytes(os.urandom(20 << 20))
-    for i in range(600):
-        (src / f"z{i:03d}.bin").write_bytes(os.urandom(4000))
-    uri, bucket = new_bucket()
-    state = tmp_path / "state"
-    args = [f"file://{src}", uri, "--part-size", "5M", "--multipart-threshold", "8M", "--transfers", "2"]
-    job = _kill_while_copying([*args, "--bwlimit", "2M"], state)
-    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])  # the killed run's upload is open
+    src, bucket, state, job = _killed_with_an_open_upload(
+        tmp_path, new_bucket, s3, "a-big.bin", {f"z{i:03d}.bin": 4000 for i in range(600)}, "2M"
+    )
     from babel.journal import Journal
 
     journal = Journal(str(state), job)
