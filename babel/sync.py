@@ -260,9 +260,9 @@ class SyncJob:
                     self._keys_are_paths = probe not in {o.key for o in page.objects}
                 except (BabelError, OSError) as exc:  # cannot tell: copy markers as objects
                     logger.info("probing %s for directory markers failed: %s", self.dst.uri, exc)
-                finally:
+                finally:  # retried as any request (a throttled delete left the probe behind)
                     with contextlib.suppress(BabelError, OSError):
-                        await self.dst.delete([probe, probe[:-1]])
+                        await self._retry(lambda: self.dst.delete([probe, probe[:-1]]))
                 if self._keys_are_paths:
                     logger.info("%s keeps keys as file paths: directory markers are not copied", self.dst.uri)
         return self._keys_are_paths
@@ -665,7 +665,7 @@ class _Planning:
             else:
                 await self.record(src, dst, Decision("skip", "directory marker"))
             return
-        if await job._dst_keys_are_paths() and (reason := self._path_problem(src.key)):
+        if _keys_are_paths(job.dst) and (reason := self._path_problem(src.key)):  # known so: no probe per job
             self._fail(src.key, reason)
             return
         if (
