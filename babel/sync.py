@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -708,8 +709,8 @@ class _Planning:
             if plan is not None and plan["a"] != "fail":
                 return (f"{above!r} is a file of this job, and {self.job.dst.uri} keeps keys as file paths: nothing"
                         " can be stored under it: not copied")  # fmt: skip
-        for below, _raw in self.job.journal.scan_raw("p", start_after=key + "/"):  # pages come in any order
-            if below.startswith(key + "/") and self.job.journal.get("p", below)["a"] != "fail":
+        for below, raw in self.job.journal.scan_raw("p", start_after=key + "/"):  # pages come in any order
+            if below.startswith(key + "/") and json.loads(raw)["a"] != "fail":
                 return (f"{below!r} of this job is under it, and {self.job.dst.uri} keeps keys as file paths: a"
                         " file cannot also be a directory: not copied")  # fmt: skip
             break

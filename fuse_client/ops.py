@@ -618,24 +618,18 @@ class PCacheFuse(mfusepy.FUSE):
         it): the operations read into a view of it."""
         if not size:
             return 0
-        view = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B")
-        fh = fip.contents.fh
-        return self.operations.read_into(
-            None if path is None else path.decode(self.encoding, self.errors), view, offset, fh
-        )
+        return self.operations.read_into(self._path(path), _view(buf, size), offset, fip.contents.fh)
 
     def write(self, path: bytes | None, buf, size: int, offset: int, fip) -> int:
         """WRITE with the request's bytes as a view of libfuse's buffer, not a copy
         (mfusepy copies each 1 MiB into ``bytes`` first). The operations consume the data before
         they return (copied into the block's buffer or written to its file), and libfuse reuses
         the buffer only after this returns."""
-        data = (
-            memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B") if size else b""
-        )
-        fh = fip.contents.fh
-        return self.operations.write(
-            None if path is None else path.decode(self.encoding, self.errors), data, offset, fh
-        )
+        data = _view(buf, size) if size else b""
+        return self.operations.write(self._path(path), data, offset, fip.contents.fh)
+
+    def _path(self, path: bytes | None) -> str | None:
+        return None if path is None else path.decode(self.encoding, self.errors)
 
     def getxattr(self, path: bytes, name: bytes, value, size: int, *args) -> int:
         """``ls -l`` asks every file for ``security.selinux`` and ``system.posix_acl_access``; PCache
@@ -699,3 +693,8 @@ def _now_ns() -> int:
     import time
 
     return time.time_ns()
+
+
+def _view(buf, size: int) -> memoryview:
+    """``size`` bytes of a libfuse buffer (a ctypes ``char *``) as a writable byte view, no copy."""
+    return memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B")

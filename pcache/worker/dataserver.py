@@ -469,8 +469,11 @@ class DataServer:
             except PCacheError as exc:
                 logger.warning("cannot report lost block %d: %s", block_id, exc)
 
-    async def delete(self, block_id: int) -> bool:
-        """Drop a block from the tier and the disk."""
+    async def delete(self, block_id: int, *, refuse_writes_s: float = 0.0) -> bool:
+        """Drop a block from the tier and the disk; with ``refuse_writes_s`` (a block that left the
+        namespace) its id takes no write for that long, one racing the delete included
+        (:meth:`DiskBlockStore.bury`)."""
+        self.store.bury(block_id, refuse_writes_s)
         self.tier.drop(block_id)
         return await asyncio.to_thread(self.store.delete, block_id)
 

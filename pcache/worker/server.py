@@ -333,8 +333,7 @@ class WorkerServer:
         """Carry out one DELETE or REPLICATE command from the master."""
         try:
             if cmd.kind == pb.WorkerCommand.DELETE:
-                self.data.store.bury(cmd.block_id, cmd.refuse_writes_s)  # first: a write racing the delete
-                await self.data.delete(cmd.block_id)
+                await self.data.delete(cmd.block_id, refuse_writes_s=cmd.refuse_writes_s)
             elif cmd.kind == pb.WorkerCommand.PERSIST:
                 async with self._persist_slots:
                     await self.persist(cmd)
