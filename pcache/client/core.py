@@ -802,19 +802,20 @@ class PCacheClient:
         view: View,
         *,
         closing: bool = False,
+        mtime: float = 0.0,
     ) -> pb.Inode:
         """Publish a file's new block list (called by :meth:`PCacheFile.fsync`); returns the committed inode.
 
         ``view`` is the commit the writer's view starts from; the master merges the blocks it
         changed with other writers' commits since, unless ``view.replace`` (see
-        ``Namespace.commit_file``).
+        ``Namespace.commit_file``). ``mtime`` (seconds since the epoch) defaults to now.
 
         Raises:
             Conflict: another writer changed the same blocks since that view; nothing was committed.
         """
         self.invalidate(path, inode=inode)
         return await self.master.commit_file(
-            inode, size, blocks, time.time(), base_version=view.version, base_blocks=view.blocks, replace=view.replace,
+            inode, size, blocks, mtime or time.time(), base_version=view.version, base_blocks=view.blocks, replace=view.replace,
             path=normalize(path), closing=closing,
         )  # fmt: skip
 

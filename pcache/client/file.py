@@ -127,9 +127,10 @@ class FileService(Protocol):
         view: View,
         *,
         closing: bool = False,
+        mtime: float = 0.0,
     ) -> pb.Inode:
         """Publish the file's block list (merged with other writers' commits since ``view``);
-        ``closing``: the writer's close."""
+        ``closing``: the writer's close; ``mtime``: 0 for now."""
         ...
 
     async def discard_created(self, path: str, inode: int) -> None:
@@ -183,6 +184,10 @@ class PCacheFile:
         self.created = layout.inode.created  # made by this open (the master says so)
         self.cached = cached  # the layout came from the client's metadata cache (up to metadata_ttl old)
         self._committed = False
+        # a writer's close the master waits for (write-back): an fsync committed this handle's
+        # writes, or another writer's fsync did and left the file pending (see _fsync_locked)
+        self._close_owed = self.writable and layout.inode.persist == pb.PERSIST_PENDING and not self.created
+        self._mtime = layout.inode.mtime  # of the last commit this handle knows (kept by a bare close)
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
         self._budget = service.read_budget
@@ -843,7 +848,7 @@ class PCacheFile:
             await self._fsync_locked()
 
     async def _fsync_locked(self, *, closing: bool = False) -> None:
-        if not self.dirty:
+        if not self.dirty and not (closing and self._close_owed):
             return
         for idx, slot in enumerate(self.slots):  # a stream holding a whole block is committed as it is
             if slot.stream is not None:
@@ -870,7 +875,12 @@ class PCacheFile:
             blocks,
             View(self.version, self.base_blocks, self.replace),
             closing=closing,
+            mtime=self._mtime if not self.dirty else 0.0,  # a close with nothing new keeps the mtime
         )
+        # a write-back file committed by an fsync is queued for upload by its writer's close:
+        # that close is owed to the master even when nothing is left to write
+        self._close_owed = not closing and node.persist == pb.PERSIST_PENDING
+        self._mtime = node.mtime
         self.dirty = False
         self.replace = False
         self._committed = True

@@ -1207,7 +1207,8 @@ class Namespace:
         Under a ``writeback`` bind (``path``, the file's path as the writer opened it, names its
         object; the key of its last queued upload when it was renamed while open) the version a
         writer's close (``closing``) commits is queued for upload and the file shows
-        ``persist: pending``; an fsync's is not (a half-written file never reaches the store).
+        ``persist: pending``; an fsync's is not (a half-written file never reaches the store), and
+        the file shows ``pending`` from then until its writer's close queues it.
 
         Each block must be either already the file's, or allocated for this
         inode and not yet committed. A block may be shorter than its place in
@@ -1253,6 +1254,11 @@ class Namespace:
             extra = self._queue_upload(node, path, node.version + 1)
         elif closing and node.id in self.persist.by_inode:  # moved while open: where its move queued it
             extra = self.persist.requeue(node, node.version + 1)
+        elif not closing and self._writes_back(node, path):
+            # the store holds an older version (or none): pending until the writer's close queues
+            # this one; the client sees it in the answer and owes that close (an fsync'ed file
+            # closed with nothing left to write still tells the master)
+            node.persist, node.persist_error = pb.PERSIST_PENDING, ""
         return node, self._replace_blocks(node, blocks, size, mtime or time.time(), extra)
 
     # --------------------------------------------------------- write-back --
@@ -1280,6 +1286,14 @@ class Namespace:
         node.persist, node.persist_error = pb.PERSIST_PENDING, ""
         task = pb.PersistTask(kind=pb.PersistTask.UPLOAD, inode=node.id, version=version, bind=bind.inode, key=key)
         return puts + self.persist.new(task)
+
+    def _writes_back(self, node: pb.Inode, path: str) -> bool:
+        """Whether ``node`` (opened at ``path``) is uploaded by a ``writeback`` bind when closed."""
+        if node.bind:
+            return False
+        if node.id in self.persist.by_inode:
+            return True
+        return bool(path) and self.writeback_target(path) is not None and self._lookup_path(path) == node.id
 
     def _lookup_path(self, path: str) -> int | None:
         try:

@@ -62,3 +62,47 @@ def test_the_stdlib_in_a_bucket_reads_through_the_mount_and_a_second_pass_makes_
                 assert gets.count == first  # the second pass never reached the store
         finally:
             mount.stop()
+
+
+def test_files_written_through_the_mount_into_a_write_back_bind_reach_the_store(
+    fuse_ready, moto_endpoint: str, tmp_path: Path
+) -> None:
+    """Every file written through the mount is committed by its flush and closed by its release
+    with nothing left to write; the release queued nothing, so no file written through a mount
+    ever reached the store (``persist`` empty; a rewritten file stayed ``done`` with the old
+    object)."""
+    import shutil
+
+    import boto3
+
+    bucket = create_bucket(moto_endpoint)
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    with LocalCluster(
+        str(tmp_path / "cluster"), workers=1, master_args=["--master.default_block_size=1MiB"]
+    ) as cluster:
+        with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin:
+            admin.bind("/default/ck", f"s3://{bucket}/ck/?endpoint_url={moto_endpoint}", mode="writeback")
+        mount = Mount(cluster.master_address, tmp_path / "mnt").start()
+        try:
+            root = mount.path / "ck"
+            (root / "step-1").mkdir()
+            shutil.copyfile(src, root / "step-1" / "shard.bin")  # cp
+            with open(root / "step-1" / "synced", "wb") as f:
+                f.write(b"synced")
+                os.fsync(f.fileno())
+            (root / "step-1" / ".metadata").write_bytes(b"meta v1")
+            with Client(ClientConfig(master=cluster.master_address, token=cluster.token)) as pc:
+                assert pc.wait_persisted("/ck", timeout=60) == 3
+                (root / "step-1" / ".metadata").write_bytes(b"meta v2")  # a persisted file rewritten
+                assert pc.stat("/ck/step-1/.metadata").persist in ("pending", "done")
+                pc.wait_persisted("/ck", timeout=60)
+                assert {st.persist for st in pc.walk_files("/ck")} == {"done"}
+        finally:
+            mount.stop()
+    got = {
+        k: s3.get_object(Bucket=bucket, Key=f"ck/step-1/{k}")["Body"].read()
+        for k in ("shard.bin", "synced", ".metadata")
+    }
+    assert got == {"shard.bin": src.read_bytes(), "synced": b"synced", ".metadata": b"meta v2"}

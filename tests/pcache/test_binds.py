@@ -907,6 +907,53 @@ def test_write_back_uploads_closed_files_in_close_order_and_deletes_and_renames_
     admin.unbind("/wbk")
 
 
+def _object(s3, bucket: str, key: str) -> bytes | None:
+    try:
+        return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        return None
+
+
+def test_a_version_an_fsync_committed_is_uploaded_at_its_writers_close_with_nothing_left_to_write(
+    admin: Client, moto_endpoint: str
+) -> None:
+    """A file written, fsync'ed and then closed with nothing left to write (what every file
+    written through the mount is: its flush commits, its release closes) was never uploaded:
+    its close sent nothing, and only a close queues an upload. Its state was empty, or still
+    ``done`` for the version before, while the store held the old bytes."""
+    bucket = create_bucket(moto_endpoint)
+    s3 = _s3(moto_endpoint)
+    admin.bind("/fsy", f"s3://{bucket}/f/?endpoint_url={moto_endpoint}", mode="writeback")
+    f = admin.open("/fsy/new", "wb")
+    f.write(b"new file")
+    f.fsync()
+    assert admin.stat("/fsy/new").persist == "pending"  # not in the store yet, and not done
+    time.sleep(1.2)  # the persister's passes meanwhile upload nothing half-written
+    assert _object(s3, bucket, "f/new") is None
+    f.close()
+    admin.write_file("/fsy/old", b"version 1")
+    admin.wait_persisted("/fsy", timeout=60)
+    assert _object(s3, bucket, "f/new") == b"new file"
+    before = admin.stat("/fsy/new").mtime
+    with admin.open("/fsy/old", "r+b") as f:  # a persisted file written again: no longer done
+        f.write(b"VERSION 2")
+        f.fsync()
+        assert admin.stat("/fsy/old").persist == "pending"
+    # a writer that fsyncs and dies never closes: the next writer's bare open and close queues it
+    g = admin.open("/fsy/new", "r+b")
+    g.write(b"NEW")
+    g.fsync()
+    admin.open("/fsy/new", "ab").close()
+    admin.wait_persisted("/fsy", timeout=60)
+    assert _object(s3, bucket, "f/old") == b"VERSION 2" and admin.stat("/fsy/old").persist == "done"
+    assert _object(s3, bucket, "f/new") == b"NEW file" and admin.stat("/fsy/new").persist == "done"
+    assert admin.stat("/fsy/new").mtime > before
+    g.abort()  # what its fsync committed is the file's content: the store gets it too
+    admin.wait_persisted("/fsy", timeout=60)
+    assert _object(s3, bucket, "f/new") == b"NEW file" == admin.read_file("/fsy/new")
+    admin.unbind("/fsy")
+
+
 def test_a_write_back_bind_takes_new_files_while_its_store_hangs(admin: Client, moto_endpoint: str) -> None:
     """A checkpoint written while the store does not answer: once the bind's listing is older
     than its TTL, every new name was first looked up in the store, so ``mkdir`` and ``create``
