@@ -248,11 +248,14 @@ class Persister:
                 await self.m.commit()
             return True
         timeout = self.m.cfg.ufs_timeout
+        if task.upload_id:  # a previous attempt's (or term's): never completed now
+            # its id is forgotten only once the store has let it go: an upload left open costs
+            # its parts' bytes in the bucket for ever (S3 keeps it until a lifecycle rule acts)
+            if not await self._abort(task.uri or bind.uri, task.key, task.upload_id):
+                await self._failed(task, "its previous upload cannot be aborted yet (the master log says why): retried")
+                return False
+            task.upload_id = ""
         try:
-            if task.upload_id:  # a previous attempt's (or term's): never completed now
-                with contextlib.suppress(E.PCacheError):
-                    await ufs.call(store.abort_multipart(task.key, task.upload_id), bind.uri, timeout)
-                task.upload_id = ""
             if node.size == 0:  # no part to upload: the master writes it when its turn comes
                 task.staged, task.size, task.crc32c = True, 0, 0
                 ns.persist.put(task)
@@ -268,11 +271,12 @@ class Persister:
         ns, blocks = self.m.leading()
         now = ns.persist.get(task.seq)
         if now is None or now.canceled:  # deleted or moved while the upload was being created
-            with contextlib.suppress(E.PCacheError):
-                await ufs.call(store.abort_multipart(task.key, upload_id), bind.uri, timeout)
-            if now is not None:
-                ns.persist.done(now)
-                await self.m.commit()
+            if now is None:
+                await self._abort(bind.uri, task.key, upload_id)
+                return True
+            now.upload_id, now.uri = upload_id, bind.uri  # kept until its abort goes through
+            ns.persist.put(now)
+            await self._cancel(now)
             return True
         _, metas = ns.layout(inode=node.id)
         locations = []

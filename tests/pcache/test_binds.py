@@ -954,6 +954,37 @@ def test_a_version_an_fsync_committed_is_uploaded_at_its_writers_close_with_noth
     admin.unbind("/fsy")
 
 
+def test_an_upload_that_cannot_be_aborted_is_kept_until_it_is_and_none_is_left_open(
+    admin: Client, moto_endpoint: str
+) -> None:
+    """A retried upload aborts the one before it; when the store refused that abort, its id was
+    dropped anyway and the multipart upload stayed open in the bucket for ever (its parts'
+    bytes billed), one per retry of an outage."""
+    from babel.testing.s3proxy import S3Proxy
+
+    bucket = create_bucket(moto_endpoint)
+    s3 = _s3(moto_endpoint)
+    with S3Proxy(moto_endpoint) as proxy:
+        admin.bind("/mpu", f"s3://{bucket}/m/?endpoint_url={proxy.endpoint}", mode="writeback")
+        proxy.ops, proxy.fail_rate = {"upload_part", "abort_multipart"}, 1.0  # parts and aborts fail
+        body = os.urandom(3 * BOUND_BLOCK + 7)
+        admin.write_file("/mpu/f.bin", body)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a part fails, then the abort before the next attempt
+            opened = len(s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []))
+            if opened > 1 or "retried" in admin.stat("/mpu/f.bin").persist_error:
+                break
+            time.sleep(0.2)
+        time.sleep(2.5)  # the attempts after it
+        assert len(s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])) == 1  # no second one
+        assert "cannot be aborted yet" in admin.stat("/mpu/f.bin").persist_error
+        proxy.fail_rate = 0.0
+        admin.wait_persisted("/mpu", timeout=60)
+    assert s3.get_object(Bucket=bucket, Key="m/f.bin")["Body"].read() == body
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    admin.unbind("/mpu")
+
+
 def test_a_write_back_bind_takes_new_files_while_its_store_hangs(admin: Client, moto_endpoint: str) -> None:
     """A checkpoint written while the store does not answer: once the bind's listing is older
     than its TTL, every new name was first looked up in the store, so ``mkdir`` and ``create``
