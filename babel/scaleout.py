@@ -67,7 +67,7 @@ from babel.lister import list_parallel_pages
 from babel.options import SyncOptions, options_from_dict
 from babel.sync import MAX_REPORTED, Progress, SyncJob, SyncReport, check_not_overlapping, new_verification
 from babel.transfer import Bandwidth
-from pcache.master.election import parse_endpoint
+from pcache.master.election import etcd_client, parse_endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ class SharedJob:
         self.member = member or f"{socket.gethostname()}-{os.getpid()}-{random.randrange(16**4):04x}"
         self.progress = progress
         self.on_event = on_event or (lambda line: logger.info("%s", line))
-        self._client = aetcd.Client(host=host, port=port, timeout=max(1, round(timeout)))
+        self._client = etcd_client(host, port, timeout)
         self._lease: aetcd.Lease | None = None
         self._valid_until = 0.0  # monotonic: this process's claims are its own until then
         self._keeper: asyncio.Task | None = None
@@ -875,7 +875,7 @@ async def shared_jobs(endpoint: str, *, timeout: float = 5.0) -> list[dict[str, 
         BabelError: etcd does not answer within ``timeout`` seconds.
     """
     host, port = parse_etcd(endpoint)
-    client = aetcd.Client(host=host, port=port, timeout=max(1, round(timeout)))
+    client = etcd_client(host, port, timeout)
     try:
         found = await asyncio.wait_for(client.get_prefix(PREFIX.encode(), keys_only=True), timeout)
         names = sorted({kv.key[len(PREFIX) :].decode().split("/", 1)[0] for kv in found})

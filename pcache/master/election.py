@@ -40,6 +40,14 @@ DEFAULT_TTL = 5.0  # seconds a leader's lease lives without a keep-alive
 MARGIN = 0.5  # seconds a leader steps down before its lease can expire (clock rate, scheduling)
 ETCD_ERRORS = (aetcd.ClientError, OSError, asyncio.TimeoutError)
 LOG_EVERY = 10.0  # seconds between two log lines about one etcd outage
+# gRPC's reconnect backoff grows to 120 s: a client found etcd back 17 s after an outage of 90 s
+# (and the masters could not lead meanwhile). etcd is a service of the cluster's own network: a
+# connection is tried again every second at most.
+ETCD_CHANNEL_OPTIONS = {
+    "grpc.initial_reconnect_backoff_ms": 200,
+    "grpc.min_reconnect_backoff_ms": 200,
+    "grpc.max_reconnect_backoff_ms": 1000,
+}
 Guard = Callable[[], Awaitable[tuple[list[Any], list[Any]] | None]]
 
 
@@ -69,6 +77,37 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class OutageLog:
+    """Log lines about one kind of etcd call failing: the first failure at once, then one line
+    per ``LOG_EVERY`` seconds while it goes on, and one when it answers again (a master retrying
+    every quarter second logged each try)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.since: float | None = None  # monotonic: failing since then
+        self._logged = 0.0
+
+    def failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = self._logged = now
+            logger.warning("%s: %s", self.what, exc)
+        elif now - self._logged >= LOG_EVERY:
+            self._logged = now
+            logger.warning("%s: still failing after %.0f s: %s", self.what, now - self.since, exc)
+
+    def answered(self) -> None:
+        if self.since is not None:
+            logger.warning("%s: etcd answers again (after %.1f s)", self.what, time.monotonic() - self.since)
+            self.since = None
+
+
+def etcd_client(host: str, port: int, timeout: float) -> aetcd.Client:
+    """An ``aetcd`` client of etcd at ``host:port`` whose calls wait ``timeout`` seconds at most and
+    whose connection is tried again within a second of etcd coming back."""
+    return aetcd.Client(host=host, port=port, timeout=max(1, round(timeout)), options=dict(ETCD_CHANNEL_OPTIONS))
+
+
 class Election:
     """One master's candidacy in ``cluster``'s election.
 
@@ -92,14 +131,18 @@ class Election:
         self.epoch = 0
         # the leader key's value at this candidate's last look ("": nobody held it; None: not known)
         self.seen_leader: str | None = None
-        self.etcd_down_since: float | None = None  # monotonic: the campaign has not reached etcd since
-        self._logged_down = 0.0
-        self._client = aetcd.Client(host=host, port=port, timeout=max(1, round(timeout)))
+        self._outage = OutageLog(f"election {cluster}: etcd at {self.endpoint} (no master can lead until it answers)")
+        self._client = etcd_client(host, port, timeout)
         self._lease: aetcd.Lease | None = None
         self._valid_until = 0.0  # monotonic: this master leads until then
         self._keeper: asyncio.Task | None = None
 
     # ----------------------------------------------------------- state --
+
+    @property
+    def etcd_down_since(self) -> float | None:
+        """Monotonic time since which the campaign has not reached etcd (None: it has)."""
+        return self._outage.since
 
     @property
     def client(self) -> aetcd.Client:
@@ -140,33 +183,14 @@ class Election:
             try:
                 extra = await guard() if guard is not None else ([], [])
                 epoch = await self._try_once(*extra) if extra is not None else None
-                if self.etcd_down_since is not None:
-                    logger.warning(
-                        "election %s: etcd at %s answers again (after %.1f s)",
-                        self.cluster, self.endpoint, time.monotonic() - self.etcd_down_since,
-                    )  # fmt: skip
-                self.etcd_down_since = None
+                self._outage.answered()
             except ETCD_ERRORS as exc:
-                self._etcd_failed(exc)
+                self.seen_leader = None  # not known any more
+                self._outage.failed(exc)
                 epoch = None
             if epoch is not None:
                 return epoch
             await asyncio.sleep(poll)
-
-    def _etcd_failed(self, exc: BaseException) -> None:
-        """Record an etcd failure of the campaign; logged at once, then once per ``LOG_EVERY`` s."""
-        now = time.monotonic()
-        self.seen_leader = None  # not known any more
-        if self.etcd_down_since is None:
-            self.etcd_down_since = self._logged_down = now
-            logger.warning("election %s: etcd at %s: %s; no master can lead until it answers", self.cluster,
-                           self.endpoint, exc)  # fmt: skip
-        elif now - self._logged_down >= LOG_EVERY:
-            self._logged_down = now
-            logger.warning(
-                "election %s: etcd at %s still unreachable after %.0f s: %s",
-                self.cluster, self.endpoint, now - self.etcd_down_since, exc,
-            )  # fmt: skip
 
     async def _try_once(self, compare: list | None = None, success: list | None = None) -> int | None:
         held = await asyncio.wait_for(self._client.get(self.key), self.timeout)

@@ -35,7 +35,7 @@ from typing import Any
 import aetcd
 
 from pcache.common.errors import Unavailable
-from pcache.master.election import ETCD_ERRORS, Election
+from pcache.master.election import ETCD_ERRORS, Election, OutageLog
 from pcache.master.replication import SyncFlags
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,8 @@ class HAControl(SyncFlags):
         self.timeout = timeout
         self.prefix = f"/pcache/{cluster}/"
         self._member_task: asyncio.Task | None = None
+        self._member_outage = OutageLog(f"master {member}'s member key")
+        self.members_outage = OutageLog("the masters' list in etcd")  # the leader's looks at it
         self._started = time.monotonic()
 
     @property
@@ -116,13 +118,14 @@ class HAControl(SyncFlags):
             try:
                 lease = await self._etcd(self.client.lease(max(2, int(round(self.election.ttl)))))
                 await self._etcd(self.client.put(key, self.address.encode(), lease=lease))
+                self._member_outage.answered()
                 while True:
                     await asyncio.sleep(self.election.ttl / 4)
                     reply = await self._etcd(lease.refresh())
                     if reply is None or reply.TTL <= 0:
                         break  # expired: register again
             except Unavailable as exc:
-                logger.warning("member key: %s", exc)
+                self._member_outage.failed(exc)
                 await asyncio.sleep(self.election.ttl / 4)
 
     async def members(self) -> dict[str, str]:

@@ -284,8 +284,9 @@ class MasterServer:
         try:
             members = await self.ha.members()
         except E.Unavailable as exc:
-            logger.warning("cannot list the masters in etcd: %s", exc)
+            self.ha.members_outage.failed(exc)
             return
+        self.ha.members_outage.answered()
         members.pop(self.member, None)
         if self.shipper is not None:  # it may have stopped leading while etcd answered
             self.shipper.set_members(members)
