@@ -195,20 +195,37 @@ def _answers(mountpoint: str) -> bool:
         return False
 
 
-def wait_mounted(mountpoint: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+def wait_mounted(
+    mountpoint: str, timeout: float, proc: subprocess.Popen | None = None, log_file: str | None = None
+) -> None:
     """Block until ``mountpoint`` is a live FUSE mount.
 
     Raises:
-        Timeout: not mounted in time. PCacheError: the mount process exited.
+        Timeout: not mounted in time. PCacheError: the mount process exited (the last line of
+            its ``log_file``, which says why, in the message).
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (mounted(mountpoint) or "").startswith("fuse") and _answers(mountpoint):
             return
         if proc is not None and proc.poll() is not None:
-            raise PCacheError(f"mount process exited with {proc.returncode}")
+            why = f"mount process exited with {proc.returncode}"
+            if log_file:
+                why += f": {_last_line(log_file)} (log: {log_file})"
+            raise PCacheError(why)
         time.sleep(0.05)
-    raise Timeout(f"{mountpoint} was not mounted within {timeout:.0f}s")
+    raise Timeout(f"{mountpoint} was not mounted within {timeout:.0f}s" + (f" (log: {log_file})" if log_file else ""))
+
+
+def _last_line(path: str) -> str:
+    """The last non-empty line of the file at ``path`` (its last 4 KiB), or what kept it unread."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError as exc:
+        return f"(its log is unreadable: {exc})"
+    return lines[-1][:500] if lines else "(nothing in its log)"
 
 
 def spawn_daemon(argv: list[str], mountpoint: str, log_file: str | None, timeout: float = 30.0) -> int:
@@ -221,5 +238,5 @@ def spawn_daemon(argv: list[str], mountpoint: str, log_file: str | None, timeout
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    wait_mounted(mountpoint, timeout, proc)
+    wait_mounted(mountpoint, timeout, proc, log_file)
     return proc.pid

@@ -154,7 +154,7 @@ def _mount(cluster, mount_dir: str) -> subprocess.Popen:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    wait_mounted(mount_dir, 30, proc)
+    wait_mounted(mount_dir, 30, proc, str(cluster.root / "logs" / "mount.log"))
     return proc
 
 

@@ -7,6 +7,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -257,3 +258,23 @@ def test_the_readahead_thread_never_touches_the_mountpoint(tmp_path: Path, monke
     time.sleep(0.7)
     assert seen and set(seen) == {str(tmp_path / "real")}
     assert touched == []
+
+
+def test_a_mount_that_exits_at_start_says_why_from_its_log(tmp_path: Path) -> None:
+    """``pcache-mount --daemon`` with a bad token said only "mount process exited with 2"; the
+    reason was in the log file alone."""
+    from fuse_client.mount import wait_mounted
+    from pcache.common.errors import PCacheError
+
+    log = tmp_path / "mount.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; print('starting'); print('pcache-mount: malformed token'); sys.exit(2)",
+            ],
+            stdout=out,
+        )
+    with pytest.raises(PCacheError, match=r"exited with 2: pcache-mount: malformed token \(log: .*mount.log\)"):
+        wait_mounted(str(tmp_path / "mnt"), 10, proc, str(log))
