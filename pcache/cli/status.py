@@ -36,7 +36,8 @@ def status(ctx: click.Context, as_json: bool) -> int:
                 else:
                     leader = own.master.leader or (
                         f"none: etcd unreachable for {own.master.etcd_down:.0f} s" if own.master.etcd_down
-                        else "none (an election is under way)"
+                        else f"none; this master may not take over: {own.master.may_not_lead}"
+                        if own.master.may_not_lead else "none (an election is under way)"
                     )  # fmt: skip
                     click.echo(f"master {address}: {own.master.role}, epoch {own.epoch}, log index"
                                f" {own.master.applied_index}, leader {leader}")  # fmt: skip

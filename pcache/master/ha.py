@@ -78,6 +78,8 @@ class HAControl(SyncFlags):
         self.prefix = f"/pcache/{cluster}/"
         self._member_task: asyncio.Task | None = None
         self._member_outage = OutageLog(f"master {member}'s member key")
+        self.may_not_lead = ""  # why this master may not take over, at its campaign's last look
+        self._said_may_not = 0.0
         self.members_outage = OutageLog("the masters' list in etcd")  # the leader's looks at it
         self._started = time.monotonic()
 
@@ -155,27 +157,39 @@ class HAControl(SyncFlags):
         last = await self._etcd(self.client.get(last_key))
         win = [tx.put(last_key, self.member.encode())]
         if last is None:
-            return [tx.version(last_key) == 0], win
+            return self._may([tx.version(last_key) == 0], win)
         compare = [tx.mod(last_key) == last.mod_revision]
         if last.value.decode() == self.member:
             if time.monotonic() - self._started < 2 * self.election.ttl and await self._in_sync_peer(last.mod_revision):
                 # just restarted: a follower in sync with our last term holds all we acknowledged,
                 # perhaps more than our own disk kept (a power loss without sync_writes): it goes first
+                self._may_not("just restarted: a follower in sync with its last term takes over first")
                 return None
-            return compare, win
+            return self._may(compare, win)
         flag_key = self._key("insync", self.member)
         flag = await self._etcd(self.client.get(flag_key))
         if flag is None or flag.value.decode() != str(last.mod_revision):
+            self._may_not(
+                f"not in sync with the last leader's term (master {last.value.decode()}, term {last.mod_revision}):"
+                " only a master that holds every change it acknowledged may take over; start that master again"
+                " (its data directory holds them)"
+            )
             return None
-        return [*compare, tx.value(flag_key) == str(last.mod_revision).encode()], win
+        return self._may([*compare, tx.value(flag_key) == str(last.mod_revision).encode()], win)
 
-    async def eligibility(self) -> str:
-        """Why this master may or may not take over, in words (for ``pcache status``)."""
-        try:
-            guard = await self.guard()
-        except Unavailable as exc:
-            return f"unknown ({exc})"
-        return "may take over" if guard is not None else "out of sync: may not take over"
+    def _may(self, compare: list[Any], success: list[Any]) -> tuple[list[Any], list[Any]]:
+        self.may_not_lead = ""
+        return compare, success
+
+    def _may_not(self, why: str) -> None:
+        """Record (and log, when it changes or once a minute while nobody leads) why not."""
+        now = time.monotonic()
+        nobody = self.election.seen_leader == ""
+        if why != self.may_not_lead or (nobody and now - self._said_may_not > 60.0):
+            self._said_may_not = now
+            log = logger.warning if nobody else logger.info
+            log("master %s may not take over%s: %s", self.member, " and no master leads" if nobody else "", why)
+        self.may_not_lead = why
 
     # --------------------------------------------------------- in sync --
 

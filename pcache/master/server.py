@@ -323,6 +323,8 @@ class MasterServer:
         election = self.ha.election if self.ha is not None else None
         if election is not None and election.etcd_down_since is not None:
             role.etcd_down = time.monotonic() - election.etcd_down_since
+        if self.ha is not None and self.role != "leader":
+            role.may_not_lead = self.ha.may_not_lead
         if self.shipper is not None:
             role.followers.extend(self.shipper.status())
             role.alone = self.shipper.alone()

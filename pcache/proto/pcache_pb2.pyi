@@ -735,7 +735,7 @@ class FollowerStatus(_message.Message):
     def __init__(self, member: _Optional[str] = ..., address: _Optional[str] = ..., in_sync: _Optional[bool] = ..., applied_index: _Optional[int] = ..., lag: _Optional[int] = ..., state: _Optional[str] = ..., last_contact_age: _Optional[float] = ..., gone_age: _Optional[float] = ...) -> None: ...
 
 class MasterRole(_message.Message):
-    __slots__ = ("role", "member", "address", "leader", "applied_index", "followers", "alone", "etcd_down")
+    __slots__ = ("role", "member", "address", "leader", "applied_index", "followers", "alone", "etcd_down", "may_not_lead")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -744,6 +744,7 @@ class MasterRole(_message.Message):
     FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
     ALONE_FIELD_NUMBER: _ClassVar[int]
     ETCD_DOWN_FIELD_NUMBER: _ClassVar[int]
+    MAY_NOT_LEAD_FIELD_NUMBER: _ClassVar[int]
     role: str
     member: str
     address: str
@@ -752,7 +753,8 @@ class MasterRole(_message.Message):
     followers: _containers.RepeatedCompositeFieldContainer[FollowerStatus]
     alone: bool
     etcd_down: float
-    def __init__(self, role: _Optional[str] = ..., member: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., applied_index: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., alone: _Optional[bool] = ..., etcd_down: _Optional[float] = ...) -> None: ...
+    may_not_lead: str
+    def __init__(self, role: _Optional[str] = ..., member: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., applied_index: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., alone: _Optional[bool] = ..., etcd_down: _Optional[float] = ..., may_not_lead: _Optional[str] = ...) -> None: ...
 
 class KeyValue(_message.Message):
     __slots__ = ("key", "value")

@@ -145,3 +145,32 @@ def test_a_candidate_leads_within_seconds_of_etcd_coming_back_after_a_long_outag
     lines = [r.getMessage() for r in caplog.records]
     assert 2 <= len(lines) <= 8, lines  # the outage: once, every 10 s, and its end; not every try
     assert "answers again" in lines[-2] or "answers again" in lines[-1]
+
+
+def test_a_master_out_of_sync_with_the_last_term_says_why_it_may_not_take_over(
+    etcd: Etcd, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the last leader gone and the other master out of sync, nobody may lead: `pcache
+    status` said "an election is under way" for ever and no master logged why."""
+    from pcache.master.ha import HAControl
+
+    async def scenario() -> None:
+        a = HAControl(etcd.endpoint, "c9", "ma", "a:1", ttl=TTL)
+        b = HAControl(etcd.endpoint, "c9", "mb", "b:1", ttl=TTL)
+        try:
+            await a.election.campaign(guard=a.guard)  # a's term; b never got in sync with it
+            assert a.may_not_lead == ""
+            await a.election.resign()
+            assert await b.election.leader() is None
+            b.election.seen_leader = ""  # as its campaign saw it: nobody leads
+            for _ in range(3):
+                assert await b.guard() is None
+            assert "not in sync with the last leader's term (master ma" in b.may_not_lead
+        finally:
+            await a.close()
+            await b.close()
+
+    with caplog.at_level("WARNING", logger="pcache.master.ha"):
+        asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records if "may not take over" in r.getMessage()]
+    assert len(said) == 1 and "no master leads" in said[0], said  # once, not at every look
