@@ -12,6 +12,7 @@ sees state a failover could undo.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import posixpath
 import time
@@ -523,11 +524,17 @@ class MasterServicer(pb_grpc.MasterServicer):
             _, blocks = self.m.leading()
             blocks.worker_registered(state.worker_id, list(request.blocks))
             await self.m.commit()
+        masters: list[str] = []
+        if self.m.ha is not None:  # a worker given one master's address learns the others
+            with contextlib.suppress(E.Unavailable):
+                masters = sorted((await self.m.ha.members()).values())
         return pb.RegisterResponse(
             epoch=self.m.epoch,
             heartbeat_interval_ms=int(self.m.cfg.heartbeat_interval * 1000),
             leader=leading,
             block_keys=self.m.block_signer.format(),
+            masters=masters,
+            address=self.m.address,
         )
 
     @rpc_method

@@ -521,16 +521,20 @@ class RegisterRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., blocks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("epoch", "heartbeat_interval_ms", "leader", "block_keys")
+    __slots__ = ("epoch", "heartbeat_interval_ms", "leader", "block_keys", "masters", "address")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     BLOCK_KEYS_FIELD_NUMBER: _ClassVar[int]
+    MASTERS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     heartbeat_interval_ms: int
     leader: bool
     block_keys: str
-    def __init__(self, epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., leader: _Optional[bool] = ..., block_keys: _Optional[str] = ...) -> None: ...
+    masters: _containers.RepeatedScalarFieldContainer[str]
+    address: str
+    def __init__(self, epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., leader: _Optional[bool] = ..., block_keys: _Optional[str] = ..., masters: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("header", "info")

@@ -161,8 +161,7 @@ class WorkerServer:
             self.sc = ShortCircuitServer(self.data, self.uds_path)
             await self.sc.start()
         for address in self.masters:
-            channel = tls_channel(address, self.tls, channel_options())
-            self.links.append(MasterLink(address, channel, pb_grpc.MasterStub(channel)))
+            self._link(address)
         self._spawn(self.heartbeat_loop())
         self._spawn(self.checker.run_presence_checks())
         if self.cfg.scrub_bytes_per_s > 0:
@@ -216,6 +215,27 @@ class WorkerServer:
             metrics_addr=self.metrics_addr,
         )
 
+    def _link(self, address: str) -> MasterLink:
+        channel = tls_channel(address, self.tls, channel_options())
+        link = MasterLink(address, channel, pb_grpc.MasterStub(channel))
+        self.links.append(link)
+        return link
+
+    def _learn_masters(self, link: MasterLink, reply: pb.RegisterResponse) -> None:
+        """Heartbeat the masters ``link``'s master names that this worker was not told of: a
+        worker given only the leader's address went on with it alone after a failover, and the
+        new leader never knew the worker or its blocks."""
+        link.advertised = reply.address or link.advertised
+        known = {a for other in self.links for a in (other.address, other.advertised) if a}
+        for address in reply.masters:
+            if address not in known:
+                logger.warning(
+                    "master %s named master %s, which worker.master leaves out: heartbeating it too"
+                    " (give the worker every master)", link.address, address,
+                )  # fmt: skip
+                self._spawn(self._heartbeat_one(self._link(address)))
+                known.add(address)
+
     def _header(self) -> pb.RequestHeader:
         return pb.RequestHeader(epoch=self.epoch, client_id=self.worker_id)
 
@@ -233,6 +253,7 @@ class WorkerServer:
         self.epoch = max(self.epoch, link.epoch)
         self._take_block_keys(link, reply.block_keys)
         self.heartbeat_interval = (reply.heartbeat_interval_ms or 1000) / 1000
+        self._learn_masters(link, reply)
         logger.info(
             "registered with %s master %s (epoch %d, %d blocks reported)",
             "leader" if reply.leader else "follower", link.address, reply.epoch, len(blocks),
@@ -546,6 +567,7 @@ class MasterLink:
     epoch: int = 0  # newest epoch this master stamped
     leader: bool = False  # it said it leads, in its last answer
     reachable: bool = True
+    advertised: str = ""  # the address the master advertises (another spelling of ``address``)
 
 
 async def serve(cfg: WorkerConfig, *, ready_file: str | None = None) -> None:

@@ -343,6 +343,38 @@ def test_file_open_for_writing_across_a_failover(make_ha) -> None:
         assert pc.stat("/across").size == 6 * block
 
 
+def test_a_worker_given_one_master_learns_the_other_and_the_new_leader_knows_it(make_ha) -> None:
+    """A worker told only the leader's address heartbeat that address alone: after a failover the
+    new leader never knew the worker (status showed the others alive, its blocks missing)."""
+    cluster = make_ha(workers=1)
+    leader = cluster.leader()
+    lone = cluster.start_worker(1, [f"--worker.master={leader.address}"])
+    cluster.wait_workers(2)
+    with client_of(cluster) as pc:
+        pc.write_file("/on-both", os.urandom(1 << 20), replication=2)
+    cluster.wait_in_sync()
+    deadline = time.monotonic() + 15  # it heartbeats the follower too, which knows it alive
+    while time.monotonic() < deadline:
+        workers = role_status_workers(follower_of(cluster, leader))
+        if len(workers) == 2:
+            break
+        time.sleep(0.2)
+    assert len(workers) == 2, workers
+    cluster.kill(leader, signal.SIGKILL)
+    with client_of(cluster) as pc:
+        st = pc.status()
+        assert sum(1 for w in st.workers if w.alive) == 2 and st.missing_blocks == 0, st
+    assert "which worker.master leaves out" in lone.log.read_text()
+
+
+def role_status_workers(proc: Proc) -> list[str]:
+    """The workers master ``proc`` (leader or follower) knows alive."""
+    with Client(ClientConfig(master=proc.address, rpc_timeout=2.0)) as pc:
+        ((_, status),) = pc.master_statuses()
+        assert isinstance(status, pb.ClusterStatus), status
+        return [w.info.addr.worker_id for w in status.workers if w.alive]
+
+
 def test_babel_and_checkpoints_take_the_master_list(make_ha, tmp_path: Path) -> None:
     """``pcache://a,b/...`` in Babel and ckpt_adapter: a leader killed between two saves and two
     syncs costs a stall, not an error."""
