@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 
 from pcache.common import errors as E
@@ -47,6 +48,8 @@ MUTATIONS = frozenset(
 )
 # errors after which another master may answer (a Timeout only for calls safe to repeat)
 FAILOVER_ERRORS = (E.Unavailable, E.StaleEpoch)
+logger = logging.getLogger(__name__)
+
 PROBE_AFTER = 1.0  # seconds a call may hang before the other masters are asked who leads
 
 
@@ -61,7 +64,7 @@ class MasterClient:
         self.client_id = client_id
         self.epoch = 0
         self.current = 0  # index of the master that answered last
-        tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
+        tls = self._tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
         self.channels = [tls_channel(a, tls, channel_options()) for a in self.addresses]
         self.stubs = [pb_grpc.MasterStub(c) for c in self.channels]
         self._request_ids = itertools.count(1)
@@ -71,6 +74,23 @@ class MasterClient:
         self._flush_soon = False  # a flush is scheduled for the next loop turn
         self.failovers = 0  # calls that had to go to another master (a metric for tests and benchmarks)
         self._last_error: E.PCacheError | None = None  # why the last call that failed over failed
+
+    def _learn(self, leader: str) -> None:
+        """Add the leader a master named to the masters this client calls (it was given one
+        address: a mount given the first master of a pair failed every call for good once the
+        other led)."""
+        try:
+            check_addresses(leader)
+        except E.InvalidArgument:
+            return
+        logger.warning(
+            "master %s named the leader %s, which the client's master list leaves out: following it"
+            " (give every master: --master A,B)", self.addresses[0], leader,
+        )  # fmt: skip
+        channel = tls_channel(leader, self._tls, channel_options())
+        self.addresses.append(leader)
+        self.channels.append(channel)
+        self.stubs.append(pb_grpc.MasterStub(channel))
 
     @property
     def address(self) -> str:
@@ -89,12 +109,14 @@ class MasterClient:
         if len(self.addresses) == 1:  # one master: no failover, so no retry to answer once
             try:
                 return await self._call_one(0, name, request)
-            except E.NotLeader as exc:  # one master of a pair given: say how to follow failovers
-                if not exc.leader:
+            except E.NotLeader as exc:  # one master of a pair given: follow the leader it names
+                if not exc.leader or exc.leader in self.addresses:
                     raise
-                err = E.NotLeader(f"{exc.message}; give the client every master (--master A,B) to follow failovers")
-                err.leader = exc.leader
-                raise err from exc
+                if self.cfg.failover_timeout <= 0:  # told not to fail over: say how it would
+                    err = E.NotLeader(f"{exc.message}; give the client every master (--master A,B) to follow failovers")
+                    err.leader = exc.leader
+                    raise err from exc
+                self._learn(exc.leader)  # refused, so not applied: sent again below with a request id
         if name in MUTATIONS and not request.header.request_id:
             request.header.request_id = f"{self.client_id}:{next(self._request_ids)}"
         deadline = time.monotonic() + self.cfg.failover_timeout

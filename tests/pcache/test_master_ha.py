@@ -365,6 +365,12 @@ def test_a_worker_given_one_master_learns_the_other_and_the_new_leader_knows_it(
         st = pc.status()
         assert sum(1 for w in st.workers if w.alive) == 2 and st.missing_blocks == 0, st
     assert "which worker.master leaves out" in lone.log.read_text()
+    # a client (a mount) given the follower's address alone follows the leader it names
+    back = cluster.start_ha_master(index_of(cluster, leader))  # the old leader, back as the follower
+    cluster.wait_in_sync(timeout=30)
+    with Client(ClientConfig(master=back.address)) as lone_client:
+        lone_client.mkdir("/through-the-follower")
+        assert lone_client.stat("/through-the-follower").is_dir
 
 
 def role_status_workers(proc: Proc) -> list[str]:
