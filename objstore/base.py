@@ -134,3 +134,37 @@ class ObjectStore(Protocol):
     async def close(self) -> None:
         """Release connections."""
         ...
+
+
+async def delete_if(store: ObjectStore, key: str, etag: str) -> bool:
+    """Delete ``key`` only while the store holds the version whose ETag is ``etag`` (quotes
+    ignored); True when it was deleted or is gone, False when the store holds another version
+    (written after it: left alone).
+
+    A store with its own ``delete_if`` does it in one conditional request (S3's ``If-Match`` on
+    DeleteObject, RFC 7232); the others HEAD the key and delete on a match, which a write landing
+    between the two can still lose. Source of the need: a PCache leader deposed while its
+    DELETE was in flight must not remove the object its successor wrote since (a fencing token
+    the store checks; Kleppmann, "How to do distributed locking").
+
+    Raises:
+        StoreError (and subclasses) as :meth:`ObjectStore.delete` and :meth:`ObjectStore.head`.
+    """
+    own = getattr(store, "delete_if", None)
+    if own is not None:
+        return await own(key, etag)
+    return await delete_after_head(store, key, etag)
+
+
+async def delete_after_head(store: ObjectStore, key: str, etag: str) -> bool:
+    """:func:`delete_if` for a store without conditional deletes: HEAD, then delete on a match."""
+    from objstore.errors import NoSuchKey
+
+    try:
+        info = await store.head(key)
+    except NoSuchKey:
+        return True
+    if info.etag.strip('"') != etag.strip('"'):
+        return False
+    await store.delete([key])
+    return True

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from objstore.base import GiB, StoreLimits
+from objstore.base import GiB, StoreLimits, delete_after_head
 from objstore.errors import BadURI
 from objstore.s3 import S3Store
 
@@ -47,6 +47,10 @@ class OSSStore(S3Store):
             raise BadURI("oss:// URIs need ?endpoint_url=https://... or ?region=oss-<region>", uri=uri)
         super().__init__(uri, bucket, prefix, options)
         self.limits = OSS_LIMITS
+
+    async def delete_if(self, key: str, etag: str) -> bool:
+        """OSS's DeleteObject takes no ``If-Match``: HEAD first (:func:`objstore.base.delete_after_head`)."""
+        return await delete_after_head(self, key, etag)
 
     def endpoint_url(self) -> str | None:
         return self.options.get("endpoint_url") or f"https://{self.options['region']}.aliyuncs.com"

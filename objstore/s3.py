@@ -106,6 +106,7 @@ from objstore.errors import (
     BadURI,
     NoSuchKey,
     NoSuchUpload,
+    PreconditionFailed,
     StoreError,
     TransientError,
 )
@@ -560,6 +561,33 @@ class S3Store:
     def _checksums(self, resp: dict[str, Any]) -> dict[str, str]:
         """The store's own checksums in a response (none on plain S3; OSS adds CRC64)."""
         return {}
+
+    async def delete_if(self, key: str, etag: str) -> bool:
+        """Delete ``key`` only while its ETag is ``etag``: a HEAD, then DeleteObject with
+        ``If-Match`` (S3 answers 412 to another version; servers that ignore the header, as
+        ``rclone serve s3`` does, are still kept from deleting a version the HEAD saw). True when
+        deleted or gone, False when the store holds another version. See
+        :func:`objstore.base.delete_if`.
+
+        Raises:
+            NoSuchBucket, AccessDenied, Throttled, TransientError, StoreError.
+        """
+        try:
+            if (await self.head(key)).etag.strip('"') != etag.strip('"'):
+                return False
+        except NoSuchKey:
+            return True
+        client = await self._c()
+        try:
+            await client.delete_object(Bucket=self.bucket, Key=self._key(key), IfMatch=f'"{etag.strip(chr(34))}"')
+        except Exception as exc:
+            err = translate(exc, object_uri(self.uri, key))
+            if isinstance(err, NoSuchKey):
+                return True
+            if isinstance(err, PreconditionFailed):
+                return False
+            raise err from exc
+        return True
 
     async def delete(self, keys: list[str]) -> None:
         client = await self._c()

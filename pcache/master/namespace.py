@@ -1318,7 +1318,7 @@ class Namespace:
         puts: list[tuple[bytes, bytes]] = []
         changed: dict[int, pb.Inode] = {}
         base = normalize(src)
-        files: list[tuple[tuple[int, float, int], str, pb.Inode, bool]] = []
+        files: list[tuple[tuple[int, float, int], str, pb.Inode, str | None]] = []
         for file_path, node in list(self.walk(src)):
             if node.bind:  # listed from the store: stays as the store has it
                 continue
@@ -1328,7 +1328,9 @@ class Namespace:
                                      path=dst)  # fmt: skip
             queued = min(self.persist.by_inode.get(node.id, ()), default=0)
             order = (1, 0.0, queued) if queued else (0, node.mtime, node.id)  # persisted ones were closed first
-            files.append((order, file_path[len(base) :], node, node.persist != pb.PERSIST_NONE))
+            # the version the store holds: its ETag fences the DELETE (None: never persisted)
+            had = node.persisted_etag if node.persist != pb.PERSIST_NONE else None
+            files.append((order, file_path[len(base) :], node, had))
         files.sort(key=lambda entry: entry[0])
         deletes: list[tuple[bytes, bytes]] = []
         for _, rel, node, _had in files:
@@ -1345,9 +1347,9 @@ class Namespace:
                 node.persist, node.persist_error = pb.PERSIST_NONE, ""
             changed[node.id] = node
         for _, rel, _node, had in reversed(files):
-            if old is not None and had:
+            if old is not None and had is not None:
                 deletes += self.persist.new(
-                    pb.PersistTask(kind=pb.PersistTask.DELETE, bind=old[0].inode, key=old[1] + rel)
+                    pb.PersistTask(kind=pb.PersistTask.DELETE, bind=old[0].inode, key=old[1] + rel, if_match=had)
                 )
         return puts + deletes, changed
 

@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from objstore.base import PartInfo
+from objstore.base import PartInfo, delete_if
 from pcache.common import errors as E
 from pcache.common import ufs
 from pcache.common.layout import HOLE
@@ -347,15 +347,16 @@ class Persister:
         now = ns.persist.get(task.seq)
         if now is None or now.canceled:  # superseded, deleted or moved while completing: what
             if now is not None:  # canceled it queued what comes next (a newer upload, a DELETE)
-                ns.persist.done(now)
+                ns.persist.done(now, self._fence_deletes(task, info.etag))
             await self.m.commit()
             return True
         puts = []
         with contextlib.suppress(E.NotFound):
             node = ns.get_inode(task.inode)
+            node.persisted_etag = info.etag  # what a DELETE of this name must find to remove it
             if node.version == task.version:
                 node.persist, node.persist_error = pb.PERSIST_DONE, ""
-                puts.append(ns.inode_record(node))
+            puts.append(ns.inode_record(node))
         ns.persist.done(task, puts)
         self.staging.pop(task.seq, None)
         self.retry_at.pop(task.seq, None)
@@ -364,14 +365,35 @@ class Persister:
         logger.info("persisted %s/%s (%d bytes)", bind.uri, task.key, task.size)
         return True
 
+    def _fence_deletes(self, task: pb.PersistTask, etag: str) -> list[tuple[bytes, bytes]]:
+        """Batch entries making the DELETE steps queued after ``task`` for its object remove the
+        version ``task`` has just made (``etag``) and no other."""
+        ns, _ = self.m.leading()
+        puts = []
+        for later in ns.persist.tasks():
+            if later.seq > task.seq and later.kind == pb.PersistTask.DELETE and (later.bind, later.key) == (
+                task.bind, task.key,
+            ):  # fmt: skip
+                later.if_match = etag
+                puts.append((_key(later.seq), later.SerializeToString()))
+        return puts
+
     async def _delete(self, task: pb.PersistTask) -> bool:
+        """Delete the object a deleted or moved file left; with ``if_match`` only that version
+        (a leader deposed while its DELETE was in flight removed the object its successor wrote
+        after it; found by an HA drill: the request held in a proxy and delivered 7 s late)."""
         ns, _ = self.m.leading()
         found = self._store_or_drop(task)
         if found is None:
             return True
         bind, store = found
         try:
-            await ufs.call(store.delete([task.key]), bind.uri, self.m.cfg.ufs_timeout)
+            if task.if_match:
+                removed = await ufs.call(delete_if(store, task.key, task.if_match), bind.uri, self.m.cfg.ufs_timeout)
+                if not removed:
+                    logger.info("left %s/%s alone: the store holds a version written after it", bind.uri, task.key)
+            else:
+                await ufs.call(store.delete([task.key]), bind.uri, self.m.cfg.ufs_timeout)
         except E.PCacheError as exc:
             await self._failed(task, str(exc))
             return False

@@ -85,7 +85,7 @@ class WorkerAddr(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., uds_path: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev", "created", "tenant", "bind", "ufs_key", "etag", "seen", "listed", "persist", "persist_error", "nlink", "subdirs")
+    __slots__ = ("id", "type", "mode", "size", "mtime", "ctime", "atime", "block_size", "replication", "blocks", "symlink_target", "version", "xattrs", "parent", "name", "uid", "gid", "rdev", "created", "tenant", "bind", "ufs_key", "etag", "seen", "listed", "persist", "persist_error", "nlink", "subdirs", "persisted_etag")
     class XattrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class Inode(_message.Message):
     PERSIST_ERROR_FIELD_NUMBER: _ClassVar[int]
     NLINK_FIELD_NUMBER: _ClassVar[int]
     SUBDIRS_FIELD_NUMBER: _ClassVar[int]
+    PERSISTED_ETAG_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: FileType
     mode: int
@@ -151,10 +152,11 @@ class Inode(_message.Message):
     persist_error: str
     nlink: int
     subdirs: int
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ..., created: _Optional[bool] = ..., tenant: _Optional[str] = ..., bind: _Optional[int] = ..., ufs_key: _Optional[str] = ..., etag: _Optional[str] = ..., seen: _Optional[float] = ..., listed: _Optional[float] = ..., persist: _Optional[_Union[PersistState, str]] = ..., persist_error: _Optional[str] = ..., nlink: _Optional[int] = ..., subdirs: _Optional[int] = ...) -> None: ...
+    persisted_etag: str
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., mtime: _Optional[float] = ..., ctime: _Optional[float] = ..., atime: _Optional[float] = ..., block_size: _Optional[int] = ..., replication: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., symlink_target: _Optional[str] = ..., version: _Optional[int] = ..., xattrs: _Optional[_Mapping[str, bytes]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., rdev: _Optional[int] = ..., created: _Optional[bool] = ..., tenant: _Optional[str] = ..., bind: _Optional[int] = ..., ufs_key: _Optional[str] = ..., etag: _Optional[str] = ..., seen: _Optional[float] = ..., listed: _Optional[float] = ..., persist: _Optional[_Union[PersistState, str]] = ..., persist_error: _Optional[str] = ..., nlink: _Optional[int] = ..., subdirs: _Optional[int] = ..., persisted_etag: _Optional[str] = ...) -> None: ...
 
 class PersistTask(_message.Message):
-    __slots__ = ("seq", "kind", "inode", "version", "bind", "key", "upload_id", "parts", "staged", "size", "crc32c", "attempts", "error", "canceled", "uri")
+    __slots__ = ("seq", "kind", "inode", "version", "bind", "key", "upload_id", "parts", "staged", "size", "crc32c", "attempts", "error", "canceled", "uri", "if_match")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         UPLOAD: _ClassVar[PersistTask.Kind]
@@ -176,6 +178,7 @@ class PersistTask(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CANCELED_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
+    IF_MATCH_FIELD_NUMBER: _ClassVar[int]
     seq: int
     kind: PersistTask.Kind
     inode: int
@@ -191,7 +194,8 @@ class PersistTask(_message.Message):
     error: str
     canceled: bool
     uri: str
-    def __init__(self, seq: _Optional[int] = ..., kind: _Optional[_Union[PersistTask.Kind, str]] = ..., inode: _Optional[int] = ..., version: _Optional[int] = ..., bind: _Optional[int] = ..., key: _Optional[str] = ..., upload_id: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[PartDone, _Mapping]]] = ..., staged: _Optional[bool] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., attempts: _Optional[int] = ..., error: _Optional[str] = ..., canceled: _Optional[bool] = ..., uri: _Optional[str] = ...) -> None: ...
+    if_match: str
+    def __init__(self, seq: _Optional[int] = ..., kind: _Optional[_Union[PersistTask.Kind, str]] = ..., inode: _Optional[int] = ..., version: _Optional[int] = ..., bind: _Optional[int] = ..., key: _Optional[str] = ..., upload_id: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[PartDone, _Mapping]]] = ..., staged: _Optional[bool] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., attempts: _Optional[int] = ..., error: _Optional[str] = ..., canceled: _Optional[bool] = ..., uri: _Optional[str] = ..., if_match: _Optional[str] = ...) -> None: ...
 
 class PartDone(_message.Message):
     __slots__ = ("number", "etag", "size")

@@ -454,3 +454,38 @@ def test_binds_and_what_was_listed_under_them_survive_the_leaders_sigkill(make_h
             admin.write_file("/ds/d/new", b"x")
         admin.refresh("/ds/d")
         assert {e.name for e in admin.listdir("/ds/d")} == {"f", "late"}
+
+
+def test_a_deposed_leaders_late_delete_leaves_the_object_its_successor_wrote(make_ha, moto_endpoint: str) -> None:
+    """A leader sends the DELETE of a deleted file's object and dies; the request reaches the
+    store late (held by a proxy here; a slow store or network elsewhere). Its successor deleted
+    it again and uploaded the file written under the same name since; the late DELETE then
+    removed that object, while PCache said ``persist: done``. Write-back's DELETE now names the
+    version it removes (If-Match)."""
+    from babel.testing.s3proxy import S3Proxy
+    from tests.conftest import create_bucket
+    from tests.pcache.test_binds import _object, _s3
+
+    bucket = create_bucket(moto_endpoint)
+    s3 = _s3(moto_endpoint)
+    cluster = make_ha(workers=1)
+    with S3Proxy(moto_endpoint) as proxy, client_of(cluster, token=cluster.admin_token) as pc:
+        pc.bind("/default/wb", f"s3://{bucket}/k/?endpoint_url={proxy.endpoint}", mode="writeback")
+        pc.write_file("/default/wb/x.bin", b"version 1")
+        pc.wait_persisted("/default/wb", timeout=60)
+        cluster.wait_in_sync()
+        proxy.ops, proxy.delay = {"delete", "delete_objects"}, 10.0  # the leader's DELETE is held
+        pc.remove("/default/wb/x.bin")
+        deadline = time.monotonic() + 20
+        while not proxy.stats().delayed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.stats().delayed == 1
+        held_since = time.monotonic()
+        proxy.delay = 0.0  # what comes later goes through at once
+        cluster.kill(cluster.leader(), signal.SIGKILL)
+        pc.write_file("/default/wb/x.bin", b"version 2, written after")  # on the new leader
+        pc.wait_persisted("/default/wb", timeout=60)
+        assert _object(s3, bucket, "k/x.bin") == b"version 2, written after"
+        time.sleep(max(0.0, 10.0 - (time.monotonic() - held_since)) + 1.0)  # the held DELETE lands
+        assert pc.stat("/default/wb/x.bin").persist == "done"
+    assert _object(s3, bucket, "k/x.bin") == b"version 2, written after"
