@@ -53,11 +53,29 @@ from fsspec.spec import AbstractBufferedFile
 from pcache.client.core import MAX_SYMLINK_HOPS, FileStat, PCacheClient, _link_target
 from pcache.client.file import PCacheFile
 from pcache.common.config import ClientConfig
-from pcache.common.errors import AlreadyExists, NotADirectory, NotFound, SymlinkLoop
+from pcache.common.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotADirectory,
+    NotFound,
+    StaleEpoch,
+    SymlinkLoop,
+    Timeout,
+    Unavailable,
+)
 
 PROTOCOL = "pcache"
 PREFIX = f"{PROTOCOL}://"
 CHUNK = 8 << 20  # bytes per read/write step of put, get and copy
+UNANSWERED = (Unavailable, Timeout, StaleEpoch)  # the master did not answer: nothing is known of the path
+
+
+def _omit_unless_unanswered(exc: BaseException) -> None:
+    """fsspec ``walk``'s ``on_error``: a path gone meanwhile is left out, silence is raised."""
+    if isinstance(exc, UNANSWERED):
+        raise exc
+
+
 CLIENT_FIELDS = frozenset(f.name for f in dataclasses.fields(ClientConfig))
 KIND_TYPES = {"file": "file", "dir": "directory"}  # every other kind is fsspec's "other"
 
@@ -206,10 +224,43 @@ class PCacheFileSystem(AsyncFileSystem):
         try:
             out = []
             async for st in c.scandir(path):
-                out.append(self._details(st, await self._follow(st) if st.kind == "symlink" else None))
+                target = None
+                if st.kind == "symlink":
+                    with contextlib.suppress(SymlinkLoop):  # listed as the link itself, as os.scandir does
+                        target = await self._follow(st)
+                out.append(self._details(st, target))
         except NotADirectory:
             out = [await self._info(path)]
         return out if detail else [entry["name"] for entry in out]
+
+    async def _walk(self, path: str, maxdepth: int | None = None, topdown: bool = True, on_error: Any = None, **kwargs):
+        """fsspec's walk, except that a master that does not answer is an error, never an empty
+        directory (fsspec omits every ``OSError`` by default: ``find``, ``glob`` and ``du``
+        answered ``[]`` and 0 during an outage, and a trainer looking for its newest checkpoint
+        found none). Missing paths are still omitted unless ``on_error="raise"``."""
+        async for entry in super()._walk(
+            path, maxdepth=maxdepth, topdown=topdown, on_error=on_error or _omit_unless_unanswered, **kwargs
+        ):
+            yield entry
+
+    async def _isdir(self, path: str) -> bool:
+        """Whether ``path`` is a directory (a symlink to one is). Raises the master's silence
+        (``Unavailable``, ``Timeout``) instead of answering False."""
+        try:
+            return (await self._info(path))["type"] == "directory"
+        except UNANSWERED:
+            raise
+        except OSError:
+            return False
+
+    async def _isfile(self, path: str) -> bool:
+        """Whether ``path`` is a regular file; raises as :meth:`_isdir`."""
+        try:
+            return (await self._info(path))["type"] == "file"
+        except UNANSWERED:
+            raise
+        except OSError:
+            return False
 
     def modified(self, path: str) -> datetime.datetime:
         """Last modification time of ``path`` (UTC)."""
@@ -387,12 +438,25 @@ class PCacheFileSystem(AsyncFileSystem):
         return True
 
     def mv(self, path1, path2, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
-        """Move: one atomic rename for a plain path to a free destination, else copy then delete."""
+        """Move: one atomic rename for a plain path to a free destination (into it when it is a
+        directory, as ``mv`` does), else copy then delete.
+
+        Raises:
+            InvalidArgument: a path moved into the directory that holds it already, or into
+                itself (fsspec's copy-then-delete copied it onto itself, then deleted it).
+        """
         plain = isinstance(path1, str) and isinstance(path2, str) and not any(ch in path1 for ch in "*?[")
         if plain and self._strip_protocol(path1) == self._strip_protocol(path2):
             return
+        if plain and (path2.endswith("/") or self.isdir(path2)):
+            src, into = self._strip_protocol(path1), self._strip_protocol(path2).rstrip("/") or "/"
+            target = posixpath.join(into, posixpath.basename(src))
+            if target == src or into == src or into.startswith(src.rstrip("/") + "/"):
+                why = "it is there already" if target == src else "it is inside it"
+                raise InvalidArgument(f"cannot move {src} into {into}: {why}")
+            path2 = target
         renamable = plain and maxdepth is None and not path2.endswith("/")
-        if renamable and (recursive or not self.isdir(path1)) and sync(self.loop, self._mv_one, path1, path2):
+        if renamable and sync(self.loop, self._mv_one, path1, path2):  # a directory moves whole, as mv(1) does
             return
         super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
 

@@ -12,6 +12,7 @@ import pytest
 from fsspec.tests import abstract
 
 from pcache.client.filesystem import PCacheFileSystem, split_url
+from pcache.common import errors as E
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +161,28 @@ def test_mv_is_one_rename_and_append_appends(pfs, client):
     assert pfs.cat_file("/fsspec-mv/deeper/dst.bin") == b""
 
 
+def test_mv_into_the_directory_that_holds_it_loses_nothing(pfs, client):
+    """``mv(f, its own directory)`` went to fsspec's copy-then-delete, which copied the path onto
+    itself and then deleted it: the file (or a whole directory) was gone, and no error."""
+    pfs.pipe({"/fsspec-mvp/data.bin": b"precious", "/fsspec-mvp/run1/x": b"x", "/fsspec-mvp/top.bin": b"t"})
+    for src, into in [
+        ("/fsspec-mvp/data.bin", "/fsspec-mvp"),
+        ("/fsspec-mvp/data.bin", "/fsspec-mvp/"),
+        ("/fsspec-mvp/run1", "/fsspec-mvp"),
+    ]:
+        with pytest.raises(E.InvalidArgument, match="cannot move"):
+            pfs.mv(src, into, recursive=True)
+    pfs.mv("/fsspec-mvp/run1", "/fsspec-mvp/run1/", recursive=True)  # onto itself: nothing to do
+    assert pfs.cat_file("/fsspec-mvp/data.bin") == b"precious" and pfs.cat_file("/fsspec-mvp/run1/x") == b"x"
+    # into another directory: moved inside it whole, one rename (as mv(1); without recursive too)
+    ino = client.stat("/fsspec-mvp/run1").inode
+    pfs.mkdir("/fsspec-mvp/done")
+    pfs.mv("/fsspec-mvp/run1", "/fsspec-mvp/done")
+    assert client.stat("/fsspec-mvp/done/run1").inode == ino and pfs.cat_file("/fsspec-mvp/done/run1/x") == b"x"
+    pfs.mv("/fsspec-mvp/top.bin", "/fsspec-mvp/done/")
+    assert pfs.cat_file("/fsspec-mvp/done/top.bin") == b"t" and not pfs.exists("/fsspec-mvp/top.bin")
+
+
 def test_a_pickled_filesystem_reads_in_another_instance(pfs):
     pfs.pipe_file("/fsspec-pickle/x", b"payload")
     again = pickle.loads(pickle.dumps(pfs))
@@ -196,3 +219,48 @@ def test_text_mode_globs_and_a_directory_moved_whole(pfs, shared_cluster):
     pfs.mv("/fsspec-text/run-1", "/fsspec-text/run-1-done", recursive=True)
     assert pfs.info("/fsspec-text/run-1-done")["ino"] == ino  # the directory itself, renamed
     assert pfs.cat_file("/fsspec-text/run-1-done/b.bin") == b"bb"
+
+
+def test_a_looping_symlink_lists_as_itself_and_hides_nothing(pfs, client):
+    """One looping symlink made ``ls`` of its directory raise, so ``find``, ``glob`` and ``du``
+    of it answered ``[]`` and 0 while files were there."""
+    pfs.pipe_file("/fsspec-loop/d/f.txt", b"data")
+    client.symlink("/fsspec-loop/b", "/fsspec-loop/a")
+    client.symlink("/fsspec-loop/a", "/fsspec-loop/b")
+    assert {e["name"]: e["type"] for e in pfs.ls("/fsspec-loop")} == {
+        "/fsspec-loop/a": "other", "/fsspec-loop/b": "other", "/fsspec-loop/d": "directory",
+    }  # fmt: skip
+    assert pfs.find("/fsspec-loop") == ["/fsspec-loop/a", "/fsspec-loop/b", "/fsspec-loop/d/f.txt"]
+    assert pfs.du("/fsspec-loop/d") == 4
+
+
+def test_during_a_master_outage_listings_raise_instead_of_answering_empty(make_cluster):
+    """fsspec omits every OSError in ``walk``: with the master stopped, ``find``, ``glob``,
+    ``walk`` and ``du`` answered ``[]`` and 0, and ``isdir``/``isfile`` False (a trainer resuming
+    from its newest ``step-*`` would find no checkpoint and start again from step 0)."""
+    import os
+    import signal
+
+    from fsspec.exceptions import FSTimeoutError
+
+    cluster = make_cluster(workers=1)
+    fs = PCacheFileSystem(master=cluster.master_address, rpc_timeout=1.0, metadata_ttl=0.0, skip_instance_cache=True)
+    fs.pipe({"/ck/step-1/a": b"a", "/ck/step-2/a": b"bb"})
+    assert fs.glob("/ck/step-*") == ["/ck/step-1", "/ck/step-2"] and fs.du("/ck") == 3
+    assert fs.find("/ck/never") == [] and not fs.isdir("/ck/never")  # missing stays missing
+    os.kill(cluster.master.pid, signal.SIGSTOP)
+    try:
+        calls = {
+            "find": lambda: fs.find("/ck"),
+            "glob": lambda: fs.glob("/ck/step-*"),
+            "du": lambda: fs.du("/ck"),
+            "walk": lambda: list(fs.walk("/ck")),
+            "isdir": lambda: fs.isdir("/ck"),
+            "isfile": lambda: fs.isfile("/ck/step-1/a"),
+        }
+        for name, call in calls.items():
+            with pytest.raises((E.Timeout, E.Unavailable, FSTimeoutError)):
+                print(name, call())
+    finally:
+        os.kill(cluster.master.pid, signal.SIGCONT)
+    assert fs.glob("/ck/step-*") == ["/ck/step-1", "/ck/step-2"]
