@@ -55,9 +55,9 @@ def up(
     if cfg.cluster.worker_capacity_bytes:
         worker_args.append(f"--worker.capacity_bytes={cfg.cluster.worker_capacity_bytes}")
     root = data_dir or cfg.cluster.data_dir
-    running = _running_master(root)
+    running = _running_process(root)
     if running:
-        raise InvalidArgument(f"{root} is in use by a running cluster (master pid {running}); stop it first")
+        raise InvalidArgument(f"{root} is in use by a running cluster ({running[0]} pid {running[1]}); stop it first")
     cluster = LocalCluster(
         data_dir=root,
         workers=workers if workers is not None else cfg.cluster.workers,
@@ -110,7 +110,17 @@ def up(
                         cluster.write_manifest(**({"mount": os.path.abspath(mount_dir)} if mount_dir else {}))
                     except PCacheError as exc:
                         click.echo(f"pcache up: {proc.name} did not restart: {exc}", err=True)
-            for child in [cluster.master, *cluster.worker_procs]:
+            master = cluster.master
+            if master is not None and not master.alive() and time.monotonic() - restarted.get(-1, -1e9) > 10:
+                restarted[-1] = time.monotonic()  # the single master died: back on its data directory
+                click.echo(f"pcache up: master exited ({master.popen.returncode if master.popen else '?'});"
+                           f" restarting it (log {master.log})", err=True)  # fmt: skip
+                try:
+                    cluster.start_master()
+                    cluster.write_manifest(**({"mount": os.path.abspath(mount_dir)} if mount_dir else {}))
+                except PCacheError as exc:
+                    click.echo(f"pcache up: the master did not restart: {exc}", err=True)
+            for child in cluster.worker_procs:
                 if child is not None and not child.alive() and child.name not in reported:
                     reported.add(child.name)
                     click.echo(f"pcache up: {child.name} exited; see {child.log}", err=True)
@@ -121,17 +131,17 @@ def up(
         click.echo("cluster stopped", err=True)
 
 
-def _running_master(root: str) -> int | None:
-    """Pid of a live master recorded in ``root/cluster.json``, if any."""
+def _running_process(root: str) -> tuple[str, int] | None:
+    """(name, pid) of a live process recorded in ``root/cluster.json`` (a master, or a worker
+    whose master died: a second cluster on the directory would share its blocks), if any."""
     from pcache.common.errors import PCacheError
     from pcache.local import read_manifest
 
     try:
-        pids = read_manifest(root)["pids"]
-        masters = [int(pid) for name, pid in pids.items() if name == "master" or name.startswith("master-")]
-    except (PCacheError, KeyError, ValueError, AttributeError):
+        pids = {str(name): int(pid) for name, pid in read_manifest(root)["pids"].items()}
+    except (PCacheError, KeyError, ValueError, AttributeError, TypeError):
         return None
-    return next((pid for pid in masters if process_alive(pid)), None)
+    return next(((name, pid) for name, pid in pids.items() if process_alive(pid)), None)
 
 
 def _mount(cluster, mount_dir: str) -> subprocess.Popen:

@@ -161,3 +161,31 @@ async def wait_for_stop_signal() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+def lock_data_dir(data_dir: str, role: str) -> int:
+    """Hold ``data_dir/LOCK`` (an ``flock``) for as long as this process runs, or until the
+    returned descriptor is closed; the file names the holder's pid.
+
+    A second worker on one directory deleted the first one's half-written blocks at its start
+    and served its files as its own (two ``pcache up`` on one data directory did that).
+
+    Raises:
+        Busy: another process holds it (its pid named).
+    """
+    import fcntl
+
+    from pcache.common.errors import Busy
+
+    os.makedirs(data_dir, exist_ok=True)
+    path = os.path.join(data_dir, "LOCK")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise Busy(f"{data_dir} is in use by another {role} (pid {holder}); stop it first") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

@@ -45,7 +45,7 @@ from pcache.common.errors import (
 )
 from pcache.common.layout import HOLE
 from pcache.common.metrics import LOST_BLOCKS, serve_metrics
-from pcache.common.process import wait_for_stop_signal, write_ready_file
+from pcache.common.process import lock_data_dir, wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import call, call_stamped, channel_options
 from pcache.common.tls import channel as tls_channel
 from pcache.common.tls import load_optional
@@ -99,6 +99,7 @@ class WorkerServer:
         self.started = time.time()
         self.worker_id = worker_id_for(cfg.data_dir)
         self.node_id = cfg.node_id or default_node_id()
+        self._dir_lock = lock_data_dir(cfg.data_dir, "worker")  # before the store clears its tmp/
         self.store = DiskBlockStore(
             cfg.data_dir, capacity_bytes=cfg.capacity_bytes, reserve_bytes=cfg.reserve_bytes, fsync=cfg.fsync
         )
@@ -185,6 +186,9 @@ class WorkerServer:
         for store in self._ufs_stores.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(store.close(), 5.0)
+        if self._dir_lock >= 0:
+            os.close(self._dir_lock)
+            self._dir_lock = -1
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)

@@ -81,6 +81,27 @@ def test_second_up_on_a_busy_dir_refuses_and_keeps_the_manifest(tmp_path: Path) 
         assert second.returncode == 3
         assert "in use by a running cluster" in second.stderr and second.stderr.count("\n") == 1
         assert (data / "cluster.json").exists()
+        # its master killed: the worker still holds the directory (a second cluster there shared
+        # its blocks, and stopping the first deleted the second's manifest), and `pcache up`
+        # starts the master again
+        manifest = json.loads((data / "cluster.json").read_text())
+        os.kill(manifest["pids"]["master"], signal.SIGKILL)
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 3 and "in use by a running cluster" in second.stderr, second.stderr
+        deadline = time.monotonic() + 30
+        while json.loads((data / "cluster.json").read_text())["pids"]["master"] == manifest["pids"]["master"]:
+            assert time.monotonic() < deadline, "the master was not restarted"
+            time.sleep(0.2)
+        ls = subprocess.run([sys.executable, "-m", "pcache", "--cluster-dir", str(data), "ls", "/"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert ls.returncode == 0, ls.stderr
+        # a worker started by hand on a directory a worker holds is refused
+        worker_dir = manifest["workers"][0]["data_dir"]
+        rogue = subprocess.run(
+            [sys.executable, "-m", "pcache", "worker", f"--worker.data_dir={worker_dir}",
+             f"--worker.master={manifest['master']}"], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert rogue.returncode != 0 and "in use by another worker (pid" in rogue.stderr, rogue.stderr
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
