@@ -35,6 +35,7 @@ Peer: s3fs (``S3FileSystem``) for the layout of an fsspec async filesystem.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import datetime
@@ -42,6 +43,8 @@ import errno
 import os
 import posixpath
 import secrets
+import sys
+import threading
 import time
 import weakref
 from typing import Any
@@ -518,6 +521,7 @@ class PCacheBufferedFile(AbstractBufferedFile):
         )
         if mode == "ab":
             self.loc = self.file.size
+        _track_open(self)
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         return self.fs._sync_call(self.file.pread, start, end - start)
@@ -547,6 +551,9 @@ class PCacheBufferedFile(AbstractBufferedFile):
 
     def close(self) -> None:
         if self.closed:
+            return
+        if sys.is_finalizing():  # collected after the loop's thread stopped: a sync() would wait for ever
+            super().__setattr__("closed", True)  # (files left open at exit were closed by _close_open_files)
             return
         try:
             super().close()
@@ -583,6 +590,34 @@ class PCacheStreamedFile(AbstractAsyncStreamedFile):
         if not self.file.closed:
             self.closed = True
             await self.file.close()
+
+
+_OPEN_FILES: weakref.WeakSet[PCacheBufferedFile] = weakref.WeakSet()
+
+
+_AT_EXIT: list[bool] = []  # registered once
+
+
+def _track_open(f: PCacheBufferedFile) -> None:
+    """Remember an open file for :func:`_close_open_files`, run at exit before the thread pools
+    stop (``threading._register_atexit``, as ``concurrent.futures`` does: later registered runs
+    first) and before the clients' own ``weakref.finalize``, while their channels are open."""
+    if not _AT_EXIT:
+        _AT_EXIT.append(True)
+        register = getattr(threading, "_register_atexit", atexit.register)
+        register(_close_open_files)
+    _OPEN_FILES.add(f)
+
+
+def _close_open_files() -> None:
+    """Close the files a program left open when it exits, while the filesystem's loop still runs:
+    a writer's bytes are committed, as a local file's are (the interpreter hung for ever in the
+    files' ``__del__``, and a writer left an empty file)."""
+    for f in list(_OPEN_FILES):
+        try:
+            f.close()
+        except Exception as exc:  # one file's failure must not keep the others open
+            print(f"pcache: {f.path} left open at exit: its close failed: {exc}", file=sys.stderr)
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop | None) -> bool:

@@ -264,3 +264,24 @@ def test_during_a_master_outage_listings_raise_instead_of_answering_empty(make_c
     finally:
         os.kill(cluster.master.pid, signal.SIGCONT)
     assert fs.glob("/ck/step-*") == ["/ck/step-1", "/ck/step-2"]
+
+
+def test_a_program_that_leaves_files_open_exits_and_its_writes_are_committed(pfs, shared_cluster):
+    """Files left open at exit were closed from ``__del__`` after fsspec's loop thread had
+    stopped: the interpreter hung for ever, and a writer left an empty file."""
+    import subprocess
+    import sys
+
+    pfs.pipe_file("/fsspec-exit/plain.txt", b"hello")
+    script = f"""
+import fsspec
+M = {shared_cluster.master_address!r}
+r = fsspec.open(f"pcache://{{M}}/fsspec-exit/plain.txt", "rb").open()
+assert r.read() == b"hello"
+w = fsspec.open(f"pcache://{{M}}/fsspec-exit/unclosed.txt", "wb").open()
+w.write(b"written, never closed")
+print("end of script", flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "end of script" in done.stdout, done.stderr
+    assert pfs.cat_file("/fsspec-exit/unclosed.txt") == b"written, never closed"
