@@ -113,10 +113,21 @@ class PCacheFileSystem(AsyncFileSystem):
     cachable = True
     blocksize = CHUNK
 
-    def __init__(self, master: str | None = None, *, auto_mkdir: bool = True, **options: Any) -> None:
+    def __init__(
+        self, master: str | None = None, *, auto_mkdir: bool = True, url_master: str | None = None, **options: Any
+    ) -> None:
+        """Raises InvalidArgument for an empty ``token`` (an unset variable passed as the token used
+        this machine's default tenant), or a ``master`` that differs from the URL's host."""
         client_options = {k: options.pop(k) for k in list(options) if k in CLIENT_FIELDS}
-        if master:
-            client_options["master"] = master
+        if master and url_master and master != url_master:
+            raise InvalidArgument(f"the URL names master {url_master} and the options master {master}: give one")
+        if master or url_master:
+            client_options["master"] = master or url_master
+        if "token" in client_options:
+            token = str(client_options["token"] or "").strip()  # a token read from a file keeps its newline
+            if not token:
+                raise InvalidArgument("token is empty: give a tenant's token, or leave token out to use this machine's")
+            client_options["token"] = token
         super().__init__(**options)
         self.config = dataclasses.replace(ClientConfig(), **client_options)
         self.master = self.config.master
@@ -136,8 +147,8 @@ class PCacheFileSystem(AsyncFileSystem):
 
     @staticmethod
     def _get_kwargs_from_urls(path: str) -> dict[str, str]:
-        master = split_url(path)[0]
-        return {"master": master} if master else {}
+        master = split_url(path)[0]  # not "master": fsspec merges it with the caller's options
+        return {"url_master": master} if master else {}
 
     def unstrip_protocol(self, name: str) -> str:
         return f"{PREFIX}{self.master}{self._strip_protocol(name)}"

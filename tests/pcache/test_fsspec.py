@@ -67,8 +67,26 @@ def test_urls_split_by_hand_keep_glob_characters():
     assert PCacheFileSystem._strip_protocol("pcache://h:1/a/b/") == "/a/b"
     assert PCacheFileSystem._strip_protocol("pcache:///") == "/"
     assert PCacheFileSystem._strip_protocol("//a//b c/") == "/a/b c"
-    assert PCacheFileSystem._get_kwargs_from_urls("pcache://h:1/a") == {"master": "h:1"}
+    assert PCacheFileSystem._get_kwargs_from_urls("pcache://h:1/a") == {"url_master": "h:1"}
     assert PCacheFileSystem._get_kwargs_from_urls("pcache:///a") == {}
+
+
+def test_options_that_name_the_master_or_a_token_wrongly_are_clear_errors(shared_cluster, tmp_path):
+    """``url_to_fs(url, master=...)`` raised fsspec's TypeError (a keyword given twice); an unset
+    variable passed as ``token=""`` wrote into this machine's default tenant; a token read from
+    a file with its newline failed deep in gRPC ("Illegal header value")."""
+    m = shared_cluster.master_address
+    fs, path = fsspec.core.url_to_fs(f"pcache://{m}/fsspec-opts/x", master=m, skip_instance_cache=True)
+    assert isinstance(fs, PCacheFileSystem) and path == "/fsspec-opts/x"
+    with pytest.raises(E.InvalidArgument, match="give one"):
+        fsspec.core.url_to_fs("pcache://10.9.9.9:1/x", master=m, skip_instance_cache=True)
+    with pytest.raises(E.InvalidArgument, match="token is empty"):
+        fsspec.filesystem("pcache", master=m, token="", skip_instance_cache=True)
+    token = tmp_path / "token"
+    token.write_text(shared_cluster.token + "\n")
+    fs = fsspec.filesystem("pcache", master=m, token=token.read_text(), skip_instance_cache=True)
+    fs.pipe_file("/fsspec-opts/y", b"y")
+    assert fs.cat_file("/fsspec-opts/y") == b"y"
 
 
 def test_fsspec_open_by_url_round_trips_a_torch_checkpoint(shared_cluster, client):
