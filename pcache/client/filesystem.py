@@ -546,6 +546,9 @@ class PCacheBufferedFile(AbstractBufferedFile):
                 self.fs._sync_call(self.file.close)
         except BaseException:
             self.fs._sync_call(self.file.abort)
+            # closed with it: the ``with`` block's close must not try again and raise "I/O
+            # operation on closed file" over this error (an OSError a caller catches)
+            super().__setattr__("closed", True)
             raise
         finally:
             data.release()

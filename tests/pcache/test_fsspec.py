@@ -303,3 +303,19 @@ print("end of script", flush=True)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "end of script" in done.stdout, done.stderr
     assert pfs.cat_file("/fsspec-exit/unclosed.txt") == b"written, never closed"
+
+
+def test_a_write_that_fails_inside_with_raises_its_own_error(shared_cluster):
+    """A quota refusal during ``with fs.open(p, "wb")`` surfaced as ``ValueError: I/O operation
+    on closed file`` (the close retried the aborted file), which ``except OSError`` misses."""
+    from pcache.client import Client
+    from pcache.common.config import ClientConfig
+
+    name = f"fsq{uuid.uuid4().hex[:6]}"
+    with Client(ClientConfig(master=shared_cluster.master_address, token=shared_cluster.admin_token)) as admin:
+        admin.create_tenant(name, quota_bytes=8 << 20)
+        token = admin.issue_token(name)
+    fs = fsspec.filesystem("pcache", master=shared_cluster.master_address, token=token, skip_instance_cache=True)
+    with pytest.raises(E.QuotaExceeded), fs.open("/over.bin", "wb") as f:
+        for _ in range(12):  # the refusal comes from a write: the file's first block is full
+            f.write(bytes(4 << 20))
