@@ -230,7 +230,9 @@ class Tenants:
         if rec.quota_bytes and rec.used_bytes + reserved + nbytes > rec.quota_bytes:
             raise E.QuotaExceeded(
                 f"tenant {name!r} has used {rec.used_bytes} of its {rec.quota_bytes} bytes"
-                f" ({reserved} more reserved by open writers); a {nbytes} byte block does not fit (pcache tenant quota)"
+                f" ({reserved} more reserved by blocks allocated and not committed: open writers, and writers"
+                f" that failed or died, whose allocations end after master.orphan_grace); a {nbytes} byte block"
+                " does not fit (pcache tenant quota)"
             )
 
 
