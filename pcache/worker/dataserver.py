@@ -51,6 +51,7 @@ FIRST_FRAME_TIMEOUT = 10.0
 FRAME_TIMEOUT = 10.0
 REQUEST_HEADER_BYTES = 64 << 10
 MAX_CONNECTIONS = 4096
+LISTEN_BACKLOG = 4096  # connections the kernel queues before the worker accepts them (capped by somaxconn)
 
 
 STALLED_PEER_SECONDS = 10.0  # how long pipelines skip a downstream replica that stalled

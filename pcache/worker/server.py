@@ -52,7 +52,7 @@ from pcache.common.tls import load_optional
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 from pcache.worker.blockstore import DiskBlockStore
-from pcache.worker.dataserver import DataServer
+from pcache.worker.dataserver import LISTEN_BACKLOG, DataServer
 from pcache.worker.memtier import MemoryTier
 from pcache.worker.scrub import BlockChecker
 from pcache.worker.shortcircuit import ShortCircuitServer
@@ -151,12 +151,17 @@ class WorkerServer:
     async def start(self) -> int:
         """Start the data plane, short circuit and master link; returns the TCP port."""
         tls = self.tls.server_context(client_auth=self.cfg.tls_client_auth) if self.tls else None
+        # a listen backlog for bursts of clients (asyncio's default of 100 dropped the connections
+        # of 1,000 files written at once by one fsspec call: connects timed out, reads failed)
         if tls is None:
-            self.server = await asyncio.start_server(self.data.handle, self.cfg.host, self.cfg.port, limit=4 << 20)
+            self.server = await asyncio.start_server(
+                self.data.handle, self.cfg.host, self.cfg.port, limit=4 << 20, backlog=LISTEN_BACKLOG
+            )
         else:
             self.server = await asyncio.start_server(
-                self.data.handle, self.cfg.host, self.cfg.port, limit=4 << 20, ssl=tls, ssl_handshake_timeout=10
-            )
+                self.data.handle, self.cfg.host, self.cfg.port, limit=4 << 20, ssl=tls, ssl_handshake_timeout=10,
+                backlog=LISTEN_BACKLOG,
+            )  # fmt: skip
         self.port = self.server.sockets[0].getsockname()[1]
         if self.uds_path:
             self.sc = ShortCircuitServer(self.data, self.uds_path)

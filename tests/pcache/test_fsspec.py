@@ -319,3 +319,12 @@ def test_a_write_that_fails_inside_with_raises_its_own_error(shared_cluster):
     with pytest.raises(E.QuotaExceeded), fs.open("/over.bin", "wb") as f:
         for _ in range(12):  # the refusal comes from a write: the file's first block is full
             f.write(bytes(4 << 20))
+
+
+def test_thousands_of_files_at_once_through_one_filesystem(pfs):
+    """fsspec runs up to 2,500 calls at once (``cat`` of many paths, ``pipe`` of a dict): past
+    about 1,000 concurrent master calls on one channel gRPC ended some with CANCELLED, and the
+    workers' listen backlog (100) dropped connections (connects timed out)."""
+    files = {f"/fsspec-many/{i // 100:03d}/f{i:05d}": i.to_bytes(4, "big") * 8 for i in range(3000)}
+    pfs.pipe(files)
+    assert pfs.cat(list(files)) == files
