@@ -260,17 +260,15 @@ class PCacheFileSystem(AsyncFileSystem):
     async def _isdir(self, path: str) -> bool:
         """Whether ``path`` is a directory (a symlink to one is). Raises the master's silence
         (``Unavailable``, ``Timeout``) instead of answering False."""
-        try:
-            return (await self._info(path))["type"] == "directory"
-        except UNANSWERED:
-            raise
-        except OSError:
-            return False
+        return await self._is(path, "directory")
 
     async def _isfile(self, path: str) -> bool:
         """Whether ``path`` is a regular file; raises as :meth:`_isdir`."""
+        return await self._is(path, "file")
+
+    async def _is(self, path: str, kind: str) -> bool:
         try:
-            return (await self._info(path))["type"] == "file"
+            return (await self._info(path))["type"] == kind
         except UNANSWERED:
             raise
         except OSError:
