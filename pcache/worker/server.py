@@ -235,6 +235,8 @@ class WorkerServer:
         worker given only the leader's address went on with it alone after a failover, and the
         new leader never knew the worker or its blocks."""
         link.advertised = reply.address or link.advertised
+        if len(reply.masters) <= len(self.links):
+            return  # told every master already, perhaps by other names (DNS names, advertised IPs)
         known = {a for other in self.links for a in (other.address, other.advertised) if a}
         for address in reply.masters:
             if address not in known:
