@@ -13,7 +13,9 @@ cluster (2 workers) binds both. Rows:
    against ``rclone lsf`` of the same prefix.
 4. **warm-up**: ``pcache load`` of a many-file dataset (``--files`` objects of ``--file-kib``,
    in 10 directories) into a freshly bound directory, against ``rclone copy`` of the same prefix
-   to local disk (both at ``--transfers`` at once). Target rclone / load >= 1.5.
+   to local disk (both at ``--transfers`` at once). Target rclone / load >= 1.5. Also timed: the
+   same GETs alone (``obstore``, into memory, same concurrency), the time the server itself
+   takes to hand the dataset out, which no copy of it can beat.
 
 Medians of ``--rounds`` alternating runs (a shared machine drifts; each cold round binds a fresh
 directory, so its blocks are fetched again). "Cold" is a cold cache, not a cold process: a few
@@ -135,6 +137,30 @@ def rclone_copy(endpoint: str, dest: Path, transfers: int) -> float:
     return time.perf_counter() - t0
 
 
+def store_floor(endpoint: str, files: int, transfers: int) -> float:
+    """Seconds for ``transfers`` concurrent GETs of every dataset object into memory (``obstore``,
+    no disk): how fast the server alone hands the dataset out, a floor for any copy of it."""
+    import asyncio
+
+    from objstore import open_store
+
+    async def run() -> float:
+        store = open_store(f"s3://{BUCKET}/?endpoint_url={endpoint}")
+        keys = [f"ds/d{i % 10}/f-{i:06d}" for i in range(files)]
+        slots = asyncio.Semaphore(transfers)
+
+        async def get(key: str) -> int:
+            async with slots:
+                return len(await store.get(key))
+
+        await get(keys[0])  # the client up
+        t0 = time.perf_counter()
+        await asyncio.gather(*(get(k) for k in keys))
+        return time.perf_counter() - t0
+
+    return asyncio.run(run())
+
+
 def pcache_load(pc: Client, path: str, files: int, file_size: int, transfers: int) -> float:
     """Seconds for ``pcache load`` of the freshly bound dataset directory."""
     t0 = time.perf_counter()
@@ -194,12 +220,14 @@ def main() -> int:
                 pc.bind("/many", f"s3://{BUCKET}/many/?endpoint_url={server.endpoint}", meta_ttl=-1)
                 n_first, list_first = list_all(pc, "/many")
                 n_again, list_again = list_all(pc, "/many")
-                copies, loads = [], []
+                copies, loads, floors = [], [], []
                 for r in range(rounds):
+                    floors.append(store_floor(server.endpoint, files, args.transfers))
                     copies.append(rclone_copy(server.endpoint, root / "rclone-copy", args.transfers))
                     pc.bind(f"/ds-{r}", f"s3://{BUCKET}/ds/?endpoint_url={server.endpoint}", meta_ttl=-1)
                     loads.append(pcache_load(pc, f"/ds-{r}", files, file_size, args.transfers))
-                    log(f"round {r + 1}: rclone copy {copies[-1]:.2f} s, pcache load {loads[-1]:.2f} s")
+                    log(f"round {r + 1}: GETs alone {floors[-1]:.2f} s, rclone copy {copies[-1]:.2f} s, "
+                        f"pcache load {loads[-1]:.2f} s")  # fmt: skip
             n_rclone, list_rclone = rclone_lsf(server.endpoint)
         if not n_first == n_again == n_rclone == many:
             raise RuntimeError(f"listed {n_first} / {n_again} / {n_rclone} of {many} objects")
@@ -219,15 +247,17 @@ def main() -> int:
     print(f"\nlisting {many:,} objects: PCache first {list_first:.2f} s, again {list_again:.2f} s; "
           f"rclone lsf {list_rclone:.2f} s (rclone/PCache first {list_rclone / list_first:.2f}, "
           f"again {list_rclone / list_again:.2f})")  # fmt: skip
-    cp, ld = statistics.median(copies), statistics.median(loads)
+    cp, ld, fl = statistics.median(copies), statistics.median(loads), statistics.median(floors)
     print(f"warm-up of {files:,} x {args.file_kib} KiB ({args.transfers} at once): rclone copy to disk {cp:.2f} s, "
-          f"pcache load {ld:.2f} s ({files / ld:.0f} files/s): rclone/load {cp / ld:.2f}")  # fmt: skip
+          f"pcache load {ld:.2f} s ({files / ld:.0f} files/s): rclone/load {cp / ld:.2f}; the GETs alone "
+          f"(obstore, into memory) {fl:.2f} s: floor/load {fl / ld:.2f}, floor/rclone {fl / cp:.2f}")  # fmt: skip
     benchlib.print_result({
         "direct_mbps": benchlib.mbps(nbytes, d), "cold_mbps": benchlib.mbps(nbytes, c),
         "warm_mbps": benchlib.mbps(nbytes, w), "cold_over_direct": d / c, "warm_over_cold": c / w,
         "list_first_s": list_first, "list_again_s": list_again, "rclone_lsf_s": list_rclone,
         "rclone_over_list_first": list_rclone / list_first, "rclone_over_list_again": list_rclone / list_again,
-        "rclone_copy_s": cp, "load_s": ld, "rclone_over_load": cp / ld,
+        "rclone_copy_s": cp, "load_s": ld, "rclone_over_load": cp / ld, "gets_alone_s": fl,
+        "floor_over_load": fl / ld,
         "objects": objects, "listed": many, "loaded_files": files,
     })  # fmt: skip
     return 0

@@ -120,7 +120,7 @@ def refresh_cmd(ctx: click.Context, path: str) -> None:
 @click.option("--check", is_flag=True, help="Fetch nothing: report how much is cached.")
 @click.option("--evict", is_flag=True, help="Evict instead of loading (as pcache free).")
 @click.option("-j", "--concurrency", type=click.IntRange(1, 1024), default=32, show_default=True,
-              help="Directories listed and blocks fetched at once.")  # fmt: skip
+              help="Directories listed at once, and blocks each worker fetches at once.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.pass_context

@@ -23,7 +23,15 @@ from pcache.common import framing, memory, uds
 from pcache.common.checksum import CHUNK_SIZE, RunningCrc, verify_chunks
 from pcache.common.config import ClientConfig
 from pcache.common.credentials import find_tls_dir
-from pcache.common.errors import CorruptBlock, InvalidArgument, NoSpace, PCacheError, Timeout, Unavailable
+from pcache.common.errors import (
+    CorruptBlock,
+    InvalidArgument,
+    NoSpace,
+    PCacheError,
+    ProtocolError,
+    Timeout,
+    Unavailable,
+)
 from pcache.common.tls import load_optional
 from pcache.proto import pcache_pb2 as pb
 
@@ -351,6 +359,40 @@ class DataClient:
             NotFound, CorruptBlock: the replica is missing or bad. WrongBlock: it holds other bytes.
             PermissionDenied: the worker refuses the token (expired: ask the master again).
         """
+        hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
+        reply, data = await self._request(addr, hdr, first_byte or self.cfg.stall_timeout)
+        check_block_crc(addr, block_id, crc, reply.crc32c)
+        if len(data) != length:
+            raise CorruptBlock(f"block {block_id}: asked {length} bytes, got {len(data)}")
+        return data
+
+    async def fetch_blocks(self, addr: pb.WorkerAddr, items: list[pb.FetchItem]) -> list[pb.FetchItem]:
+        """Have a worker fetch blocks of bound files from their under-store (``FETCH_BLOCKS``:
+        ``pcache load``): ``items`` name at most ``MAX_FETCHES`` (64) blocks, each with its block
+        token (ops ``f``, from its location). The answer comes once every block is stored (within
+        ``fetch_timeout`` seconds).
+
+        Returns one outcome per item, in order: ``length`` the bytes this request stored (0: the
+        block was cached), or ``error``/``message``.
+
+        Raises:
+            Unavailable, Timeout: the worker is gone or stalled. InvalidArgument: too many items.
+        """
+        hdr = pb.DataHeader(op=pb.FETCH_BLOCKS, fetches=items)
+        reply, _ = await self._request(addr, hdr, self.cfg.fetch_timeout)
+        if len(reply.fetches) != len(items):
+            raise ProtocolError(f"worker {addr.worker_id} answered {len(reply.fetches)} of {len(items)} fetches")
+        return list(reply.fetches)
+
+    async def _request(
+        self, addr: pb.WorkerAddr, hdr: pb.DataHeader, first_byte: float
+    ) -> tuple[pb.DataHeader, bytes | bytearray]:
+        """One request to a worker on a pooled connection: (answer header, payload). The worker's
+        health is kept: answered, or suspected when it is gone or stalls.
+
+        Raises:
+            Unavailable, Timeout: the worker is gone or stalled. The answer's error, by name.
+        """
         started = time.monotonic()
         try:
             conn = await (self._plain_socket(addr) if self.tls is None else self._acquire(addr))
@@ -358,19 +400,15 @@ class DataClient:
             self.health.suspect(addr.worker_id)
             raise
         ok = False
-        hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
         try:
             if isinstance(conn, socket.socket):
-                reply, data = await self._sock_exchange(addr, conn, hdr, first_byte or self.cfg.stall_timeout)
+                reply, data = await self._sock_exchange(addr, conn, hdr, first_byte)
             else:
-                reply, data = await self._exchange(conn, hdr, first_byte or self.cfg.stall_timeout)
+                reply, data = await self._exchange(conn, hdr, first_byte)
             ok = True
             self.health.answered(addr.worker_id, time.monotonic() - started)
             framing.raise_if_error(reply)
-            check_block_crc(addr, block_id, crc, reply.crc32c)
-            if len(data) != length:
-                raise CorruptBlock(f"block {block_id}: asked {length} bytes, got {len(data)}")
-            return data
+            return reply, data
         except (Unavailable, Timeout):
             self.health.suspect(addr.worker_id)
             raise

@@ -6,12 +6,17 @@ A load runs in two overlapping phases:
   directories at a time; the master lists each bound directory's level of the under-store
   once (paged, with the ``/`` delimiter: lazy metadata) and keeps what it saw, so a load
   with ``metadata_only`` leaves every stat and listing answered from the cache;
-* **data**: every file found is looked up (its layout makes its block records), and each
-  block not in the cache is sent, as a zero-length read, to the worker the master names for
-  it. The master spreads a file's blocks over every live worker (block id modulo the
-  workers), so a load fetches on all of them at once; each worker fetches its byte range
-  with one ranged GET, stores it as an ordinary block (CRC32C, replicated as configured) and
-  shares the fetch with readers asking meanwhile. At most ``concurrency`` fetches run at once.
+* **data**: every file found is looked up (its layout makes its block records; the layouts
+  of concurrent lookups travel in one ``Batch`` call), and each block not in the cache is sent
+  to the worker the master names for it. The master spreads a file's blocks over every live
+  worker (block id modulo the workers), so a load fetches on all of them at once; each worker
+  fetches its byte range with one ranged GET, stores it as an ordinary block (CRC32C,
+  replicated as configured) and shares the fetch with readers asking meanwhile. At most
+  ``concurrency`` fetches run at once on each worker. Blocks of up to
+  :data:`BATCHED_BLOCK_BYTES` (small files, where a request costs more than its bytes) go to
+  their worker many at a time (``FETCH_BLOCKS``, up to 64 per request), which asks the master
+  where they come from and reports them stored in one call each, as Alluxio's workers take a
+  distributed load's blocks in batches; a larger block is a zero-length read of its own.
 
 The listing goes through the master rather than straight to the store: the store is read
 with the hosts' credentials, which a user running ``pcache load`` may not hold.
@@ -23,15 +28,21 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
-from pcache.common.errors import PCacheError
+from pcache.common.coalesce import Coalescer
+from pcache.common.errors import PCacheError, from_name
+from pcache.common.framing import MAX_FETCHES
 from pcache.common.layout import HOLE
 from pcache.common.paths import normalize
 from pcache.proto import pcache_pb2 as pb
 
 if TYPE_CHECKING:
     from pcache.client.core import PCacheClient
+
+BATCHED_BLOCK_BYTES = 4 << 20  # blocks up to this size are fetched many per request
+LOOKUP_GROUP = 64  # files a loader takes off the queue at once (their layouts asked together)
 
 
 @dataclass
@@ -80,7 +91,7 @@ async def load(
     Args:
         metadata_only: only walk the tree (the master lists each bound level and keeps it).
         check: fetch nothing; count what is cached (``cached_blocks`` of ``blocks``).
-        concurrency: directories listed, and blocks fetched, at once (each at most).
+        concurrency: directories listed at once, and blocks each worker fetches at once (at most).
         on_progress: called with the report as it grows (from the event loop: keep it short).
 
     Returns the report; a file or directory that fails is counted in ``failed`` (with the first
@@ -93,7 +104,7 @@ async def load(
     report = LoadReport()
     path = normalize(path)
     top = await client.stat(path)
-    fetch_slots = asyncio.Semaphore(concurrency)
+    fetchers = _Fetchers(client, concurrency)
     dirs: asyncio.Queue[str] = asyncio.Queue()
     files: asyncio.Queue[str] = asyncio.Queue()
     tick = _Ticker(report, on_progress)
@@ -117,16 +128,22 @@ async def load(
                 dirs.task_done()
                 tick()
 
+    async def load_one(name: str) -> None:
+        try:
+            await _load_file(client, name, report, check, fetchers, tick)
+        except Exception as exc:  # as above
+            report.fail(name, exc)
+        finally:
+            files.task_done()
+            tick()
+
     async def load_files() -> None:
         while True:
-            name = await files.get()
-            try:
-                await _load_file(client, name, report, check, fetch_slots, tick)
-            except Exception as exc:  # as above
-                report.fail(name, exc)
-            finally:
-                files.task_done()
-                tick()
+            # the files found by then, looked up together (their layouts share Batch calls)
+            names = [await files.get()]
+            while len(names) < LOOKUP_GROUP and not files.empty():
+                names.append(files.get_nowait())
+            await asyncio.gather(*(load_one(name) for name in names))
 
     if top.is_dir:
         dirs.put_nowait(path)
@@ -153,7 +170,7 @@ async def _load_file(
     path: str,
     report: LoadReport,
     check: bool,
-    slots: asyncio.Semaphore,
+    fetchers: _Fetchers,
     tick: Callable[[], None],
 ) -> None:
     layout = await client.layout(path)
@@ -167,11 +184,12 @@ async def _load_file(
             return
         if check:
             return
-        async with slots:
-            # a zero-length read: the worker fetches the block first (shared with any reader's)
-            await client.data.read(loc.replicas[0], loc.block_id, 0, 0, loc.token, first_byte=client.cfg.fetch_timeout)
-        report.fetched_blocks += 1
-        report.fetched_bytes += loc.length
+        if await fetchers.fetch(loc):
+            report.fetched_blocks += 1
+            report.fetched_bytes += loc.length
+        else:  # fetched meanwhile (by a reader)
+            report.cached_blocks += 1
+            report.cached_bytes += loc.length
         tick()
 
     results = await asyncio.gather(*(one(b) for b in blocks), return_exceptions=True)
@@ -191,6 +209,46 @@ async def free(client: PCacheClient, path: str) -> pb.FreeReport:
         NotFound: no such path. PermissionDenied: outside the caller's tenant.
     """
     return await client.master.free(normalize(path))
+
+
+class _Fetchers:
+    """The fetches of a load, by worker: at most ``concurrency`` blocks at once on each worker
+    (so a load's speed grows with the cluster, as each worker has its own disks and network);
+    blocks of up to :data:`BATCHED_BLOCK_BYTES` travel many per ``FETCH_BLOCKS`` request, two
+    requests in flight per worker (the blocks asked meanwhile leave together in the next one),
+    a larger block as a zero-length read of its own."""
+
+    def __init__(self, client: PCacheClient, concurrency: int) -> None:
+        self.client = client
+        self.concurrency = concurrency
+        self.workers: dict[tuple[str, str, int], tuple[asyncio.Semaphore, Coalescer[pb.FetchItem, pb.FetchItem]]] = {}
+
+    async def fetch(self, loc: pb.BlockLocation) -> int:
+        """Have ``loc``'s worker fetch its block: the bytes stored for this load (0: it was
+        cached meanwhile, by a reader).
+
+        Raises:
+            PCacheError: the block's own error, or its request's.
+        """
+        addr = loc.replicas[0]
+        key = (addr.worker_id, addr.host, addr.port)
+        if key not in self.workers:
+            batcher: Coalescer[pb.FetchItem, pb.FetchItem] = Coalescer(
+                partial(self._send, addr), min(MAX_FETCHES, self.concurrency), max_in_flight=2
+            )
+            self.workers[key] = (asyncio.Semaphore(self.concurrency), batcher)
+        slots, batcher = self.workers[key]
+        async with slots:
+            if loc.length <= BATCHED_BLOCK_BYTES:
+                done = await batcher.call(pb.FetchItem(block_id=loc.block_id, token=loc.token))
+                return done.length
+            # a zero-length read: the worker fetches the block first (shared with any reader's)
+            await self.client.data.read(addr, loc.block_id, 0, 0, loc.token, first_byte=self.client.cfg.fetch_timeout)
+            return loc.length
+
+    async def _send(self, addr: pb.WorkerAddr, items: list[pb.FetchItem]) -> list[pb.FetchItem | PCacheError]:
+        answers = await self.client.data.fetch_blocks(addr, items)
+        return [from_name(a.error, a.message) if a.error else a for a in answers]
 
 
 class _Ticker:

@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import time
+from typing import Any
 
 from pcache.common import errors as E
 from pcache.common.config import ClientConfig, check_addresses
@@ -260,7 +261,7 @@ class MasterClient:
     # latency; many concurrent callers (data loader workers, FUSE threads, checkpoint ranks of
     # one process) share round trips, and the master's commit wait.
 
-    async def _coalesced(self, name: str, request, op: pb.BatchOp) -> pb.Inode:
+    async def _coalesced(self, name: str, request, op: pb.BatchOp) -> Any:
         if (self._inflight == 0 and not self._flush_soon) or not self._batching:
             self._inflight += 1
             try:
@@ -306,7 +307,7 @@ class MasterClient:
             except E.NotSupported:  # a master without Batch: one call each from now on
                 self._batching = False
                 results = [await self._one_of(op) for op, _ in batch]
-            for (_, future), result in zip(batch, results, strict=True):
+            for (op, future), result in zip(batch, results, strict=True):
                 if future.done():
                     continue
                 if isinstance(result, BaseException):
@@ -314,7 +315,7 @@ class MasterClient:
                 elif result.error:
                     future.set_exception(E.from_name(result.error, result.message))
                 else:
-                    future.set_result(result.inode)
+                    future.set_result(result.layout if op.HasField("layout") else result.inode)
         except E.PCacheError as exc:
             for _, future in batch:
                 if not future.done():
@@ -340,7 +341,10 @@ class MasterClient:
 
     async def _one_of(self, op: pb.BatchOp) -> pb.BatchResult | E.PCacheError:
         try:
-            if op.WhichOneof("op") == "stat":
+            kind = op.WhichOneof("op")
+            if kind == "layout":
+                return pb.BatchResult(layout=await self._call("GetLayout", op.layout))
+            if kind == "stat":
                 return pb.BatchResult(inode=await self._call("Stat", op.stat))
             return pb.BatchResult(inode=await self._call("Create", op.create))
         except E.PCacheError as exc:
@@ -375,7 +379,8 @@ class MasterClient:
         return await self._call("SetAttr", request)
 
     async def layout(self, path: str = "", inode: int = 0) -> pb.FileLayout:
-        return await self._call("GetLayout", pb.LayoutRequest(header=self.header(), path=path, inode=inode))
+        request = pb.LayoutRequest(header=self.header(), path=path, inode=inode)
+        return await self._coalesced("GetLayout", request, pb.BatchOp(layout=request))
 
     async def allocate_block(
         self, inode: int, size_hint: int, client_node: str, exclude: list[str]

@@ -20,6 +20,7 @@ from pcache.proto import pcache_pb2 as pb
 PREFIX = struct.Struct(">IQ")
 MAX_HEADER_BYTES = 1 << 20
 MAX_PAYLOAD_BYTES = 1 << 40
+MAX_FETCHES = 64  # blocks one FETCH_BLOCKS request may name (each with its token, in a request header)
 
 __all__ = [
     "CHUNK_SIZE",

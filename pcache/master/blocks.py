@@ -233,6 +233,12 @@ class BlockManager:
                         kind=pb.WorkerCommand.DELETE, block_id=meta.block_id, refuse_writes_s=self.write_token_ttl
                     ),
                 )
+        gone = {meta.block_id for meta in freed.blocks}
+        for state in self.registry.workers.values():  # copies not asked for yet are not asked for at all
+            if any(c.kind == pb.WorkerCommand.REPLICATE and c.block_id in gone for c in state.commands):
+                state.commands = [
+                    c for c in state.commands if not (c.kind == pb.WorkerCommand.REPLICATE and c.block_id in gone)
+                ]
 
     def worker_registered(self, worker_id: str, reported: list[int]) -> None:
         """Reconcile a full block report: adopt known blocks, delete orphans."""

@@ -78,6 +78,7 @@ MASTER_SCOPES: dict[str, frozenset[str]] = {
             "BlockReceived",
             "ReportBlocks",
             "UfsBlockSource",
+            "UfsBlockSources",
             "ReleaseSpace",
             "ReportPersist",
         ),
@@ -298,10 +299,12 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def Batch(self, request: pb.BatchRequest, context: grpc.aio.ServicerContext) -> pb.BatchResponse:
-        """Stats and creates of a client's concurrent callers, in order, one commit wait for all.
+        """Stats, creates and layouts of a client's concurrent callers, in order, one commit wait
+        for all.
 
-        An error of one op is its own result; losing the lease mid-batch fails the whole batch
-        (the client sends it again to the new leader; its creates are answered once).
+        An error of one op is its own result (an under-store that fails one op's path too);
+        losing the lease mid-batch fails the whole batch (the client sends it again to the new
+        leader; its creates are answered once).
 
         Raises:
             InvalidArgument: more than ``MAX_BATCH`` ops (one request must not hold the event loop
@@ -309,19 +312,27 @@ class MasterServicer(pb_grpc.MasterServicer):
         """
         if len(request.ops) > MAX_BATCH:
             raise E.InvalidArgument(f"a batch holds at most {MAX_BATCH} ops, not {len(request.ops)}")
-        await self._ready(
-            *(op.stat.path or op.create.path for op in request.ops),
-            new=tuple(op.create.path for op in request.ops if op.create.path),
-        )
+        failed: dict[int, E.PCacheError] = {}
+        for index, op in enumerate(request.ops):
+            kind = op.WhichOneof("op")
+            path = getattr(op, kind).path if kind else ""
+            try:
+                await self._ready(path, new=(path,) if kind == "create" else ())
+            except E.NotLeader:
+                raise
+            except E.PCacheError as exc:
+                failed[index] = exc
         ns, blocks = self.m.leading()
         self._check(request.header, "Batch")
         scope = self._scope(ns)
         out = pb.BatchResponse()
         with RPC_SECONDS.labels("Batch").time():
-            for op in request.ops:
+            for index, op in enumerate(request.ops):
                 result = out.results.add()
                 kind = op.WhichOneof("op")
                 try:
+                    if index in failed:
+                        raise failed[index]
                     if kind == "stat":
                         result.inode.CopyFrom(_in_scope(_stat_of(op.stat.path), ns, blocks, scope))
                     elif kind == "create":
@@ -329,6 +340,9 @@ class MasterServicer(pb_grpc.MasterServicer):
                             ns, blocks, scope, op.create.header, "Create", pb.Inode, _create(op.create)
                         )
                         result.inode.CopyFrom(node)
+                    elif kind == "layout":
+                        self._ufs_blocks(op.layout)
+                        result.layout.CopyFrom(_in_scope(self._layout_of(op.layout), ns, blocks, scope))
                     else:
                         raise E.InvalidArgument(f"unknown batch op {kind!r}")
                 except E.NotLeader:
@@ -406,6 +420,14 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def GetLayout(self, request: pb.LayoutRequest, context: grpc.aio.ServicerContext) -> pb.FileLayout:
+        await self._ready(request.path)
+        self._ufs_blocks(request)
+        return await self._read(request.header, "GetLayout", self._layout_of(request))
+
+    def _layout_of(self, request: pb.LayoutRequest) -> Apply[pb.FileLayout]:
+        """A file's blocks, where each is and a block token for each (read; fetch too for a
+        bound file's: an uncached block names the one worker that fetches it)."""
+
         def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.FileLayout:
             if not request.path:  # by number: another tenant's inode is refused before its kind shows
                 _owned(scope, ns.get_inode(request.inode))
@@ -441,9 +463,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                 )
             return out
 
-        await self._ready(request.path)
-        self._ufs_blocks(request)
-        return await self._read(request.header, "GetLayout", apply)
+        return apply
 
     def _ufs_blocks(self, request: pb.LayoutRequest) -> None:
         """Give a bound file its block records before its first layout (a mutation, replicated
@@ -558,13 +578,9 @@ class MasterServicer(pb_grpc.MasterServicer):
         """A worker stored a copy: made by re-replication, or (``length`` set) fetched from the
         under-store for a bound file, with its CRC32C."""
 
-        def apply(blocks: BlockManager) -> None:
-            if request.length:
-                blocks.fetched(request.worker_id, request.block_id, request.length, request.crc32c)
-            else:
-                blocks.block_received(request.worker_id, request.block_id)
-
-        return await self._worker_call(request.header, "BlockReceived", apply)
+        return await self._worker_call(
+            request.header, "BlockReceived", lambda blocks: _received(blocks, request.worker_id, request)
+        )
 
     @rpc_method
     async def UfsBlockSource(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.UfsSource:
@@ -572,6 +588,31 @@ class MasterServicer(pb_grpc.MasterServicer):
         ns, _ = self.m.leading()
         self._check(request.header, "UfsBlockSource")
         return ns.ufs_source(request.block_id)
+
+    @rpc_method
+    async def UfsBlockSources(
+        self, request: pb.UfsSourceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UfsSourceList:
+        """Where a worker fetches each of many missing blocks from (its concurrent fetches asked
+        together); a block that is not a bound file's is its own error, in its place.
+
+        Raises:
+            InvalidArgument: more than ``MAX_BATCH`` blocks.
+        """
+        if len(request.block_ids) > MAX_BATCH:
+            raise E.InvalidArgument(f"at most {MAX_BATCH} blocks at once, not {len(request.block_ids)}")
+        ns, _ = self.m.leading()
+        self._check(request.header, "UfsBlockSources")
+        out = pb.UfsSourceList()
+        with RPC_SECONDS.labels("UfsBlockSources").time():
+            for block_id in request.block_ids:
+                try:
+                    source = ns.ufs_source(block_id)
+                except E.PCacheError as exc:
+                    source = pb.UfsSource(error=type(exc).__name__, message=str(exc))
+                source.block_id = block_id
+                out.sources.append(source)
+        return out
 
     @rpc_method
     async def ReleaseSpace(self, request: pb.SpaceRequest, context: grpc.aio.ServicerContext) -> pb.SpaceResponse:
@@ -609,6 +650,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                 blocks.bad_block(request.worker_id, block_id)
             for failure in request.failed:
                 blocks.replication_failed(request.worker_id, failure.block_id, list(failure.targets), failure.error)
+            for copy in request.received:  # a copy made by re-replication is the target's
+                _received(blocks, copy.worker_id or request.worker_id, copy)
 
         return await self._worker_call(request.header, "ReportBlocks", apply)
 
@@ -810,6 +853,15 @@ def _outside(exc: E.PCacheError, scope: Scope) -> None:
     namespace path of its root)."""
     if isinstance(exc.filename, str):
         exc.filename = scope.outside(exc.filename)
+
+
+def _received(blocks: BlockManager, worker_id: str, copy: pb.BlockReport) -> None:
+    """A copy a worker stored: fetched from the under-store (``length`` set, with its CRC32C) or
+    made by re-replication."""
+    if copy.length:
+        blocks.fetched(worker_id, copy.block_id, copy.length, copy.crc32c)
+    else:
+        blocks.block_received(worker_id, copy.block_id)
 
 
 def _stat(ns: Namespace, scope: Scope, path: str) -> pb.Inode:

@@ -37,6 +37,7 @@ class DataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SC_WRITE_COMMIT: _ClassVar[DataOp]
     RESPONSE: _ClassVar[DataOp]
     READ_RAW: _ClassVar[DataOp]
+    FETCH_BLOCKS: _ClassVar[DataOp]
 FILE_TYPE_UNSPECIFIED: FileType
 REGULAR: FileType
 DIRECTORY: FileType
@@ -59,6 +60,7 @@ SC_WRITE_OPEN: DataOp
 SC_WRITE_COMMIT: DataOp
 RESPONSE: DataOp
 READ_RAW: DataOp
+FETCH_BLOCKS: DataOp
 
 class RequestHeader(_message.Message):
     __slots__ = ("epoch", "client_id", "request_id")
@@ -893,18 +895,20 @@ class FsckReport(_message.Message):
     def __init__(self, files: _Optional[int] = ..., blocks: _Optional[int] = ..., damaged: _Optional[_Iterable[_Union[DamagedBlock, _Mapping]]] = ...) -> None: ...
 
 class IncrementalBlockReport(_message.Message):
-    __slots__ = ("header", "worker_id", "lost", "corrupt", "failed")
+    __slots__ = ("header", "worker_id", "lost", "corrupt", "failed", "received")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
     CORRUPT_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     worker_id: str
     lost: _containers.RepeatedScalarFieldContainer[int]
     corrupt: _containers.RepeatedScalarFieldContainer[int]
     failed: _containers.RepeatedCompositeFieldContainer[ReplicationFailure]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., lost: _Optional[_Iterable[int]] = ..., corrupt: _Optional[_Iterable[int]] = ..., failed: _Optional[_Iterable[_Union[ReplicationFailure, _Mapping]]] = ...) -> None: ...
+    received: _containers.RepeatedCompositeFieldContainer[BlockReport]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., lost: _Optional[_Iterable[int]] = ..., corrupt: _Optional[_Iterable[int]] = ..., failed: _Optional[_Iterable[_Union[ReplicationFailure, _Mapping]]] = ..., received: _Optional[_Iterable[_Union[BlockReport, _Mapping]]] = ...) -> None: ...
 
 class ReplicationFailure(_message.Message):
     __slots__ = ("block_id", "targets", "error")
@@ -921,12 +925,14 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class BatchOp(_message.Message):
-    __slots__ = ("stat", "create")
+    __slots__ = ("stat", "create", "layout")
     STAT_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
     stat: PathRequest
     create: CreateRequest
-    def __init__(self, stat: _Optional[_Union[PathRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ...) -> None: ...
+    layout: LayoutRequest
+    def __init__(self, stat: _Optional[_Union[PathRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., layout: _Optional[_Union[LayoutRequest, _Mapping]] = ...) -> None: ...
 
 class BatchRequest(_message.Message):
     __slots__ = ("header", "ops")
@@ -937,14 +943,16 @@ class BatchRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[BatchOp, _Mapping]]] = ...) -> None: ...
 
 class BatchResult(_message.Message):
-    __slots__ = ("inode", "error", "message")
+    __slots__ = ("inode", "error", "message", "layout")
     INODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
     inode: Inode
     error: str
     message: str
-    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., error: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    layout: FileLayout
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., layout: _Optional[_Union[FileLayout, _Mapping]] = ...) -> None: ...
 
 class BatchResponse(_message.Message):
     __slots__ = ("results",)
@@ -1019,21 +1027,57 @@ class SpaceResponse(_message.Message):
     def __init__(self, evict: _Optional[_Iterable[int]] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class UfsSource(_message.Message):
-    __slots__ = ("uri", "key", "etag", "offset", "length")
+    __slots__ = ("uri", "key", "etag", "offset", "length", "block_id", "error", "message")
     URI_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     ETAG_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     uri: str
     key: str
     etag: str
     offset: int
     length: int
-    def __init__(self, uri: _Optional[str] = ..., key: _Optional[str] = ..., etag: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    block_id: int
+    error: str
+    message: str
+    def __init__(self, uri: _Optional[str] = ..., key: _Optional[str] = ..., etag: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., block_id: _Optional[int] = ..., error: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class UfsSourceRequest(_message.Message):
+    __slots__ = ("header", "worker_id", "block_ids")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    worker_id: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., worker_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UfsSourceList(_message.Message):
+    __slots__ = ("sources",)
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    sources: _containers.RepeatedCompositeFieldContainer[UfsSource]
+    def __init__(self, sources: _Optional[_Iterable[_Union[UfsSource, _Mapping]]] = ...) -> None: ...
+
+class FetchItem(_message.Message):
+    __slots__ = ("block_id", "token", "length", "error", "message")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    token: str
+    length: int
+    error: str
+    message: str
+    def __init__(self, block_id: _Optional[int] = ..., token: _Optional[str] = ..., length: _Optional[int] = ..., error: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class DataHeader(_message.Message):
-    __slots__ = ("op", "block_id", "offset", "length", "crc32c", "pipeline", "token", "epoch", "error", "message", "chunk_crcs", "replicas", "write_handle", "block_length")
+    __slots__ = ("op", "block_id", "offset", "length", "crc32c", "pipeline", "token", "epoch", "error", "message", "chunk_crcs", "replicas", "write_handle", "block_length", "fetches")
     OP_FIELD_NUMBER: _ClassVar[int]
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -1048,6 +1092,7 @@ class DataHeader(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     WRITE_HANDLE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    FETCHES_FIELD_NUMBER: _ClassVar[int]
     op: DataOp
     block_id: int
     offset: int
@@ -1062,4 +1107,5 @@ class DataHeader(_message.Message):
     replicas: _containers.RepeatedScalarFieldContainer[str]
     write_handle: str
     block_length: int
-    def __init__(self, op: _Optional[_Union[DataOp, str]] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., pipeline: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., token: _Optional[str] = ..., epoch: _Optional[int] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., chunk_crcs: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[str]] = ..., write_handle: _Optional[str] = ..., block_length: _Optional[int] = ...) -> None: ...
+    fetches: _containers.RepeatedCompositeFieldContainer[FetchItem]
+    def __init__(self, op: _Optional[_Union[DataOp, str]] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., pipeline: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., token: _Optional[str] = ..., epoch: _Optional[int] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., chunk_crcs: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[str]] = ..., write_handle: _Optional[str] = ..., block_length: _Optional[int] = ..., fetches: _Optional[_Iterable[_Union[FetchItem, _Mapping]]] = ...) -> None: ...

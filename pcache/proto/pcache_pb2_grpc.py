@@ -5,7 +5,7 @@ import warnings
 
 from pcache.proto import pcache_pb2 as pcache_dot_proto_dot_pcache__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -351,6 +351,11 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.BlockReport.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.UfsSource.FromString,
                 _registered_method=True)
+        self.UfsBlockSources = channel.unary_unary(
+                '/pcache.Master/UfsBlockSources',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.UfsSourceRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.UfsSourceList.FromString,
+                _registered_method=True)
         self.ReleaseSpace = channel.unary_unary(
                 '/pcache.Master/ReleaseSpace',
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.SpaceRequest.SerializeToString,
@@ -557,6 +562,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UfsBlockSources(self, request, context):
+        """the same for many blocks
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReleaseSpace(self, request, context):
         """a worker's: evict clean blocks to make room
         """
@@ -728,6 +740,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.UfsBlockSource,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.BlockReport.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.UfsSource.SerializeToString,
+            ),
+            'UfsBlockSources': grpc.unary_unary_rpc_method_handler(
+                    servicer.UfsBlockSources,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.UfsSourceRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.UfsSourceList.SerializeToString,
             ),
             'ReleaseSpace': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseSpace,
@@ -1577,6 +1594,33 @@ class Master:
             '/pcache.Master/UfsBlockSource',
             pcache_dot_proto_dot_pcache__pb2.BlockReport.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.UfsSource.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UfsBlockSources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/UfsBlockSources',
+            pcache_dot_proto_dot_pcache__pb2.UfsSourceRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.UfsSourceList.FromString,
             options,
             channel_credentials,
             insecure,

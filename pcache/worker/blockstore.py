@@ -317,6 +317,11 @@ class DiskBlockStore:
             while len(self._buried) > BURIED_REMEMBERED:
                 self._buried.popitem(last=False)
 
+    def buried(self, block_id: int) -> bool:
+        """Whether the master deleted ``block_id`` here lately (one of the newest
+        :data:`BURIED_REMEMBERED` deletes of this run)."""
+        return block_id in self._buried
+
     def _refuse_buried(self, block_id: int) -> None:
         until = self._buried.get(block_id)
         if until is None:

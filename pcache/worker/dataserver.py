@@ -17,7 +17,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from pcache.common import framing
@@ -177,7 +177,11 @@ class DataServer:
                     self.inflight -= 1
                 DATA_OPS.labels(op).inc()
                 DATA_SECONDS.labels(op).observe(time.perf_counter() - started)
-                proven = proven or (header.op in OP_NEEDS and reply.error != "PermissionDenied")
+                proven = (
+                    proven
+                    or (header.op in OP_NEEDS and reply.error != "PermissionDenied")
+                    or any(item.error != "PermissionDenied" for item in reply.fetches)
+                )
                 await framing.write_frame(writer, reply, payload, timeout=self.io_timeout)
         except PCacheError as exc:
             logger.debug("data connection dropped: %s", exc)
@@ -222,6 +226,8 @@ class DataServer:
                 ),
                 parts,
             )
+        if header.op == pb.FETCH_BLOCKS:
+            return pb.DataHeader(op=pb.RESPONSE, fetches=await self.fetch_many(header.fetches)), b""
         if header.op == pb.READ_RAW:
             data = await asyncio.to_thread(self.store.read_raw, header.block_id, header.offset, header.length)
             return pb.DataHeader(op=pb.RESPONSE, block_id=header.block_id, length=len(data)), data
@@ -386,20 +392,86 @@ class DataServer:
             return
         running = self._fetching.get(block_id)
         if running is None:
-            running = self._fetching[block_id] = asyncio.ensure_future(self._fetch(block_id))
-            running.add_done_callback(lambda task: self._fetching.pop(block_id, None))
-            running.add_done_callback(lambda task: task.cancelled() or task.exception())  # seen, even if unread
+            running = self._start_fetch(block_id, report=True)
         await asyncio.shield(running)
 
-    async def _fetch(self, block_id: int) -> None:
+    async def fetch_many(self, items: Sequence[pb.FetchItem]) -> list[pb.FetchItem]:
+        """Fetch the blocks ``items`` name (each with its block token, which must allow ``f``
+        here) that are not stored here, all at once, and tell the master of those stored in one
+        report (a warm-up's request: ``pcache load``). A block being fetched for a reader is
+        waited for, not fetched twice.
+
+        Returns one outcome per item, in order: ``length`` the bytes this request stored (0: the
+        block was here), or ``error``/``message`` (PermissionDenied for a token that does not
+        allow the fetch; NotFound, StaleHandle, Unavailable, Timeout, NoSpace: the fetch's).
+
+        Raises:
+            InvalidArgument: more than :data:`~pcache.common.framing.MAX_FETCHES` items.
+        """
+        if len(items) > framing.MAX_FETCHES:
+            raise InvalidArgument(f"at most {framing.MAX_FETCHES} blocks per fetch request, not {len(items)}")
+        out = [pb.FetchItem(block_id=item.block_id) for item in items]
+        allowed: list[int] = []
+        for index, item in enumerate(items):
+            try:
+                self.tokens.check(item.token, item.block_id, "f")
+                allowed.append(index)
+            except PermissionDenied as exc:
+                out[index].error, out[index].message = type(exc).__name__, str(exc)
+        if self.fetch is None:
+            return out
+        here = await asyncio.to_thread(lambda: [self.store.has(items[i].block_id) for i in allowed])
+        waits: dict[int, asyncio.Future] = {}
+        mine: set[int] = set()  # fetches this request started: it reports them (others report themselves)
+        for index, present in zip(allowed, here, strict=True):
+            block_id = items[index].block_id
+            if present or block_id in waits:
+                continue
+            running = self._fetching.get(block_id)
+            if running is None:  # not here a moment ago, and nobody fetches it: no second look
+                running = self._start_fetch(block_id, report=False, checked=True)
+                mine.add(block_id)
+            waits[block_id] = running
+        done = await asyncio.gather(*(asyncio.shield(w) for w in waits.values()), return_exceptions=True)
+        outcome = dict(zip(waits, done, strict=True))
+        stored = [(b, r) for b, r in outcome.items() if isinstance(r, tuple) and b in mine]
+        if stored and self.on_fetched is not None:  # one report for all (the master's group call)
+            reports = [self.on_fetched(block_id, length, crc) for block_id, (length, crc) in stored]
+            for block_id, result in zip(
+                (b for b, _ in stored), await asyncio.gather(*reports, return_exceptions=True), strict=True
+            ):
+                if isinstance(result, Exception):  # stored anyway: the next full block report tells
+                    logger.warning("cannot report fetched block %d: %s", block_id, result)
+        for index in allowed:
+            result = outcome.get(items[index].block_id)
+            if isinstance(result, tuple):
+                out[index].length = result[0]
+            elif isinstance(result, PCacheError):
+                out[index].error, out[index].message = type(result).__name__, str(result)
+            elif isinstance(result, BaseException):
+                raise result
+        return out
+
+    def _start_fetch(self, block_id: int, *, report: bool, checked: bool = False) -> asyncio.Future:
+        """Fetch ``block_id`` in a task every reader of it shares (:attr:`_fetching`)."""
+        task = self._fetching[block_id] = asyncio.ensure_future(self._fetch(block_id, report=report, checked=checked))
+        task.add_done_callback(lambda _: self._fetching.pop(block_id, None))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # seen, even if unread
+        return task
+
+    async def _fetch(self, block_id: int, *, report: bool = True, checked: bool = False) -> tuple[int, int] | None:
+        """Fetch a block from its under-store and store it; (length, CRC32C) when this call stored
+        it (None: it was here), told to the master first when ``report``. ``checked``: the
+        caller saw the block missing with no fetch running, in the same event-loop turn (the
+        concurrent fetches of one request then ask the master where their blocks are together)."""
         assert self.fetch is not None
-        if await asyncio.to_thread(self.store.has, block_id):
-            return  # a fetch that ended between a reader's check and its look for a running one
+        if not checked and await asyncio.to_thread(self.store.has, block_id):
+            return None  # a fetch that ended between a reader's check and its look for a running one
         data = await self.fetch(block_id)
         try:
             writer = await self.begin_write(block_id, len(data))
         except AlreadyExists:
-            return  # stored meanwhile (a replica copied here): that copy serves
+            return None  # stored meanwhile (a replica copied here): that copy serves
         try:
             info = await asyncio.to_thread(_write_whole, writer, data)  # a copy of the store's: no fsync
         except BaseException:
@@ -410,11 +482,12 @@ class DataServer:
         DATA_BYTES.labels("fetch").inc(len(data))
         for index, offset in enumerate(range(0, len(data), CHUNK_SIZE)):
             self.tier.put(block_id, index, data[offset : offset + CHUNK_SIZE])
-        if self.on_fetched is not None:
+        if report and self.on_fetched is not None:
             try:
                 await self.on_fetched(block_id, len(data), crc)
             except PCacheError as exc:  # served anyway; the master learns of it from the next block report
                 logger.warning("cannot report fetched block %d: %s", block_id, exc)
+        return len(data), crc
 
     async def read_range(self, block_id: int, offset: int, length: int):
         """Verified bytes ``offset .. offset+length`` of a block, via the memory tier: (bytes, info).

@@ -32,6 +32,7 @@ from objstore.errors import StoreError
 from pcache.client.data import DataClient
 from pcache.common import ufs
 from pcache.common.checksum import crc32c
+from pcache.common.coalesce import Coalescer
 from pcache.common.config import ClientConfig, WorkerConfig, check_addresses, default_node_id, describe
 from pcache.common.credentials import check_private_path, find_token
 from pcache.common.errors import (
@@ -42,11 +43,12 @@ from pcache.common.errors import (
     PermissionDenied,
     StaleHandle,
     Unavailable,
+    from_name,
 )
 from pcache.common.layout import HOLE
 from pcache.common.metrics import LOST_BLOCKS, serve_metrics
 from pcache.common.process import lock_data_dir, wait_for_stop_signal, write_ready_file
-from pcache.common.rpc import call, call_stamped, channel_options
+from pcache.common.rpc import MAX_BATCH, call, call_stamped, channel_options
 from pcache.common.tls import channel as tls_channel
 from pcache.common.tls import load_optional
 from pcache.proto import pcache_pb2 as pb
@@ -120,6 +122,9 @@ class WorkerServer:
             release_space=self.release_space,
         )
         self._ufs_stores: dict[str, ObjectStore] = {}  # bound stores, by URI (credentials of this host)
+        # concurrent fetches ask where their blocks come from, and report them stored, together
+        self._sources: Coalescer[int, pb.UfsSource] = Coalescer(self._ask_sources, MAX_BATCH)
+        self._received: Coalescer[pb.BlockReport, None] = Coalescer(self._report_received, MAX_BATCH)
         self.checker = BlockChecker(
             self.store,
             self.report_blocks,
@@ -392,6 +397,9 @@ class WorkerServer:
                 stored = await self.data.replicate(cmd.block_id, list(cmd.targets))
             error = ""
         except NotFound as exc:
+            if self.store.buried(cmd.block_id):  # its file is gone (the REPLICATE was sent before the delete)
+                logger.info("asked to replicate block %d, which the master deleted since", cmd.block_id)
+                return
             if not await asyncio.to_thread(self.store.has, cmd.block_id):
                 logger.warning("asked to replicate block %d, which is not here: reporting it lost", cmd.block_id)
                 self.store.forget(cmd.block_id)
@@ -404,8 +412,10 @@ class WorkerServer:
             stored, error, blame = [], f"{type(exc).__name__}: {exc}", False
         except PCacheError as exc:
             stored, error = [], f"{type(exc).__name__}: {exc}"
-        for wid in stored:
-            await self._to_leader("BlockReceived", pb.BlockReport(worker_id=wid, block_id=cmd.block_id))
+        # with the copies of the other REPLICATE commands running: one report for all
+        await asyncio.gather(
+            *(self._received.call(pb.BlockReport(worker_id=wid, block_id=cmd.block_id)) for wid in stored)
+        )
         missed = [wid for wid in wanted if wid not in stored]
         if missed:
             logger.warning("replicating block %d to %s failed: %s", cmd.block_id, ",".join(missed), error or "no copy")
@@ -440,9 +450,7 @@ class WorkerServer:
             NotFound: no such block or object. StaleHandle: the object changed upstream.
             PermissionDenied, Unavailable, Timeout: the store's answer (``worker.ufs_timeout``).
         """
-        src: pb.UfsSource = await self._to_leader(
-            "UfsBlockSource", pb.BlockReport(worker_id=self.worker_id, block_id=block_id)
-        )
+        src = await self._sources.call(block_id)
         store, prefix = self._ufs_store(src.uri)
         # only the version listed: S3 If-Match on its ETag; file:// checks size and mtime around the read
         data = await ufs.call(
@@ -454,11 +462,23 @@ class WorkerServer:
             )
         return data
 
-    async def report_fetched(self, block_id: int, length: int, crc: int) -> None:
-        """Tell the master a fetched block is stored here, with its CRC32C."""
-        await self._to_leader(
-            "BlockReceived", pb.BlockReport(worker_id=self.worker_id, block_id=block_id, length=length, crc32c=crc)
+    async def _ask_sources(self, block_ids: list[int]) -> list[pb.UfsSource | PCacheError]:
+        """Where each block comes from, asked in one call (:attr:`_sources`)."""
+        reply: pb.UfsSourceList = await self._to_leader(
+            "UfsBlockSources", pb.UfsSourceRequest(worker_id=self.worker_id, block_ids=block_ids)
         )
+        return [from_name(src.error, src.message) if src.error else src for src in reply.sources]
+
+    async def report_fetched(self, block_id: int, length: int, crc: int) -> None:
+        """Tell the master a fetched block is stored here, with its CRC32C (with the other
+        fetches' reports made meanwhile: :attr:`_received`)."""
+        await self._received.call(
+            pb.BlockReport(worker_id=self.worker_id, block_id=block_id, length=length, crc32c=crc)
+        )
+
+    async def _report_received(self, copies: list[pb.BlockReport]) -> list[None]:
+        await self._to_leader("ReportBlocks", pb.IncrementalBlockReport(worker_id=self.worker_id, received=copies))
+        return [None] * len(copies)
 
     async def release_space(self, block_id: int, nbytes: int) -> list[int]:
         """Ask the master to evict ``nbytes`` of clean blocks held here, for ``block_id``; returns

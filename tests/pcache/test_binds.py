@@ -3,23 +3,28 @@ admin's and from an attacker's side against a real master and a moto S3 server."
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import errno
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from pcache.client import Client
 from pcache.common import errors as E
+from pcache.common import framing
 from pcache.common.config import ClientConfig
+from pcache.common.process import free_port
 from pcache.local import LocalCluster
 from pcache.master.binds import IMMUTABLE
 from pcache.master.metastore import open_metastore
@@ -277,11 +282,24 @@ def test_bad_modes_and_ttls_are_refused(ns: Namespace, tmp_path: Path) -> None:
 BOUND_BLOCK = 256 << 10  # small blocks: a few of them per test object
 
 
+METRICS_PORT = free_port()  # the module cluster's master's /metrics
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str):
-    args = [f"--master.default_block_size={BOUND_BLOCK}"]
+    args = [f"--master.default_block_size={BOUND_BLOCK}", f"--master.metrics_port={METRICS_PORT}"]
     with LocalCluster(str(tmp_path_factory.mktemp("binds")), workers=2, master_args=args) as c:  # test credentials
         yield c
+
+
+def master_calls(*methods: str) -> dict[str, int]:
+    """How many calls of each RPC the module cluster's master has answered."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+    counts = {}
+    for method in methods:
+        m = re.search(rf'^pcache_master_rpc_seconds_count{{method="{method}"}} (\S+)$', text, re.M)
+        counts[method] = int(float(m.group(1))) if m else 0
+    return counts
 
 
 @pytest.fixture(scope="module")
@@ -808,6 +826,97 @@ def test_load_caches_ten_thousand_small_objects_and_large_ones_and_reports_them_
         assert fresh.read_file("/warm/weights/part-1.bin") == large["weights/part-1.bin"]  # fetched again
     assert admin.load("/warm/weights", check=True).cached_blocks == 5  # part-1.bin: 4 blocks and 17 bytes
     admin.unbind("/warm")
+
+
+def test_load_asks_the_master_and_the_workers_about_many_small_files_at_a_time(admin: Client, tmp_path: Path) -> None:
+    src = tmp_path / "bucket"
+    objects = {f"d{i % 4}/f-{i:04d}": b"%d," % i * (1 + i % 50) for i in range(400)}
+    for key, body in objects.items():
+        (src / key).parent.mkdir(parents=True, exist_ok=True)
+        (src / key).write_bytes(body)
+    admin.bind("/small", f"file://{src}/", meta_ttl=IMMUTABLE)
+    methods = ("GetLayout", "Batch", "UfsBlockSource", "UfsBlockSources", "BlockReceived", "ReportBlocks")
+    before = master_calls(*methods)
+    report = admin.load("/small", concurrency=16)
+    calls = {m: n - before[m] for m, n in master_calls(*methods).items()}
+    assert (report.files, report.fetched_blocks, report.fetched_bytes, report.failed) == (
+        400, 400, sum(map(len, objects.values())), 0,
+    )  # fmt: skip
+    # one call per file and block each (GetLayout, UfsBlockSource, BlockReceived, and one more
+    # BlockReceived for each block's second copy) was 1,600 calls
+    assert calls["GetLayout"] + calls["Batch"] <= 400 // 8, calls  # layouts asked together
+    assert calls["UfsBlockSource"] == calls["BlockReceived"] == 0, calls
+    assert 1 <= calls["UfsBlockSources"] <= 400 // 4, calls  # where the blocks come from, asked together
+    assert 1 <= calls["ReportBlocks"] <= 400 // 2, calls  # and reported stored together (the copies too)
+    check = admin.load("/small", check=True)
+    assert (check.cached_blocks, check.missing_blocks) == (400, 0)
+    (src / "d1" / "f-0001").write_bytes(b"changed")  # read from the cache, not the store
+    assert admin.read_file("/small/d1/f-0001") == objects["d1/f-0001"]
+    admin.unbind("/small")
+
+
+async def _fetch_frame(addr: pb.WorkerAddr, items: list[pb.FetchItem]) -> pb.DataHeader:
+    reader, writer = await framing.open_connection(addr.host, addr.port, 5)
+    try:
+        await framing.write_frame(writer, pb.DataHeader(op=pb.FETCH_BLOCKS, fetches=items), timeout=5)
+        reply, plen = await framing.read_header(reader, 30)
+        assert plen == 0
+        return reply
+    finally:
+        framing.close_writer(writer)
+
+
+def test_a_fetch_request_fetches_only_what_each_token_allows_and_fails_each_block_alone(
+    cluster: LocalCluster, admin: Client, moto_endpoint: str
+) -> None:
+    """FETCH_BLOCKS from an attacker's side: every block needs its own token, allowing a fetch,
+    at that worker; a refused or failing block fails alone; no request names more than 64."""
+    bucket = create_bucket(moto_endpoint)
+    s3 = _s3(moto_endpoint)
+    bodies = {f"o{i}": os.urandom(1000 + i) for i in range(4)}
+    for key, body in bodies.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    admin.bind("/fr", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
+    locs = {key: admin.layout(f"/fr/{key}").blocks[0] for key in bodies}
+    assert all(loc.uncached for loc in locs.values())
+    admin.write_file("/plain", b"not a bound file")  # its token allows reads only
+    plain = admin.layout("/plain").blocks[0]
+    s3.put_object(Bucket=bucket, Key="o3", Body=b"rewritten upstream")  # its listed version is gone
+
+    by_worker: dict[str, list[tuple[str, pb.BlockLocation]]] = {}
+    for key, loc in locs.items():
+        by_worker.setdefault(loc.replicas[0].worker_id, []).append((key, loc))
+    worker = max(by_worker, key=lambda w: len(by_worker[w]))
+    mine = dict(by_worker[worker])
+    addr = next(iter(mine.values())).replicas[0]
+    good = [k for k in mine if k != "o3"][0]
+    victim = [k for k in mine if k not in (good,)][0]
+    items = [
+        pb.FetchItem(block_id=mine[good].block_id, token=mine[good].token),  # fetched
+        pb.FetchItem(block_id=mine[victim].block_id, token=mine[good].token),  # another block's token
+        pb.FetchItem(block_id=mine[victim].block_id, token="garbage"),
+        pb.FetchItem(block_id=plain.block_id, token=plain.token),  # a read token: no fetch
+    ]
+    if "o3" in mine:
+        items.append(pb.FetchItem(block_id=mine["o3"].block_id, token=mine["o3"].token))
+    reply = asyncio.run(_fetch_frame(addr, items))
+    assert not reply.error and [f.block_id for f in reply.fetches] == [i.block_id for i in items]
+    got = list(reply.fetches)
+    assert got[0].length == len(bodies[good]) and not got[0].error
+    assert [f.error for f in got[1:4]] == ["PermissionDenied"] * 3
+    if "o3" in mine:
+        assert got[4].error == "StaleHandle" and "changed upstream" in got[4].message
+    assert not admin.layout(f"/fr/{good}").blocks[0].uncached  # reported to the master
+    if victim != "o3":
+        assert admin.layout(f"/fr/{victim}").blocks[0].uncached  # refused: nothing fetched
+    again = asyncio.run(_fetch_frame(addr, items[:1]))
+    assert again.fetches[0].length == 0 and not again.fetches[0].error  # cached: nothing stored again
+
+    too_many = [pb.FetchItem(block_id=mine[good].block_id, token=mine[good].token)] * (framing.MAX_FETCHES + 1)
+    reply = asyncio.run(_fetch_frame(addr, too_many))
+    assert reply.error == "InvalidArgument" and not reply.fetches
+    assert admin.read_file(f"/fr/{good}") == bodies[good]
+    admin.unbind("/fr")
 
 
 # ------------------------------------------------------------- write-back --

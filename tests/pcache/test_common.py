@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import errno
 import pickle
@@ -413,3 +414,60 @@ def test_binds_of_one_bucket_share_a_store_root(uri: str, root: str, prefix: str
     assert bucket_root(uri) == (root, prefix)
     if not uri.startswith("file"):
         assert open_store(uri).base == open_store(root).base + prefix
+
+
+# ------------------------------------------------------------ coalescer --
+
+
+def test_a_coalescer_sends_the_calls_made_meanwhile_together_and_fails_each_alone() -> None:
+    from pcache.common.coalesce import Coalescer
+
+    sent: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int | BaseException]:
+        sent.append(items)
+        await asyncio.sleep(0.01)
+        return [E.NotFound(f"no {i}") if i % 10 == 7 else i * 2 for i in items]
+
+    async def run() -> list[object]:
+        c: Coalescer[int, int] = Coalescer(send, max_batch=16)
+        first = asyncio.ensure_future(c.call(0))  # alone: nothing in flight
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(c.call(i)) for i in range(1, 40)]  # while it flies
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    results = asyncio.run(run())
+    assert [r if isinstance(r, int) else type(r).__name__ for r in results] == [
+        "NotFound" if i % 10 == 7 else i * 2 for i in range(40)
+    ]
+    assert sent[0] == [0] and [len(b) for b in sent[1:]] == [16, 16, 7]  # in order, max_batch each
+    assert [i for b in sent for i in b] == list(range(40))
+
+
+def test_a_coalescer_whose_send_fails_fails_that_batch_only_and_goes_on() -> None:
+    from pcache.common.coalesce import Coalescer
+
+    async def send(items: list[int]) -> list[int]:
+        await asyncio.sleep(0.01)
+        if 3 in items:
+            raise E.Unavailable("master gone")
+        if 5 in items:
+            return [1]  # a wrong answer: one result for several items
+        return items
+
+    async def run() -> list[object]:
+        c: Coalescer[int, int] = Coalescer(send, max_batch=2, max_in_flight=2)
+        calls = [asyncio.ensure_future(c.call(i)) for i in range(8)]
+        waiter = asyncio.ensure_future(c.call(100))
+        await asyncio.sleep(0)
+        waiter.cancel()  # a caller giving up does not disturb the others
+        out = await asyncio.gather(*calls, return_exceptions=True)
+        assert c.batches == 4  # the cancelled caller's item was dropped before sending
+        return out
+
+    results = asyncio.run(run())
+    names = [r if isinstance(r, int) else type(r).__name__ for r in results]
+    assert names == [0, 1, "Unavailable", "Unavailable", "RuntimeError", "RuntimeError", 6, 7]
+    with pytest.raises(ValueError):
+        Coalescer(lambda items: None, max_batch=0)  # type: ignore[arg-type, return-value]

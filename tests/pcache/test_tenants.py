@@ -129,6 +129,20 @@ def test_inode_numbers_of_another_tenant_are_refused(cluster: LocalCluster, admi
 
     codes = asyncio.run(probe())
     assert set(codes.values()) == {grpc.StatusCode.PERMISSION_DENIED}, codes
+
+    async def batch() -> list[pb.BatchResult]:  # layouts in a Batch are checked one by one, as GetLayout's
+        ops = [pb.BatchOp(layout=pb.LayoutRequest(inode=n)) for n in (ino, directory)]
+        ops.append(pb.BatchOp(layout=pb.LayoutRequest(path="/private/secret")))  # its own file
+        async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+            reply = await pb_grpc.MasterStub(channel).Batch(
+                pb.BatchRequest(header=pb.RequestHeader(), ops=ops), metadata=bearer(two["ta"]), timeout=5
+            )
+        return list(reply.results)
+
+    results = asyncio.run(batch())
+    assert [r.error for r in results] == ["PermissionDenied", "PermissionDenied", ""]
+    assert not results[0].HasField("layout") and not results[1].HasField("layout")  # nothing of B's shows
+    assert results[2].layout.inode.size == 2000 and results[2].layout.blocks[0].token
     after = admin.layout("/tb/private/secret")
     assert after.inode.size == 2000 and after.inode.version == victim.inode.version
     assert len(after.blocks[0].replicas) == len(victim.blocks[0].replicas)  # not quarantined
