@@ -76,6 +76,7 @@ class MasterClient:
         self._slots: asyncio.Semaphore | None = None  # MAX_CALLS_IN_FLIGHT (made on the client's loop)
         self._queued: list[tuple[pb.BatchOp, asyncio.Future]] = []
         self._batching = True
+        self._batch_layouts = True  # a master of the release before takes no layouts in a Batch
         self._flush_soon = False  # a flush is scheduled for the next loop turn
         self.failovers = 0  # calls that had to go to another master (a metric for tests and benchmarks)
         self._last_error: E.PCacheError | None = None  # why the last call that failed over failed
@@ -307,6 +308,10 @@ class MasterClient:
             except E.NotSupported:  # a master without Batch: one call each from now on
                 self._batching = False
                 results = [await self._one_of(op) for op, _ in batch]
+            for i, ((op, _), result) in enumerate(zip(batch, results, strict=True)):
+                if op.HasField("layout") and _unknown_op(result):  # a master older than layouts in Batch
+                    self._batch_layouts = False
+                    results[i] = await self._one_of(op)
             for (op, future), result in zip(batch, results, strict=True):
                 if future.done():
                     continue
@@ -380,6 +385,8 @@ class MasterClient:
 
     async def layout(self, path: str = "", inode: int = 0) -> pb.FileLayout:
         request = pb.LayoutRequest(header=self.header(), path=path, inode=inode)
+        if not self._batch_layouts:
+            return await self._call("GetLayout", request)
         return await self._coalesced("GetLayout", request, pb.BatchOp(layout=request))
 
     async def allocate_block(
@@ -504,3 +511,12 @@ _IDEMPOTENT = frozenset(
         "RefreshPath",
     }
 )
+
+
+def _unknown_op(result: pb.BatchResult | E.PCacheError) -> bool:
+    """Whether a Batch result is a master's refusal of an op it does not know."""
+    return (
+        isinstance(result, pb.BatchResult)
+        and result.error == "InvalidArgument"
+        and (result.message.startswith("unknown batch op"))
+    )

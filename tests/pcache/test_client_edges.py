@@ -428,3 +428,61 @@ def test_statahead_lists_a_page_for_a_rising_run_of_stats(shared_cluster) -> Non
     stats, listings, sizes = asyncio.run(run())
     assert sizes == list(range(250))
     assert stats <= 4 and listings == 1, (stats, listings)  # was 250 stats
+
+
+def test_a_client_asks_a_master_that_takes_no_layouts_in_a_batch_for_them_one_by_one() -> None:
+    """A client newer than its master (a rolling upgrade, clients first): the master's Batch
+    refuses the layout ops it does not know, each alone; the client asks those again by
+    GetLayout, and from then on sends layouts by GetLayout only. Opens never fail for it."""
+    import asyncio
+    import collections
+
+    import grpc
+
+    from pcache.client.master import MasterClient
+    from pcache.proto import pcache_pb2 as pb
+    from pcache.proto import pcache_pb2_grpc as pb_grpc
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    class OldMaster(pb_grpc.MasterServicer):
+        async def Batch(self, request: pb.BatchRequest, context) -> pb.BatchResponse:
+            calls["Batch"] += 1
+            out = pb.BatchResponse()
+            for op in request.ops:
+                result = out.results.add()
+                if op.HasField("stat"):
+                    result.inode.name = op.stat.path.rsplit("/", 1)[-1]
+                else:  # what the release before answers an op its oneof does not hold
+                    result.error, result.message = "InvalidArgument", "unknown batch op None"
+            return out
+
+        async def Stat(self, request: pb.PathRequest, context) -> pb.Inode:
+            calls["Stat"] += 1
+            return pb.Inode(name=request.path.rsplit("/", 1)[-1])
+
+        async def GetLayout(self, request: pb.LayoutRequest, context) -> pb.FileLayout:
+            calls["GetLayout"] += 1
+            return pb.FileLayout(inode=pb.Inode(name=request.path.rsplit("/", 1)[-1]))
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        pb_grpc.add_MasterServicer_to_server(OldMaster(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        client = MasterClient(ClientConfig(master=f"127.0.0.1:{port}", token="t"), "c1")
+        try:
+            first = await asyncio.gather(*(client.layout(path=f"/f{i}") for i in range(10)))
+            assert [x.inode.name for x in first] == [f"f{i}" for i in range(10)]
+            assert calls == {"GetLayout": 10, "Batch": 1}  # one alone, nine refused in a Batch and asked again
+            second = await asyncio.gather(*(client.layout(path=f"/g{i}") for i in range(10)))
+            assert [x.inode.name for x in second] == [f"g{i}" for i in range(10)]
+            assert calls == {"GetLayout": 20, "Batch": 1}
+            stats = await asyncio.gather(*(client.stat(f"/s{i}") for i in range(5)))  # stats still batch
+            assert [x.name for x in stats] == [f"s{i}" for i in range(5)]
+            assert (calls["Stat"], calls["Batch"]) == (1, 2)  # one alone, four in a Batch
+        finally:
+            await client.close()
+            await server.stop(None)
+
+    asyncio.run(run())
