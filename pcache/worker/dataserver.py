@@ -52,6 +52,10 @@ FRAME_TIMEOUT = 10.0
 REQUEST_HEADER_BYTES = 64 << 10
 MAX_CONNECTIONS = 4096
 LISTEN_BACKLOG = 4096  # connections the kernel queues before the worker accepts them (capped by somaxconn)
+# under-store fetches a worker runs at once, whoever asks (readers, warm-ups): each holds its whole
+# block in memory until it is stored, so this bounds that memory (32 x an 8 MiB block = 256 MiB)
+# against many connections, or FETCH_BLOCKS requests of 64 blocks each
+FETCHES_AT_ONCE = 32
 
 
 STALLED_PEER_SECONDS = 10.0  # how long pipelines skip a downstream replica that stalled
@@ -121,6 +125,8 @@ class DataServer:
         self.fetch = fetch
         self.on_fetched = on_fetched
         self._fetching: dict[int, asyncio.Future] = {}
+        self._fetch_slots = asyncio.Semaphore(FETCHES_AT_ONCE)
+        self.fetches_running = self.fetches_peak = 0  # fetches holding a slot now, and at most (tests)
         self.fetches = 0  # blocks fetched from an under-store (tests, metrics)
         # out of room: release_space(block_id, bytes) -> clean blocks the master evicted from here
         self.release_space = release_space
@@ -467,16 +473,22 @@ class DataServer:
         assert self.fetch is not None
         if not checked and await asyncio.to_thread(self.store.has, block_id):
             return None  # a fetch that ended between a reader's check and its look for a running one
-        data = await self.fetch(block_id)
-        try:
-            writer = await self.begin_write(block_id, len(data))
-        except AlreadyExists:
-            return None  # stored meanwhile (a replica copied here): that copy serves
-        try:
-            info = await asyncio.to_thread(_write_whole, writer, data)  # a copy of the store's: no fsync
-        except BaseException:
-            writer.abort()
-            raise
+        async with self._fetch_slots:
+            self.fetches_running += 1
+            self.fetches_peak = max(self.fetches_peak, self.fetches_running)
+            try:
+                data = await self.fetch(block_id)
+                try:
+                    writer = await self.begin_write(block_id, len(data))
+                except AlreadyExists:
+                    return None  # stored meanwhile (a replica copied here): that copy serves
+                try:
+                    info = await asyncio.to_thread(_write_whole, writer, data)  # a copy of the store's: no fsync
+                except BaseException:
+                    writer.abort()
+                    raise
+            finally:
+                self.fetches_running -= 1
         crc = info.crc32c
         self.fetches += 1
         DATA_BYTES.labels("fetch").inc(len(data))

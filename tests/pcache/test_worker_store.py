@@ -185,3 +185,64 @@ def test_memory_tier_lru_keeps_hot_chunk() -> None:
     off = MemoryTier(0)
     off.put(1, 0, b"x")
     assert off.get(1, 0) is None
+
+
+def test_a_worker_runs_a_bounded_number_of_fetches_and_reports_a_requests_blocks_in_one_call(tmp_path: Path) -> None:
+    """FETCH_BLOCKS of 64 blocks, with readers of some of them at the same time: every block
+    fetched once, at most FETCHES_AT_ONCE at once (each holds its block in memory), the blocks
+    the request fetched reported in one batch of calls made together, a bad token refused alone."""
+    import asyncio
+
+    from pcache.common.auth import KeyRing, mint_block_token
+    from pcache.proto import pcache_pb2 as pb
+    from pcache.worker import dataserver
+    from pcache.worker.dataserver import DataServer
+
+    ring = KeyRing.generate()
+    gets: list[int] = []
+    reports: list[list[int]] = []
+    pending: list[int] = []
+
+    async def fetch(block_id: int) -> bytes:
+        gets.append(block_id)
+        await asyncio.sleep(0.01)
+        return bytes([block_id % 251]) * (1000 + block_id)
+
+    async def on_fetched(block_id: int, length: int, crc: int) -> None:
+        pending.append(block_id)
+        await asyncio.sleep(0)  # the calls made in one loop turn: one report
+        if pending:
+            reports.append(sorted(pending))
+            pending.clear()
+
+    async def noop(block_id: int) -> None:
+        return None
+
+    ds = DataServer("w1", DiskBlockStore(str(tmp_path)), MemoryTier(0), io_timeout=5, on_corrupt=noop,
+                    fetch=fetch, on_fetched=on_fetched)  # fmt: skip
+    ds.tokens.set_keys(ring.format())
+
+    def token(block_id: int, ops: str = "fr") -> str:
+        return mint_block_token(ring, block_id, ops, "t", 600, ["w1"])
+
+    ids = list(range(100, 164))
+    items = [pb.FetchItem(block_id=b, token=token(b)) for b in ids]
+    items[5] = pb.FetchItem(block_id=ids[5], token=token(ids[5], "r"))  # a read token: no fetch
+
+    async def run() -> list[pb.FetchItem]:
+        readers = [ds.ensure(b, ds.tokens.check(token(b), b, "r")) for b in ids[:3]]  # a reader's fetch, shared
+        out, *_ = await asyncio.gather(ds.fetch_many(items), *readers)
+        return out
+
+    out = asyncio.run(run())
+    assert [o.block_id for o in out] == ids
+    assert out[5].error == "PermissionDenied" and not ds.store.has(ids[5])
+    assert all(o.length == 1000 + o.block_id and not o.error for i, o in enumerate(out) if i != 5)
+    assert sorted(gets) == sorted(set(ids) - {ids[5]})  # each once, the readers' three too
+    assert ds.fetches_peak == dataserver.FETCHES_AT_ONCE  # the bound, reached and held
+    assert ds.store.read(ids[9], 0, 10) == bytes([ids[9] % 251]) * 10
+    mine = set(ids[3:]) - {ids[5]}
+    assert any(mine <= set(r) for r in reports)  # reported together (the master gets one call)
+    assert set(ids[:3]) <= set().union(*reports)  # the readers' fetches reported themselves
+    again = asyncio.run(ds.fetch_many(items[:2]))
+    assert [o.length for o in again] == [0, 0] and len(gets) == 63  # here now: nothing fetched
