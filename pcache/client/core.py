@@ -19,7 +19,7 @@ import posixpath
 import stat as stat_mod
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 from cachetools import TTLCache
@@ -617,13 +617,15 @@ class PCacheClient:
         """Every master's own status (role, epoch, log position): (address, status or the error)."""
         return await self.master.master_statuses()
 
-    async def layout(self, path: str) -> pb.FileLayout:
-        """A file's inode and blocks, each with the addresses of its live replicas (not cached).
+    async def layout(self, path: str, exclude_fetchers: Iterable[str] = ()) -> pb.FileLayout:
+        """A file's inode and blocks, each with the addresses of its live replicas (not cached);
+        an uncached block of a bound file names the worker that fetches it, never one of
+        ``exclude_fetchers`` (worker ids found down).
 
         Raises:
-            NotFound. IsADirectory.
+            NotFound. IsADirectory. Unavailable: no live worker to fetch from.
         """
-        return await self.master.layout(path=normalize(path))
+        return await self.master.layout(path=normalize(path), exclude_fetchers=exclude_fetchers)
 
     async def fsck(self, path: str = "/") -> pb.FsckReport:
         """Files under ``path`` with corrupt, missing or under-replicated blocks (see ``pcache fsck``)."""

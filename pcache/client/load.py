@@ -16,7 +16,10 @@ A load runs in two overlapping phases:
   :data:`BATCHED_BLOCK_BYTES` (small files, where a request costs more than its bytes) go to
   their worker many at a time (``FETCH_BLOCKS``, up to 64 per request), which asks the master
   where they come from and reports them stored in one call each, as Alluxio's workers take a
-  distributed load's blocks in batches; a larger block is a zero-length read of its own.
+  distributed load's blocks in batches; a larger block goes in a request of its own. A worker
+  that does not answer (killed, or stalled past ``client.fetch_timeout``) gets nothing more
+  from the load: the master is asked for the layouts again, naming other fetchers for its
+  blocks (``exclude_fetchers``), once per file.
 
 The listing goes through the master rather than straight to the store: the store is read
 with the hosts' credentials, which a user running ``pcache load`` may not hold.
@@ -32,7 +35,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from pcache.common.coalesce import Coalescer
-from pcache.common.errors import PCacheError, from_name
+from pcache.common.errors import PCacheError, StaleHandle, Timeout, Unavailable, from_name
 from pcache.common.framing import MAX_FETCHES
 from pcache.common.layout import HOLE
 from pcache.common.paths import normalize
@@ -173,7 +176,13 @@ async def _load_file(
     fetchers: _Fetchers,
     tick: Callable[[], None],
 ) -> None:
-    layout = await client.layout(path)
+    """Fetch the uncached blocks of one file; the blocks whose worker was found down are asked
+    of other workers, once (the master names another fetcher for them).
+
+    Raises:
+        PCacheError: the first block that could not be fetched (the file counts as failed).
+    """
+    layout = await client.layout(path, exclude_fetchers=list(fetchers.down))
     blocks = [b for b in layout.blocks if b.block_id != HOLE]
     report.blocks += len(blocks)
 
@@ -187,12 +196,24 @@ async def _load_file(
         if await fetchers.fetch(loc):
             report.fetched_blocks += 1
             report.fetched_bytes += loc.length
-        else:  # fetched meanwhile (by a reader)
+        else:  # fetched meanwhile (by a reader, or another load)
             report.cached_blocks += 1
             report.cached_bytes += loc.length
         tick()
 
     results = await asyncio.gather(*(one(b) for b in blocks), return_exceptions=True)
+    retry = {b.block_id for b, r in zip(blocks, results, strict=True) if isinstance(r, WorkerDown)}
+    if retry:  # the master names other workers for these (those it knows dead, and those we found down)
+        try:
+            again = await client.layout(path, exclude_fetchers=list(fetchers.down))
+        except PCacheError as error:
+            again, results = None, [error]
+        if again is not None:
+            moved = {b.block_id: b for b in again.blocks if b.block_id in retry}
+            results = [r for r in results if not isinstance(r, WorkerDown)]
+            if len(moved) < len(retry):  # the file changed meanwhile
+                results.append(StaleHandle(f"{path}: changed while being loaded"))
+            results += await asyncio.gather(*(one(b) for b in moved.values()), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     for exc in failures:
         if not isinstance(exc, PCacheError):
@@ -211,24 +232,33 @@ async def free(client: PCacheClient, path: str) -> pb.FreeReport:
     return await client.master.free(normalize(path))
 
 
+class WorkerDown(Unavailable):
+    """A worker that did not answer a fetch (gone, or stalled past ``client.fetch_timeout``): the
+    load sends it nothing more, and asks the master for other fetchers of its blocks."""
+
+
 class _Fetchers:
     """The fetches of a load, by worker: at most ``concurrency`` blocks at once on each worker
     (so a load's speed grows with the cluster, as each worker has its own disks and network);
     blocks of up to :data:`BATCHED_BLOCK_BYTES` travel many per ``FETCH_BLOCKS`` request, two
-    requests in flight per worker (the blocks asked meanwhile leave together in the next one),
-    a larger block as a zero-length read of its own."""
+    requests in flight per worker (the blocks asked meanwhile leave together in the next one), a
+    larger block in a request of its own. A worker that does not answer is marked down (every
+    block waiting for it fails at once with :class:`WorkerDown`, never waiting out its own
+    timeout behind a stalled worker)."""
 
     def __init__(self, client: PCacheClient, concurrency: int) -> None:
         self.client = client
         self.concurrency = concurrency
         self.workers: dict[tuple[str, str, int], tuple[asyncio.Semaphore, Coalescer[pb.FetchItem, pb.FetchItem]]] = {}
+        self.down: dict[str, PCacheError] = {}  # worker id -> why it is taken for down
 
     async def fetch(self, loc: pb.BlockLocation) -> int:
         """Have ``loc``'s worker fetch its block: the bytes stored for this load (0: it was
-        cached meanwhile, by a reader).
+        cached meanwhile, by a reader or another load).
 
         Raises:
-            PCacheError: the block's own error, or its request's.
+            WorkerDown: its worker did not answer (this fetch or an earlier one).
+            PCacheError: the block's own error.
         """
         addr = loc.replicas[0]
         key = (addr.worker_id, addr.host, addr.port)
@@ -238,16 +268,30 @@ class _Fetchers:
             )
             self.workers[key] = (asyncio.Semaphore(self.concurrency), batcher)
         slots, batcher = self.workers[key]
+        self._check(addr)
         async with slots:
+            item = pb.FetchItem(block_id=loc.block_id, token=loc.token)
             if loc.length <= BATCHED_BLOCK_BYTES:
-                done = await batcher.call(pb.FetchItem(block_id=loc.block_id, token=loc.token))
-                return done.length
-            # a zero-length read: the worker fetches the block first (shared with any reader's)
-            await self.client.data.read(addr, loc.block_id, 0, 0, loc.token, first_byte=self.client.cfg.fetch_timeout)
-            return loc.length
+                done = await batcher.call(item)
+            else:  # a large block alone: a request's answer waits for all of its blocks
+                (answer,) = await self._send(addr, [item])
+                if isinstance(answer, PCacheError):
+                    raise answer
+                done = answer
+            return done.length
+
+    def _check(self, addr: pb.WorkerAddr) -> None:
+        why = self.down.get(addr.worker_id)
+        if why is not None:
+            raise WorkerDown(f"worker {addr.worker_id} ({addr.host}:{addr.port}) did not answer: {why}")
 
     async def _send(self, addr: pb.WorkerAddr, items: list[pb.FetchItem]) -> list[pb.FetchItem | PCacheError]:
-        answers = await self.client.data.fetch_blocks(addr, items)
+        self._check(addr)
+        try:
+            answers = await self.client.data.fetch_blocks(addr, items)
+        except (Unavailable, Timeout) as exc:
+            self.down.setdefault(addr.worker_id, exc)
+            raise WorkerDown(f"worker {addr.worker_id} ({addr.host}:{addr.port}) did not answer: {exc}") from exc
         return [from_name(a.error, a.message) if a.error else a for a in answers]
 
 
@@ -268,4 +312,4 @@ class _Ticker:
             self.on_progress(self.report)
 
 
-__all__ = ["LoadReport", "free", "load"]
+__all__ = ["LoadReport", "WorkerDown", "free", "load"]

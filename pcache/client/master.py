@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pcache.common import errors as E
@@ -383,8 +384,8 @@ class MasterClient:
         request.header.CopyFrom(self.header())
         return await self._call("SetAttr", request)
 
-    async def layout(self, path: str = "", inode: int = 0) -> pb.FileLayout:
-        request = pb.LayoutRequest(header=self.header(), path=path, inode=inode)
+    async def layout(self, path: str = "", inode: int = 0, exclude_fetchers: Iterable[str] = ()) -> pb.FileLayout:
+        request = pb.LayoutRequest(header=self.header(), path=path, inode=inode, exclude_fetchers=exclude_fetchers)
         if not self._batch_layouts:
             return await self._call("GetLayout", request)
         return await self._coalesced("GetLayout", request, pb.BatchOp(layout=request))

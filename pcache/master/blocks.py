@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from pcache.common import errors as E
@@ -178,16 +178,21 @@ class BlockManager:
             self._track(meta.block_id, set(), meta.replication or 1)
             self.ufs.add(meta.block_id)
 
-    def fetcher(self, block_id: int) -> WorkerState:
+    def fetcher(self, block_id: int, exclude: Collection[str] = ()) -> WorkerState:
         """The worker that fetches an uncached block of a bound file: one per block (every reader
-        of it is sent there, and shares its one fetch), spread over the live workers.
+        of it is sent there, and shares its one fetch), spread over the live workers but those
+        in ``exclude`` (worker ids a caller found down before the master declared them dead).
 
         Raises:
-            Unavailable: no live worker.
+            Unavailable: no live worker (but the excluded ones).
         """
-        alive = sorted(self.registry.alive(), key=lambda w: w.info.addr.worker_id)
+        alive = sorted(
+            (w for w in self.registry.alive() if w.info.addr.worker_id not in exclude),
+            key=lambda w: w.info.addr.worker_id,
+        )
         if not alive:
-            raise E.Unavailable("no live worker to fetch a block from the under-store")
+            but = f" but {', '.join(sorted(exclude))}" if exclude else ""
+            raise E.Unavailable(f"no live worker{but} to fetch a block from the under-store")
         return alive[block_id % len(alive)]
 
     def fetched(self, worker_id: str, block_id: int, length: int, crc: int) -> None:

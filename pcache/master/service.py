@@ -428,6 +428,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         """A file's blocks, where each is and a block token for each (read; fetch too for a
         bound file's: an uncached block names the one worker that fetches it)."""
 
+        exclude = frozenset(request.exclude_fetchers)
+
         def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.FileLayout:
             if not request.path:  # by number: another tenant's inode is refused before its kind shows
                 _owned(scope, ns.get_inode(request.inode))
@@ -447,7 +449,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                     ops = "fr"
                     blocks.touch((meta.block_id,))  # the most recently used: evicted last
                     if not replicas:
-                        fetcher = blocks.fetcher(meta.block_id)
+                        fetcher = blocks.fetcher(meta.block_id, exclude)
                         replicas, holders = [fetcher.info.addr], [fetcher.info.addr.worker_id]
                         uncached = True
                 out.blocks.append(

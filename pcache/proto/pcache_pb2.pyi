@@ -423,14 +423,16 @@ class SetAttrRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., mtime: _Optional[float] = ..., atime: _Optional[float] = ..., set_xattrs: _Optional[_Mapping[str, bytes]] = ..., remove_xattrs: _Optional[_Iterable[str]] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
 
 class LayoutRequest(_message.Message):
-    __slots__ = ("header", "path", "inode")
+    __slots__ = ("header", "path", "inode", "exclude_fetchers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FETCHERS_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     path: str
     inode: int
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., inode: _Optional[int] = ...) -> None: ...
+    exclude_fetchers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., path: _Optional[str] = ..., inode: _Optional[int] = ..., exclude_fetchers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FileLayout(_message.Message):
     __slots__ = ("inode", "blocks")

@@ -408,8 +408,9 @@ class DataServer:
         waited for, not fetched twice.
 
         Returns one outcome per item, in order: ``length`` the bytes this request stored (0: the
-        block was here), or ``error``/``message`` (PermissionDenied for a token that does not
-        allow the fetch; NotFound, StaleHandle, Unavailable, Timeout, NoSpace: the fetch's).
+        block was here, or a reader or another request fetched it meanwhile; a block named twice
+        counts once), or ``error``/``message`` (PermissionDenied for a token that does not allow
+        the fetch; NotFound, StaleHandle, Unavailable, Timeout, NoSpace: the fetch's).
 
         Raises:
             InvalidArgument: more than :data:`~pcache.common.framing.MAX_FETCHES` items.
@@ -448,10 +449,14 @@ class DataServer:
             ):
                 if isinstance(result, Exception):  # stored anyway: the next full block report tells
                     logger.warning("cannot report fetched block %d: %s", block_id, result)
+        claimed: set[int] = set()
         for index in allowed:
-            result = outcome.get(items[index].block_id)
+            block_id = items[index].block_id
+            result = outcome.get(block_id)
             if isinstance(result, tuple):
-                out[index].length = result[0]
+                if block_id in mine and block_id not in claimed:  # stored by this request: said once
+                    out[index].length = result[0]
+                    claimed.add(block_id)
             elif isinstance(result, PCacheError):
                 out[index].error, out[index].message = type(result).__name__, str(result)
             elif isinstance(result, BaseException):

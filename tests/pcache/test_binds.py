@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -671,8 +672,6 @@ def test_a_directory_larger_than_a_page_is_listed_whole_and_in_order(admin: Clie
 def test_a_worker_killed_during_a_fetch_leaves_no_half_block_and_the_file_reads_right_afterwards(
     make_cluster, moto_endpoint: str
 ) -> None:
-    import signal
-
     from pcache.worker.server import worker_id_for
 
     bucket = create_bucket(moto_endpoint)
@@ -853,6 +852,73 @@ def test_load_asks_the_master_and_the_workers_about_many_small_files_at_a_time(a
     (src / "d1" / "f-0001").write_bytes(b"changed")  # read from the cache, not the store
     assert admin.read_file("/small/d1/f-0001") == objects["d1/f-0001"]
     admin.unbind("/small")
+
+
+@pytest.mark.parametrize("fault", ["SIGSTOP", "SIGKILL"])
+def test_a_load_moves_the_blocks_of_a_worker_that_stops_answering_to_the_others(fault: str, tmp_path: Path) -> None:
+    """A worker stopped (or killed) before the master declares it dead: its first request fails
+    (stalled past fetch_timeout, or refused), the load sends it nothing more and asks the master
+    for other fetchers of its blocks. Before, every batch of its blocks waited out the timeout in
+    turn: 1,000 blocks on a stopped worker, -j 4, about 5 hours."""
+    src = tmp_path / "bucket"
+    objects = {f"d{i % 3}/f-{i:04d}": b"%d;" % i * (1 + i % 40) for i in range(300)}
+    for key, body in objects.items():
+        (src / key).parent.mkdir(parents=True, exist_ok=True)
+        (src / key).write_bytes(body)
+    args = ["--master.default_replication=1"]
+    with (
+        LocalCluster(str(tmp_path / "c"), workers=2, master_args=args) as cluster,
+        Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token, fetch_timeout=2)) as pc,
+    ):
+        pc.bind("/ds", f"file://{src}/", meta_ttl=IMMUTABLE)
+        pc.load("/ds", metadata_only=True)
+        victim = cluster.worker_procs[1]
+        cluster.kill(victim, getattr(signal, fault))
+        try:
+            started = time.monotonic()
+            report = pc.load("/ds", concurrency=4)
+            took = time.monotonic() - started
+        finally:
+            if fault == "SIGSTOP":
+                cluster.kill(victim, signal.SIGCONT)
+        assert (report.files, report.failed, report.fetched_blocks) == (300, 0, 300), report.errors[:3]
+        assert took < 20, took  # one fetch_timeout (2 s) for the stopped worker, not one per batch
+        survivor = cluster.worker_procs[0].name
+        holders = {r.worker_id for key in list(objects)[:30] for r in pc.layout(f"/ds/{key}").blocks[0].replicas}
+        assert len(holders) == 1 and holders != {victim.name}, (holders, survivor)
+        for key in list(objects)[::37]:
+            assert pc.read_file(f"/ds/{key}") == objects[key]
+
+
+def test_two_loads_of_one_directory_at_once_count_each_block_fetched_once(
+    cluster: LocalCluster, admin: Client, moto_endpoint: str
+) -> None:
+    bucket = create_bucket(moto_endpoint)
+    s3 = _s3(moto_endpoint)
+    n, sizes = 300, [1000 + i for i in range(300)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: s3.put_object(Bucket=bucket, Key=f"f-{i:03d}", Body=os.urandom(sizes[i])), range(n)))
+    admin.bind("/twice", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
+    admin.load("/twice", metadata_only=True)
+    start = threading.Barrier(2)
+
+    def load(c: Client) -> object:
+        start.wait()
+        return c.load("/twice", concurrency=8)
+
+    clients = [Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) for _ in range(2)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            reports = list(pool.map(load, clients))
+    finally:
+        for c in clients:
+            c.close()
+    assert [(r.files, r.blocks, r.failed) for r in reports] == [(n, n, 0)] * 2
+    assert all(r.fetched_blocks + r.cached_blocks == n for r in reports)
+    # each block was stored once, by one of them: the other found it cached (it was 1,781 of 1,000)
+    assert sum(r.fetched_blocks for r in reports) == n, [r.fetched_blocks for r in reports]
+    assert sum(r.fetched_bytes for r in reports) == sum(sizes)
+    admin.unbind("/twice")
 
 
 async def _fetch_frame(addr: pb.WorkerAddr, items: list[pb.FetchItem]) -> pb.DataHeader:
