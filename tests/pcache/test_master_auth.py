@@ -126,6 +126,7 @@ def test_each_scope_reaches_only_its_own_rpcs(cluster: LocalCluster) -> None:
         "BlockReceived",
         "ReportBlocks",
         "UfsBlockSource",
+        "UfsBlockSources",
         "ReleaseSpace",
         "ReportPersist",
     }
