@@ -230,8 +230,11 @@ def test_a_worker_runs_a_bounded_number_of_fetches_and_reports_a_requests_blocks
     items[5] = pb.FetchItem(block_id=ids[5], token=token(ids[5], "r"))  # a read token: no fetch
 
     async def run() -> list[pb.FetchItem]:
-        readers = [ds.ensure(b, ds.tokens.check(token(b), b, "r")) for b in ids[:3]]  # a reader's fetch, shared
-        out, *_ = await asyncio.gather(ds.fetch_many(items), *readers)
+        readers = [asyncio.ensure_future(ds.ensure(b, ds.tokens.check(token(b), b, "r"))) for b in ids[:3]]
+        while len(gets) < 3:  # the readers' fetches are running: the request shares them
+            await asyncio.sleep(0.001)
+        out = await ds.fetch_many(items)
+        await asyncio.gather(*readers)
         return out
 
     out = asyncio.run(run())
