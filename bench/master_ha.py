@@ -84,10 +84,11 @@ def failover_times(root: Path, kills: int, lease_ttl: float) -> list[float]:
             leader = cluster.leader()
             killed = time.monotonic()
             cluster.kill(leader, signal.SIGKILL)
+            reaped = time.monotonic()  # a mutation answered before this may be the dying leader's
             deadline = killed + 60
-            while time.monotonic() < deadline and not (successes and successes[-1] > killed):
+            while time.monotonic() < deadline and not (successes and successes[-1] > reaped):
                 time.sleep(0.01)
-            after = [t for t in successes if t > killed]
+            after = [t for t in successes if t > reaped]
             if not after:
                 raise RuntimeError(f"no mutation succeeded within 60 s of kill {k + 1}: {errors}")
             times.append(after[0] - killed)

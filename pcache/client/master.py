@@ -70,7 +70,9 @@ class MasterClient:
         self.epoch = 0
         self.current = 0  # index of the master that answered last
         tls = self._tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
-        self.channels = [tls_channel(a, tls, channel_options()) for a in self.addresses]
+        # several masters: this client fails over itself, without gRPC's retries on a dead one
+        options = channel_options(retries=len(self.addresses) == 1)
+        self.channels = [tls_channel(a, tls, options) for a in self.addresses]
         self.stubs = [pb_grpc.MasterStub(c) for c in self.channels]
         self._request_ids = itertools.count(1)
         self._inflight = 0  # Stat/Create/Batch calls on the wire
@@ -94,7 +96,7 @@ class MasterClient:
             "master %s named the leader %s, which the client's master list leaves out: following it"
             " (give every master: --master A,B)", self.addresses[0], leader,
         )  # fmt: skip
-        channel = tls_channel(leader, self._tls, channel_options())
+        channel = tls_channel(leader, self._tls, channel_options(retries=False))
         self.addresses.append(leader)
         self.channels.append(channel)
         self.stubs.append(pb_grpc.MasterStub(channel))

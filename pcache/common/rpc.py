@@ -196,8 +196,14 @@ def _epoch_of(metadata: Any) -> int:
 
 # gRPC's own retry of calls that failed before reaching the server (service config,
 # https://github.com/grpc/proposal/blob/master/A6-client-retries.md).
-def channel_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, Any]]:
-    """Channel options: message size limits, keepalive and transparent retries."""
+def channel_options(max_message_bytes: int = 64 << 20, *, retries: bool = True) -> list[tuple[str, Any]]:
+    """Channel options: message size limits, keepalive and (``retries``) gRPC's own retries.
+
+    With ``retries``, a master call answered UNAVAILABLE is tried up to 4 times on the same
+    channel (backoffs up to 0.1, 0.2, 0.4 s): a single master's blip is ridden out. A client of
+    several masters passes ``retries=False``: it goes to the next master itself, and gRPC's
+    retries against a killed leader cost it 0.7 s of a failover that takes 0.3 s without them.
+    """
     import json
 
     service_config = {
@@ -214,11 +220,15 @@ def channel_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, Any]]:
             }
         ]
     }
+    retrying: list[tuple[str, Any]] = (
+        [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(service_config))]
+        if retries
+        else [("grpc.enable_retries", 0)]
+    )
     return [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.enable_retries", 1),
-        ("grpc.service_config", json.dumps(service_config)),
+        *retrying,
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", 5_000),
         ("grpc.initial_reconnect_backoff_ms", 200),

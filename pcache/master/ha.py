@@ -12,6 +12,16 @@ Keys, under ``/pcache/<cluster>/``::
                         acknowledged; written and removed only by that leader, in transactions
                         that check it still holds the leader key
 
+A follower whose leader's replication stream closes, and whose leader's address then refuses
+connections (the process is gone, its host is up: a crash, an OOM kill, ``kill -9``), revokes
+that leader's lease at once (:meth:`HAControl.depose`) instead of waiting up to ``ttl`` seconds
+for etcd to expire it: a failover of well under a second where the lease alone takes ``ttl``. A
+leader that is alive accepts connections, even SIGSTOPped (its kernel completes the handshake):
+only the lease decides then. As with a lease run out, the deposed term can acknowledge nothing
+more: its follower refuses its entries and its lone-leader transaction needs the revoked key. (HDFS's
+ZKFC likewise gives up the active lock at once when its health monitor finds the NameNode down,
+rather than leaving it to the ZooKeeper session timeout.)
+
 A master may take over only when it holds every acknowledged mutation: it was the newest leader
 itself (``last`` is its id), or ``insync/<it>`` names the newest term (``last``'s mod revision),
 or the cluster never had a leader. A last leader that has just restarted lets an in-sync follower
@@ -39,6 +49,45 @@ from pcache.master.election import ETCD_ERRORS, Election, OutageLog
 from pcache.master.replication import SyncFlags
 
 logger = logging.getLogger(__name__)
+
+
+PROBE_TIMEOUT = 0.5  # seconds a connection to a leader that may be gone is waited for
+PROBES = 4  # connections tried at most, PROBE_GAP apart
+REFUSALS = 2  # refusals in a row that make a leader gone
+PROBE_GAP = 0.1  # seconds
+
+
+async def refuses_connections(address: str, *, probes: int = PROBES, refusals: int = REFUSALS) -> bool:
+    """Whether ``host:port`` refused ``refusals`` TCP connections in a row, of at most ``probes``
+    tried ``PROBE_GAP`` seconds apart.
+
+    A connection that is accepted proves little by itself (a killed process's kernel closes its
+    sockets one by one: a follower saw the stream's end, then one more accepted connection, then
+    refusals), so it only resets the count; a timeout or any other failure (unreachable host, a
+    name that does not resolve) returns False at once: only refusals say that nothing listens.
+    """
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return False
+    refused = 0
+    for n in range(probes):
+        if n:
+            await asyncio.sleep(PROBE_GAP)
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        except ConnectionRefusedError:
+            refused += 1
+            if refused >= refusals:
+                return True
+            continue
+        except (OSError, TimeoutError):
+            return False
+        refused = 0
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    return False
 
 
 def member_id(data_dir: str) -> str:
@@ -147,6 +196,27 @@ class HAControl(SyncFlags):
         with contextlib.suppress(Unavailable):
             await self._etcd(self.client.delete(self._key("members", self.member)))
         await self.election.close()
+
+    async def depose(self, epoch: int, address: str) -> bool:
+        """End the term ``epoch`` of the leader at ``address`` now: revoke the lease its leader key
+        is held under (see the module docstring: only for a leader whose process is gone).
+
+        Returns whether a lease was revoked: False when the key is gone already or names another
+        term or address (a newer leader is never touched).
+
+        Raises:
+            Unavailable: etcd does not answer (the revocation may or may not have happened).
+        """
+        held = await self._etcd(self.client.get(self.election.key))
+        if held is None or held.create_revision != epoch or held.value.decode() != address or not held.lease:
+            return False
+        try:
+            await self._etcd(self.client.revoke_lease(held.lease))
+        except Unavailable as exc:
+            if "not found" in str(exc).lower():
+                return False  # it expired meanwhile
+            raise
+        return True
 
     # ------------------------------------------------------ eligibility --
 

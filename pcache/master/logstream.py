@@ -128,15 +128,19 @@ class FollowerStream(_Framed):
         self._limit = MAX_HELLO
         self._last = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
+        self._leader: tuple[int, str] | None = None  # the epoch and address of the entries it applied
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._timer = asyncio.get_running_loop().call_later(HELLO_TIMEOUT, self._check_alive)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        closed_by_leader = self.transport is not None  # this end closes with close(), which clears it
         self.transport = None
         if self._timer is not None:
             self._timer.cancel()
+        if closed_by_leader and self._leader is not None:
+            self.servicer.on_stream_lost(*self._leader)
 
     def _check_alive(self) -> None:
         if self.transport is None:
@@ -167,6 +171,7 @@ class FollowerStream(_Framed):
             except Exception as exc:  # noqa: BLE001 - a malformed message of any kind
                 raise E.ProtocolError(f"unparsable AppendRequest: {exc}") from exc
             reply = self.servicer.apply_append(request)
+            self._leader = (request.epoch, request.leader)
             self.send(frame(REPLY, reply.SerializeToString()))
         except E.PCacheError as exc:
             self.fail(exc)

@@ -310,6 +310,9 @@ class ReplicationServicer(pb_grpc.ReplicationServicer):
         self.leader = ""  # that leader's address
         self.last_contact = 0.0
         self.on_contact: Callable[[], None] = lambda: None
+        self.deposed = 0  # newest epoch whose leader this follower found gone and deposed (refused from then on)
+        # a leader's replication stream closed from its end: (its epoch, its address)
+        self.on_stream_lost: Callable[[int, str], None] = lambda epoch, leader: None
         self.stream_port = 0  # where this master takes replication streams (0: none, Append only)
 
     def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
@@ -342,6 +345,8 @@ class ReplicationServicer(pb_grpc.ReplicationServicer):
     def _accept(self, epoch: int, leader: str) -> None:
         if epoch < self.epoch:
             raise E.StaleEpoch(f"leader epoch {epoch} is older than {self.epoch}, already seen here")
+        if epoch <= self.deposed:
+            raise E.StaleEpoch(f"the term of epoch {epoch} was ended here (its leader was found gone)")
         if self.is_leader():
             raise E.StaleEpoch(f"this master leads (epoch {self.store.epoch}); it takes no log entries")
         self.epoch, self.leader = epoch, leader

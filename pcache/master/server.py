@@ -139,6 +139,8 @@ class MasterServer:
         self._started = time.monotonic()
         self._led_since = time.monotonic()
         self._ha_task: asyncio.Task | None = None
+        self._gone_check: asyncio.Task | None = None  # is the leader whose stream closed gone?
+        self.replication.on_stream_lost = self._stream_lost
         self._tenant_series: set[tuple[str, str]] = set()
         if self.role == "standalone":
             epoch = next_epoch(self.store)
@@ -313,6 +315,38 @@ class MasterServer:
                 self._demote("an internal error")
                 await asyncio.sleep(1.0)
             await self.ha.election.resign()
+
+    def _stream_lost(self, epoch: int, leader: str) -> None:
+        """The replication stream of the leader of ``epoch`` closed from its end: find out, in the
+        background, whether its process is gone (see :mod:`.ha`)."""
+        if self.role != "follower" or self.ha is None or not leader:
+            return
+        if self._gone_check is None or self._gone_check.done():
+            self._gone_check = asyncio.ensure_future(self._leader_gone(epoch, leader))
+
+    async def _leader_gone(self, epoch: int, leader: str) -> None:
+        """Revoke the lease of the leader of ``epoch`` at ``leader`` if its address refuses
+        connections, so that a follower takes over now rather than when the lease runs out."""
+        from pcache.master.ha import refuses_connections
+
+        assert self.ha is not None
+        if not await refuses_connections(leader):
+            return
+        if self.role != "follower" or self.replication.epoch > epoch:
+            return  # a newer term started meanwhile
+        try:
+            revoked = await self.ha.depose(epoch, leader)
+        except E.Unavailable as exc:
+            logger.warning("master %s: the leader %s seems gone, but its lease could not be revoked: %s",
+                           self.member, leader, exc)  # fmt: skip
+            return
+        if revoked:
+            self.replication.deposed = max(self.replication.deposed, epoch)
+            logger.warning(
+                "master %s: the leader %s (epoch %d) is gone (its replication stream closed, its port refuses"
+                " connections): its lease is revoked, so that a master takes over now, not within %g s",
+                self.member, leader, epoch, self.cfg.lease_ttl,
+            )  # fmt: skip
 
     def role_status(self) -> pb.MasterRole:
         """This master's part in the pair, for ``pcache status``."""
@@ -495,6 +529,8 @@ class MasterServer:
 
     async def stop(self, grace: float = 2.0) -> None:
         """Hand leadership over (resign at once), stop serving, close the metastore."""
+        if self._gone_check is not None:
+            self._gone_check.cancel()
         if self._ha_task is not None:
             self._ha_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -174,3 +174,58 @@ def test_a_master_out_of_sync_with_the_last_term_says_why_it_may_not_take_over(
         asyncio.run(scenario())
     said = [r.getMessage() for r in caplog.records if "may not take over" in r.getMessage()]
     assert len(said) == 1 and "no master leads" in said[0], said  # once, not at every look
+
+
+def test_depose_ends_only_the_named_term_and_the_deposed_leader_can_set_no_flag(etcd: Etcd) -> None:
+    """A follower that found its leader's process gone revokes that term's lease: nothing else
+    (another term, another address) is touched; the deposed leader's etcd transactions fail at
+    once, before its keep-alive even tells it; another master wins at once."""
+    from pcache.master.ha import HAControl
+
+    async def scenario() -> None:
+        a = HAControl(etcd.endpoint, "c1", "ma", "10.0.0.1:19600", ttl=TTL)
+        b = HAControl(etcd.endpoint, "c1", "mb", "10.0.0.2:19600", ttl=TTL)
+        try:
+            first = await a.election.campaign()
+            assert await a.set_in_sync("mb")  # the leader's flag transaction works while it leads
+            assert not await b.depose(first + 1, "10.0.0.1:19600")  # another term
+            assert not await b.depose(first, "10.0.0.9:19600")  # another address
+            assert (await b.election.leader()) == (await a.election.leader()) and a.election.is_leader()
+            assert await b.depose(first, "10.0.0.1:19600")
+            assert await b.election.leader() is None
+            assert not await a.set_in_sync("mb")  # its lone-leader and flag transactions need its key
+            t0 = time.monotonic()
+            second = await asyncio.wait_for(b.election.campaign(poll=0.1), 5)
+            assert second > first and time.monotonic() - t0 < 2.0  # no lease to wait out
+            assert not await b.depose(first, "10.0.0.1:19600")  # the key is b's now: never touched
+            assert b.election.is_leader()
+            deadline = time.monotonic() + TTL
+            while a.election.is_leader() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert not a.election.is_leader()  # its next keep-alive found the lease gone
+        finally:
+            for ha in (a, b):
+                await ha.close()
+
+    asyncio.run(scenario())
+
+
+def test_only_refused_connections_make_an_address_gone() -> None:
+    import socket
+
+    from pcache.master.ha import refuses_connections
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    try:
+        assert asyncio.run(refuses_connections(f"127.0.0.1:{closed_port}"))
+        assert not asyncio.run(refuses_connections(f"127.0.0.1:{listening.getsockname()[1]}"))
+        assert not asyncio.run(refuses_connections("no-such-host.invalid:19600"))  # unknown: not gone
+        assert not asyncio.run(refuses_connections("not-an-address"))
+    finally:
+        listening.close()

@@ -200,6 +200,7 @@ def test_sigstopped_leader_is_fenced_after_its_lease(make_ha) -> None:
         log = cluster.worker_procs[0].log  # each worker says which master it obeys from now on
         wait_for(lambda: f"master {new.address} leads (epoch" in log.read_text(), 10, "the worker to follow")
         assert role_of(cluster, old).role == "follower"
+        assert "is gone" not in new.log.read_text()  # a stopped leader's port accepts: only the lease decided
         assert pc.read_file("/before") == b"1" and pc.read_file("/during") == b"2"
         assert not pc.exists("/from-old")
         # it catches up as a follower and may take over again
@@ -207,6 +208,27 @@ def test_sigstopped_leader_is_fenced_after_its_lease(make_ha) -> None:
         pc.write_file("/after", b"3")
         cluster.kill(new, signal.SIGKILL)
         assert pc.read_file("/after") == b"3" and cluster.leader() is old
+
+
+def test_a_killed_leader_is_replaced_long_before_its_lease_would_run_out(make_ha) -> None:
+    """``kill -9`` of the leader: its follower sees the replication stream end and the leader's
+    port refuse connections, revokes the dead leader's lease and takes over at once. With a lease
+    of 20 s the cluster took no mutation for about 20 s."""
+    cluster = make_ha(workers=1, master_args=["--master.lease_ttl=20"])
+    with client_of(cluster) as pc:
+        pc.write_file("/before", b"1")
+        cluster.wait_in_sync()
+        leader = cluster.leader()
+        follower = follower_of(cluster, leader)
+        cluster.kill(leader, signal.SIGKILL)
+        t0 = time.monotonic()
+        pc.mkdir("/after")
+        took = time.monotonic() - t0
+        print(f"\nfirst mutation {took:.2f} s after the leader's SIGKILL (lease 20 s)")
+        assert took < 10.0, took
+        assert cluster.leader() is follower
+        assert f"the leader {leader.address} (epoch" in follower.log.read_text()
+        assert pc.read_file("/before") == b"1" and pc.stat("/after").is_dir
 
 
 def test_worker_runs_commands_only_from_the_newest_leader() -> None:

@@ -290,3 +290,21 @@ def test_an_answer_that_comes_while_its_message_is_written_is_counted() -> None:
             shipper.close()
 
     asyncio.run(scenario())
+
+
+def test_a_follower_refuses_the_term_it_found_gone() -> None:
+    """Once a follower has revoked the lease of a leader whose process was gone, that term's
+    entries are refused: were the leader alive after all, it acknowledges nothing more."""
+    from pcache.common.auth import Guard
+    from pcache.master.replication import ReplicationServicer
+
+    leader = leader_store()
+    leader.write([(b"k", b"v")])
+    servicer = ReplicationServicer(ReplicatedStore(MemoryMetaStore()), "f", lambda: False, Guard([], {}))
+    request = pb.AppendRequest(epoch=7, leader="a:1", prev_index=0, prev_epoch=0, entries=leader.entries_after(0))
+    assert servicer.apply_append(request).ok
+    servicer.deposed = 7
+    late = pb.AppendRequest(epoch=7, leader="a:1", prev_index=leader.index, prev_epoch=7)
+    with pytest.raises(E.StaleEpoch, match="ended here"):
+        servicer.apply_append(late)
+    assert servicer.apply_append(pb.AppendRequest(epoch=9, leader="b:1", prev_index=leader.index, prev_epoch=7)).ok
