@@ -821,9 +821,10 @@ class PCacheClient:
             path=normalize(path), closing=closing,
         )  # fmt: skip
 
-    async def layout_of(self, inode: int) -> pb.FileLayout:
-        """The committed layout of ``inode`` (always asked of the master: no cache)."""
-        return await self.master.layout(inode=inode)
+    async def layout_of(self, inode: int, exclude_fetchers: Iterable[str] = ()) -> pb.FileLayout:
+        """The committed layout of ``inode`` (always asked of the master: no cache); uncached
+        blocks name a fetcher other than ``exclude_fetchers`` (worker ids found hung or gone)."""
+        return await self.master.layout(inode=inode, exclude_fetchers=exclude_fetchers)
 
     async def report_bad_block(self, worker_id: str, block_id: int) -> None:
         """Tell the master the replica of ``block_id`` on ``worker_id`` failed its CRC check."""

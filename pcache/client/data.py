@@ -16,8 +16,9 @@ import socket
 import threading
 import time
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from pcache.common import framing, memory, uds
 from pcache.common.checksum import CHUNK_SIZE, RunningCrc, verify_chunks
@@ -34,6 +35,8 @@ from pcache.common.errors import (
 )
 from pcache.common.tls import load_optional
 from pcache.proto import pcache_pb2 as pb
+
+T = TypeVar("T")
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 POOL_PER_WORKER = 8
@@ -279,6 +282,7 @@ class DataClient:
         self.verified = VerifiedChunks(SC_VERIFIED_CHUNKS)
         self._socket_owners: set[socket.socket] = set()  # sockets a cancelled read's thread still uses
         self._receivers = ThreadPoolExecutor(RECEIVER_THREADS, thread_name_prefix="pcache-recv")
+        self._pings: dict[tuple[str, int], asyncio.Task] = {}  # the PING under way to each worker
         tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
         self.tls = tls.client_context() if tls else None
 
@@ -360,7 +364,12 @@ class DataClient:
             PermissionDenied: the worker refuses the token (expired: ask the master again).
         """
         hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
-        reply, data = await self._request(addr, hdr, first_byte or self.cfg.stall_timeout)
+        wait = first_byte or self.cfg.stall_timeout
+        request = self._request(addr, hdr, wait)
+        if wait > self.cfg.stall_timeout:  # an under-store fetch first, which shows no progress
+            reply, data = await self._while_alive(addr, request, f"fetching block {block_id} from its under-store")
+        else:
+            reply, data = await request
         check_block_crc(addr, block_id, crc, reply.crc32c)
         if len(data) != length:
             raise CorruptBlock(f"block {block_id}: asked {length} bytes, got {len(data)}")
@@ -379,7 +388,9 @@ class DataClient:
             Unavailable, Timeout: the worker is gone or stalled. InvalidArgument: too many items.
         """
         hdr = pb.DataHeader(op=pb.FETCH_BLOCKS, fetches=items)
-        reply, _ = await self._request(addr, hdr, self.cfg.fetch_timeout)
+        reply, _ = await self._while_alive(
+            addr, self._request(addr, hdr, self.cfg.fetch_timeout), f"fetching {len(items)} blocks from under-stores"
+        )
         if len(reply.fetches) != len(items):
             raise ProtocolError(f"worker {addr.worker_id} answered {len(reply.fetches)} of {len(items)} fetches")
         return list(reply.fetches)
@@ -407,13 +418,15 @@ class DataClient:
                 reply, data = await self._exchange(conn, hdr, first_byte)
             ok = True
             self.health.answered(addr.worker_id, time.monotonic() - started)
-            framing.raise_if_error(reply)
-            return reply, data
         except (Unavailable, Timeout):
             self.health.suspect(addr.worker_id)
             raise
         finally:
             self._give_back(addr, conn, ok)
+        # an error the worker answered (its under-store timed out, a replica is missing) leaves
+        # it in good health: it answered
+        framing.raise_if_error(reply)
+        return reply, data
 
     async def _plain_socket(self, addr: pb.WorkerAddr) -> socket.socket:
         """A pooled plain-TCP connection to a worker (one still open), or a new one."""
@@ -492,10 +505,12 @@ class DataClient:
             framing.close_writer(conn[1])
 
     async def sc_open_read(
-        self, addr: pb.WorkerAddr, block_id: int, token: str, crc: int = 0
+        self, addr: pb.WorkerAddr, block_id: int, token: str, crc: int = 0, *, first_byte: float | None = None
     ) -> tuple[int, pb.DataHeader]:
         """Short circuit: get a read-only fd of the block file and its CRC record (``crc``: the
         committed CRC32C of the whole block, checked against the record; 0: unknown).
+        ``first_byte``: seconds to wait for the answer (default ``stall_timeout``; longer for a
+        block the worker fetches from an under-store first, while the worker answers PINGs).
 
         The caller owns (and must close) the fd.
 
@@ -505,9 +520,14 @@ class DataClient:
         sock = await self._sc_connect(addr)
         try:
             timeout = self.cfg.stall_timeout
+            wait = first_byte or timeout
             request = pb.DataHeader(op=pb.SC_READ_OPEN, block_id=block_id, token=token)
             await uds.send_frame(sock, request, None, timeout)
-            reply, fd = await uds.recv_frame(sock, timeout)
+            if wait > timeout:  # an under-store fetch first, which shows no progress
+                what = f"fetching block {block_id} from its under-store"
+                reply, fd = await self._while_alive(addr, uds.recv_frame(sock, wait), what)
+            else:
+                reply, fd = await uds.recv_frame(sock, timeout)
         except (Unavailable, Timeout):
             self.health.suspect(addr.worker_id)
             raise
@@ -528,7 +548,15 @@ class DataClient:
         return fd, reply
 
     async def sc_read(
-        self, addr: pb.WorkerAddr, block_id: int, offset: int, length: int, token: str, crc: int = 0
+        self,
+        addr: pb.WorkerAddr,
+        block_id: int,
+        offset: int,
+        length: int,
+        token: str,
+        crc: int = 0,
+        *,
+        first_byte: float | None = None,
     ) -> bytes:
         """Short circuit: read a block range from its file on this host, CRC-checked.
 
@@ -537,6 +565,8 @@ class DataClient:
         read checks the CRC32C of each chunk it touches, so a replica damaged
         after a first good read is never served.
 
+        ``first_byte``: as for :meth:`sc_open_read`.
+
         Raises:
             CorruptBlock: a chunk does not match the worker's CRC record.
             Unavailable, Timeout, NotFound: the worker cannot hand out the block.
@@ -544,7 +574,7 @@ class DataClient:
         key = (addr.uds_path, block_id)
         entry = self._sc_open.get(key)
         if entry is None:
-            fd, info = await self.sc_open_read(addr, block_id, token, crc)
+            fd, info = await self.sc_open_read(addr, block_id, token, crc, first_byte=first_byte)
             entry = self._sc_open.setdefault(key, _ScBlock(fd, info))
             if entry.fd != fd:
                 os.close(fd)
@@ -553,7 +583,7 @@ class DataClient:
         self._sc_open.move_to_end(key)
         if not entry.acquire():  # closed by a concurrent eviction: open afresh
             self._sc_open.pop(key, None)
-            return await self.sc_read(addr, block_id, offset, length, token, crc)
+            return await self.sc_read(addr, block_id, offset, length, token, crc, first_byte=first_byte)
         # the descriptor is released when the thread is done with it, even if this caller is
         # cancelled first (a hedged read that lost): never close an fd a thread still reads
         work = asyncio.ensure_future(asyncio.to_thread(entry.pread, offset, length, self.verified))
@@ -711,25 +741,47 @@ class DataClient:
 
     async def _await_reply(self, head: pb.WorkerAddr, conn: Conn, cap: float) -> tuple[pb.DataHeader, int]:
         """The reply to a write: the head stores (fsyncs) the block and waits for its downstream
-        replicas first, which shows no progress; so every ``stall_timeout`` seconds without it,
-        the head is asked whether it lives (a PING on another connection): a hung head is given up
-        on after about 1.5 stall timeouts, not after ``cap``.
+        replicas first, which shows no progress (:meth:`_while_alive`).
 
         Raises:
             Timeout: the head stopped answering, or no reply within ``cap`` seconds.
         """
-        reply = asyncio.ensure_future(framing.read_header(conn[0], cap))
+        return await self._while_alive(head, framing.read_header(conn[0], cap), "storing a block")
+
+    async def _while_alive(self, addr: pb.WorkerAddr, work: Awaitable[T], what: str) -> T:
+        """Await ``work``, a request to the worker at ``addr`` that shows no progress until it is
+        done (a write's replicas, an under-store fetch); every ``stall_timeout`` seconds without
+        it the worker is asked whether it lives (a PING on another connection, shared by the
+        requests waiting on that worker): a hung worker (SIGSTOP, a wedged host) is given up on
+        after about 1.5 stall timeouts, not after the request's own timeout (75 s for a fetch).
+
+        Raises:
+            Timeout: the worker stopped answering (``what`` says while doing what; it becomes a
+                suspect). Whatever ``work`` raises.
+        """
+        task = asyncio.ensure_future(work)
         try:
             while True:
-                done, _ = await asyncio.wait({reply}, timeout=self.cfg.stall_timeout)
+                done, _ = await asyncio.wait({task}, timeout=self.cfg.stall_timeout)
                 if done:
-                    return reply.result()
-                if not await self.ping(head, self.cfg.stall_timeout / 2):
-                    raise Timeout(f"worker {head.worker_id} stopped answering while storing a block")
+                    return task.result()
+                if not await self._alive(addr):
+                    self.health.suspect(addr.worker_id)
+                    raise Timeout(f"worker {addr.worker_id} stopped answering while {what}")
         finally:
-            if not reply.done():
-                reply.cancel()
-            reply.add_done_callback(lambda t: t.cancelled() or t.exception())
+            if not task.done():
+                task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _alive(self, addr: pb.WorkerAddr) -> bool:
+        """Whether the worker answers a PING within half the stall timeout; one ping at a time per
+        worker, whose answer the requests that wait on it meanwhile share."""
+        key = (addr.host, addr.port)
+        running = self._pings.get(key)
+        if running is None:
+            running = self._pings[key] = asyncio.ensure_future(self.ping(addr, self.cfg.stall_timeout / 2))
+            running.add_done_callback(lambda _: self._pings.pop(key, None))
+        return await asyncio.shield(running)
 
     async def ping(self, addr: pb.WorkerAddr, timeout: float) -> bool:
         """Whether the worker answers a PING within ``timeout`` seconds (on a fresh connection)."""

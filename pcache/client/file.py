@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -95,8 +95,9 @@ class FileService(Protocol):
     read_budget: ReadBudget  # bytes of read units all of this client's files may cache
     write_budget: WriteBudget  # bytes of blocks all of this client's writers may have in flight
 
-    async def layout_of(self, inode: int) -> pb.FileLayout:
-        """The committed layout (size, version, blocks and their replicas) of ``inode``."""
+    async def layout_of(self, inode: int, exclude_fetchers: Iterable[str] = ()) -> pb.FileLayout:
+        """The committed layout (size, version, blocks and their replicas) of ``inode``; an
+        uncached block names a fetcher other than ``exclude_fetchers``."""
         ...
 
     async def report_bad_block(self, worker_id: str, block_id: int) -> None:
@@ -440,7 +441,9 @@ class PCacheFile:
             if data is not None:
                 return data
             if attempt == 0:
-                layout = await self._refresh_locations()
+                health = self.service.data.health  # an uncached block's fetcher that hung or died: another one
+                hung = [a.worker_id for a in slot.locations if slot.uncached and health.is_suspect(a.worker_id)]
+                layout = await self._refresh_locations(hung)
                 if layout is not None and self.writable and all(b.block_id != slot.block_id for b in layout.blocks):
                     return await self._read_successor(layout, idx, offset, length)
                 slot = self.slots[idx]
@@ -538,7 +541,7 @@ class PCacheFile:
                 await self._report_bad(addr.worker_id, block_id)
                 raise
         try:
-            return await data.sc_read(addr, block_id, offset, length, token, crc)
+            return await data.sc_read(addr, block_id, offset, length, token, crc, first_byte=first_byte)
         except READ_FAILOVER_ERRORS as exc:
             data.sc_forget(addr, block_id)
             if isinstance(exc, CorruptBlock):  # over TCP the worker reports it; here only the client saw it
@@ -566,13 +569,14 @@ class PCacheFile:
         except PCacheError as exc:
             logger.warning("cannot report corrupt block %d on %s: %s", block_id, worker_id, exc)
 
-    async def _refresh_locations(self) -> pb.FileLayout | None:
-        """Take the master's current replica locations (and tokens) of this handle's blocks.
+    async def _refresh_locations(self, exclude_fetchers: Iterable[str] = ()) -> pb.FileLayout | None:
+        """Take the master's current replica locations (and tokens) of this handle's blocks; an
+        uncached block's fetcher is none of ``exclude_fetchers``.
 
         Returns the file's current layout, or None when the master could not answer.
         """
         try:
-            layout = await self.service.layout_of(self.inode)
+            layout = await self.service.layout_of(self.inode, exclude_fetchers)
         except PCacheError as exc:
             logger.warning("%s: cannot refresh block locations: %s", self.path, exc)
             return None

@@ -17,7 +17,7 @@ A load runs in two overlapping phases:
   their worker many at a time (``FETCH_BLOCKS``, up to 64 per request), which asks the master
   where they come from and reports them stored in one call each, as Alluxio's workers take a
   distributed load's blocks in batches; a larger block goes in a request of its own. A worker
-  that does not answer (killed, or stalled past ``client.fetch_timeout``) gets nothing more
+  that does not answer (killed, or no answer to a PING for 1.5 ``client.stall_timeout``) gets nothing more
   from the load: the master is asked for the layouts again, naming other fetchers for its
   blocks (``exclude_fetchers``), once per file.
 
@@ -233,7 +233,7 @@ async def free(client: PCacheClient, path: str) -> pb.FreeReport:
 
 
 class WorkerDown(Unavailable):
-    """A worker that did not answer a fetch (gone, or stalled past ``client.fetch_timeout``): the
+    """A worker that did not answer a fetch (gone, or hung: it answers no PING meanwhile): the
     load sends it nothing more, and asks the master for other fetchers of its blocks."""
 
 

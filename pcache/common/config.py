@@ -177,7 +177,8 @@ class ClientConfig:
     """Seconds a data-plane request may take in all."""
     fetch_timeout: float = 75.0
     """Seconds a read of a bound file's uncached block waits for the worker to fetch it from the
-    under-store (more than the worker's ``ufs_timeout``)."""
+    under-store (more than the worker's ``ufs_timeout``), as long as the worker answers a PING
+    every ``stall_timeout`` seconds meanwhile."""
     stall_timeout: float = 2.0
     """Seconds a worker may go without progress (the first byte of a reply, accepting a write)
     before this request goes to another replica and the worker becomes a suspect."""
