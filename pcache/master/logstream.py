@@ -139,8 +139,10 @@ class FollowerStream(_Framed):
         self.transport = None
         if self._timer is not None:
             self._timer.cancel()
-        if closed_by_leader and self._leader is not None:
-            self.servicer.on_stream_lost(*self._leader)
+        if closed_by_leader and self.authorized:  # no entry applied yet: the leader this follower last heard
+            leader = self._leader or (self.servicer.epoch, self.servicer.leader)
+            if leader[1]:
+                self.servicer.on_stream_lost(*leader)
 
     def _check_alive(self) -> None:
         if self.transport is None:

@@ -102,6 +102,9 @@ class ReplicatedStore:
         self.on_append: Callable[[], None] = lambda: None
         self.tail: deque[pb.LogEntry] = deque()
         self._tail_size = 0
+        # inside one_batch(): entries written but not yet in the local store, and their writes by key
+        self._deferred: list[pb.LogEntry] | None = None
+        self._overlay: dict[bytes, bytes | None] = {}
         self._load_position()
 
     def _load_position(self) -> None:
@@ -117,10 +120,50 @@ class ReplicatedStore:
     # ------------------------------------------------------- MetaStore --
 
     def get(self, key: bytes) -> bytes | None:
+        if self._overlay and key in self._overlay:
+            return self._overlay[key]
         return self.local.get(key)
 
     def scan(self, prefix: bytes, start_after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        if self._deferred:
+            self._flush()  # a scan reads the local store: what this batch wrote goes there first
         return self.local.scan(prefix, start_after)
+
+    @contextlib.contextmanager
+    def one_batch(self) -> Iterator[None]:
+        """Entries written inside the block, with what :meth:`amend` adds to them, reach the local
+        store together when it ends, as one write batch, and only then go to the followers.
+
+        A mutation and its reply record (:mod:`.dedup`) were two local writes: a master killed
+        between them kept the mutation without its answer, and when it came back (a leader
+        alone, or the last leader) a client's retry applied it a second time (a rename answered
+        ``NotFound``, a write ``Conflict``). Reads inside the block see what it wrote (``get``
+        looks at those writes first; a ``scan`` writes them out first). Nested blocks are one.
+        """
+        if self._deferred is not None:
+            yield
+            return
+        self._deferred = []
+        try:
+            yield
+        finally:
+            try:
+                self._flush()
+            finally:
+                self._deferred, self._overlay = None, {}
+
+    def _flush(self) -> None:
+        """Write the deferred entries locally as one batch, then take them into the log."""
+        entries = self._deferred or []
+        self._deferred, self._overlay = [], {}
+        if not entries:
+            return
+        batches = [([(kv.key, kv.value) for kv in entry.puts], list(entry.deletes)) for entry in entries]
+        batches[-1][0].append((ZIDX, POSITION.pack(entries[-1].index, entries[-1].epoch)))
+        self.local.write_many(batches)
+        for entry in entries:
+            self._remember(entry)
+        self.on_append()
 
     def write(self, puts: Iterable[tuple[bytes, bytes]] = (), deletes: Iterable[bytes] = ()) -> None:
         """Apply one batch as the next log entry of the current term.
@@ -131,11 +174,17 @@ class ReplicatedStore:
         why = self.writable()
         if why is not None:
             raise E.NotLeader(why)
-        entry = pb.LogEntry(index=self.index + 1, epoch=self.epoch)
+        deferred = self._deferred
+        entry = pb.LogEntry(index=self.index + 1 + len(deferred or ()), epoch=self.epoch)
         for key in deletes:
             entry.deletes.append(bytes(memoryview(key)))
         for key, value in puts:
             entry.puts.add(key=bytes(memoryview(key)), value=bytes(memoryview(value)))
+        if deferred is not None:  # one_batch(): written locally when the block ends
+            deferred.append(entry)
+            self._overlay.update((key, None) for key in entry.deletes)
+            self._overlay.update((kv.key, kv.value) for kv in entry.puts)
+            return
         self._apply(entry)
         self.on_append()
 
@@ -151,8 +200,14 @@ class ReplicatedStore:
         applies both or neither. Call it with no ``await`` between the mutation and here (the
         entry must not have been shipped yet).
         """
-        if self.index <= since:
+        deferred = self._deferred or []
+        if self.index + len(deferred) <= since:
             self.write(puts)
+            return
+        if deferred:  # not written locally yet: the puts join the entry's own batch
+            for key, value in puts:
+                deferred[-1].puts.add(key=key, value=value)
+                self._overlay[key] = value
             return
         if self.tail and self.tail[-1].index == self.index:
             entry = self.tail[-1]

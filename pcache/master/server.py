@@ -88,6 +88,11 @@ class MasterServer:
         uri = cfg.metastore or (f"rocksdb://{os.path.abspath(cfg.data_dir)}/meta" if cfg.data_dir else "memory://")
         path = uri.removeprefix("rocksdb://") if uri.startswith("rocksdb://") else None
         self.ha: HAControl | None = None
+        if cfg.etcd and (cfg.advertise_host or cfg.host).strip("[]") in ("0.0.0.0", "::", ""):
+            raise E.InvalidArgument(
+                f"master.host {cfg.host!r} listens on every address, and a master of a pair (master.etcd) must"
+                " advertise one that workers, clients and the other masters reach: set master.advertise_host"
+            )
         if cfg.etcd and (path is None or not cfg.data_dir):
             raise E.InvalidArgument(
                 "master.etcd (a leader + follower pair) needs master.data_dir (a RocksDB metastore)"
@@ -140,6 +145,7 @@ class MasterServer:
         self._led_since = time.monotonic()
         self._ha_task: asyncio.Task | None = None
         self._gone_check: asyncio.Task | None = None  # is the leader whose stream closed gone?
+        self._lost: tuple[int, str] | None = None  # the latest stream loss that check has yet to look at
         self.replication.on_stream_lost = self._stream_lost
         self._tenant_series: set[tuple[str, str]] = set()
         if self.role == "standalone":
@@ -321,8 +327,17 @@ class MasterServer:
         background, whether its process is gone (see :mod:`.ha`)."""
         if self.role != "follower" or self.ha is None or not leader:
             return
+        self._lost = (epoch, leader)  # a loss during a check is looked at after it, not dropped
         if self._gone_check is None or self._gone_check.done():
-            self._gone_check = asyncio.ensure_future(self._leader_gone(epoch, leader))
+            self._gone_check = asyncio.ensure_future(self._check_losses())
+
+    async def _check_losses(self) -> None:
+        while self._lost is not None:
+            (epoch, leader), self._lost = self._lost, None
+            try:
+                await self._leader_gone(epoch, leader)
+            except Exception:  # noqa: BLE001 - the lease decides then; never a silent task failure
+                logger.exception("master %s: checking whether the leader %s is gone failed", self.member, leader)
 
     async def _leader_gone(self, epoch: int, leader: str) -> None:
         """Revoke the lease of the leader of ``epoch`` at ``leader`` if its address refuses

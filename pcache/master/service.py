@@ -265,10 +265,11 @@ class MasterServicer(pb_grpc.MasterServicer):
             done = self.m.replies.get(rid, method, reply_type)
             if done is not None:  # applied before (a retry, maybe on the master that took over)
                 return done  # type: ignore[return-value]
-        since = self.m.store.index
-        reply = _in_scope(apply, ns, blocks, scope)
-        if header.request_id:
-            self.m.replies.record(rid, method, reply, since)  # same log entry
+        with self.m.store.one_batch():  # the mutation and its reply record: one local write
+            since = self.m.store.index
+            reply = _in_scope(apply, ns, blocks, scope)
+            if header.request_id:
+                self.m.replies.record(rid, method, reply, since)  # same log entry
         return reply
 
     # ---------------------------------------------------------- namespace --

@@ -231,6 +231,115 @@ def test_a_killed_leader_is_replaced_long_before_its_lease_would_run_out(make_ha
         assert pc.read_file("/before") == b"1" and pc.stat("/after").is_dir
 
 
+KILL_HOOK = """
+import os, signal, sys
+if "master" in sys.argv and os.environ.get("PCACHE_TEST_KILL_FLAG"):
+    import pcache.master.metastore as metastore
+
+    write_many = metastore.RocksMetaStore.write_many
+
+    def killing_write_many(self, batches):
+        batches = [(list(puts), list(deletes)) for puts, deletes in batches]
+        flag = os.environ["PCACHE_TEST_KILL_FLAG"]
+        records = [k for puts, _ in batches for k, _ in puts if k.startswith(b"r") and b"/" in k]
+        if records and os.path.exists(flag):  # the write that carries a reply record: die before it
+            os.unlink(flag)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return write_many(self, batches)
+
+    metastore.RocksMetaStore.write_many = killing_write_many
+"""
+
+
+def test_a_master_killed_as_it_records_an_answer_never_applies_the_retry_twice(
+    make_ha, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader alone (its follower down) is killed as it writes a rename's reply record, then
+    comes back and takes the client's retry. The rename and its record were two local writes:
+    the rename was kept, its answer lost, and the retry renamed again: ``NotFound`` for a rename
+    that had happened. They are now one write, so the retry finds both or neither."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(KILL_HOOK)
+    flag = tmp_path / "kill-at-the-next-record"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PCACHE_TEST_KILL_FLAG", str(flag))
+    cluster = make_ha(workers=1)
+    with client_of(cluster) as pc:
+        pc.write_file("/src", b"x")
+        leader = cluster.leader()
+        follower = follower_of(cluster, leader)
+        cluster.kill(follower, signal.SIGKILL)
+        pc.mkdir("/alone")  # answered once the leader goes on alone (ack_timeout)
+        flag.touch()
+        outcome: list[object] = []
+        renamer = threading.Thread(target=lambda: outcome.append(_call(lambda: pc.rename("/src", "/dst"))))
+        renamer.start()
+        wait_for(lambda: not leader.alive(), 20, "the leader to die as it records the rename's answer")
+        assert not flag.exists()  # the hook fired (the leader did not die of something else)
+        cluster.start_ha_master(index_of(cluster, leader))  # the last leader: it leads again
+        cluster.start_ha_master(index_of(cluster, follower))
+        renamer.join(60)
+        assert outcome and not isinstance(outcome[0], BaseException), outcome
+        assert not pc.exists("/src") and pc.read_file("/dst") == b"x"
+
+
+def test_a_stream_lost_while_the_last_loss_is_checked_is_checked_too() -> None:
+    """A stream cut, reconnected, and its leader killed 0.2 s later: the second loss came while
+    the first one's check (which found the live leader) still ran, was dropped, and the failover
+    waited out the lease."""
+    import asyncio
+
+    from pcache.master.server import MasterServer
+
+    async def scenario() -> list[tuple[int, str]]:
+        server = MasterServer.__new__(MasterServer)
+        server.role, server.ha, server.member = "follower", object(), "m"  # type: ignore[assignment]
+        server._gone_check, server._lost = None, None
+        checked: list[tuple[int, str]] = []
+        first_running = asyncio.Event()
+        release = asyncio.Event()
+
+        async def leader_gone(epoch: int, leader: str) -> None:
+            checked.append((epoch, leader))
+            if len(checked) == 1:
+                first_running.set()
+                await release.wait()
+
+        server._leader_gone = leader_gone  # type: ignore[method-assign]
+        server._stream_lost(7, "a:1")
+        await first_running.wait()
+        server._stream_lost(7, "a:1")  # the leader's second stream ended during the first check
+        release.set()
+        assert server._gone_check is not None
+        await asyncio.wait_for(server._gone_check, 5)
+        return checked
+
+    assert asyncio.run(scenario()) == [(7, "a:1"), (7, "a:1")]
+
+
+def test_a_master_of_a_pair_listening_on_every_address_must_say_which_it_advertises(tmp_path: Path) -> None:
+    """It advertised ``0.0.0.0:PORT``: the other master probed its own host at that port, and
+    workers and clients of other hosts were handed an address that leads nowhere."""
+    from pcache.common.config import MasterConfig
+    from pcache.master.server import MasterServer
+
+    for host in ("0.0.0.0", "::", "[::]"):
+        cfg = MasterConfig(host=host, etcd="127.0.0.1:2379", data_dir=str(tmp_path / "m"))
+        with pytest.raises(E.InvalidArgument, match="advertise_host"):
+            MasterServer(cfg)
+    cfg = MasterConfig(host="0.0.0.0", advertise_host="10.0.0.1", etcd="127.0.0.1:2379", data_dir=str(tmp_path / "m"))
+    MasterServer(cfg).store.close()  # told what to advertise: accepted
+    MasterServer(MasterConfig(host="0.0.0.0", data_dir=str(tmp_path / "single"))).store.close()  # no pair: as before
+
+
+def _call(fn: Callable[[], object]) -> object:
+    try:
+        return fn()
+    except BaseException as exc:  # noqa: BLE001 - the test reports it
+        return exc
+
+
 def test_worker_runs_commands_only_from_the_newest_leader() -> None:
     """Worker-side fencing: commands from a follower or an older epoch are dropped."""
     from pcache.worker.server import MasterLink, WorkerServer

@@ -308,3 +308,53 @@ def test_a_follower_refuses_the_term_it_found_gone() -> None:
     with pytest.raises(E.StaleEpoch, match="ended here"):
         servicer.apply_append(late)
     assert servicer.apply_append(pb.AppendRequest(epoch=9, leader="b:1", prev_index=leader.index, prev_epoch=7)).ok
+
+
+class _Recorder(MemoryMetaStore):
+    """A memory store that records each local write batch (a list of (puts, deletes))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[tuple[list, list]]] = []
+
+    def write_many(self, batches) -> None:
+        batches = [(list(p), list(d)) for p, d in batches]
+        self.batches.append(batches)
+        for puts, deletes in batches:
+            super().write(puts, deletes)
+
+    def write(self, puts=(), deletes=()) -> None:
+        self.write_many([(puts, deletes)])
+
+
+def test_a_mutation_and_its_reply_record_reach_the_disk_in_one_write() -> None:
+    """They were two local writes: a master killed between them kept the mutation without its
+    answer, and the client's retry applied it again when that master came back."""
+    local = _Recorder()
+    store = ReplicatedStore(local)
+    store.epoch = 7
+    store.start_term(7)
+    shipped: list[int] = []
+    store.on_append = lambda: shipped.append(store.index)
+    replies = ReplyCache(store)
+    local.batches.clear()
+    with store.one_batch():
+        since = store.index
+        store.write([(b"ns/a", b"1")], [b"ns/old"])
+        store.write([(b"ns/b", b"2")])  # a mutation of two writes (an id reservation, then the change)
+        assert store.get(b"ns/a") == b"1" and store.get(b"ns/old") is None  # read back before the disk has it
+        assert local.get(b"ns/a") is None and store.index == since and not shipped  # nothing written or shipped yet
+        replies.record("client:1", "Rename", pb.Inode(id=42), since)
+    assert len(local.batches) == 1, local.batches  # one atomic batch: both entries and the record
+    keys = [k for puts, _ in local.batches[0] for k, _ in puts]
+    assert b"ns/a" in keys and b"ns/b" in keys and b"rclient:1" in keys
+    assert store.index == since + 2 and shipped == [since + 2]
+    assert [e.index for e in store.tail][-2:] == [since + 1, since + 2]
+    assert any(kv.key == b"rclient:1" for kv in store.tail[-1].puts)  # the follower gets it in the same entry
+    assert replies.get("client:1", "Rename", pb.Inode).id == 42
+    # a scan inside the block reads the local store: what the block wrote goes there first
+    with store.one_batch():
+        store.write([(b"ns/c", b"3")])
+        assert [k for k, _ in store.scan(b"ns/")] == [b"ns/a", b"ns/b", b"ns/c"]
+        store.write([(b"ns/d", b"4")])
+    assert store.get(b"ns/d") == b"4" and local.get(b"ns/d") == b"4"
