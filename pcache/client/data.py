@@ -45,6 +45,7 @@ RECEIVER_THREADS = 16  # plain-TCP reads received at once (each blocks a thread,
 MAX_SC_FDS = 256  # short-circuit block descriptors kept open per client
 SC_VERIFIED_CHUNKS = 16  # checked chunks kept for small short-circuit reads (16 MiB per client)
 SC_SOCKET_RECHECK = 1.0  # seconds a worker's UNIX socket is taken to exist after a check
+FAILED_FETCH_MEMORY = 10.0  # seconds reads of a block whose store did not answer in time fail at once
 SC_SWEEP_SECONDS = 1.0  # how often cached descriptors of deleted block files are closed
 
 
@@ -283,6 +284,7 @@ class DataClient:
         self._socket_owners: set[socket.socket] = set()  # sockets a cancelled read's thread still uses
         self._receivers = ThreadPoolExecutor(RECEIVER_THREADS, thread_name_prefix="pcache-recv")
         self._pings: dict[tuple[str, int], asyncio.Task] = {}  # the PING under way to each worker
+        self._failed_fetches: OrderedDict[int, tuple[float, PCacheError]] = OrderedDict()  # block -> (when, why)
         tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
         self.tls = tls.client_context() if tls else None
 
@@ -772,6 +774,27 @@ class DataClient:
             if not task.done():
                 task.cancel()
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def remember_failed_fetch(self, block_id: int, error: PCacheError) -> None:
+        """An uncached block's read failed because its under-store did not answer in time: reads
+        of it for the next ``FAILED_FETCH_MEMORY`` seconds fail at once with ``error`` (the
+        kernel's read-ahead and the read behind it each waited ``worker.ufs_timeout``)."""
+        self._failed_fetches[block_id] = (time.monotonic(), error)
+        self._failed_fetches.move_to_end(block_id)
+        while len(self._failed_fetches) > 1024:
+            self._failed_fetches.popitem(last=False)
+
+    def fetch_failed(self, block_id: int) -> PCacheError | None:
+        """The error of a recent failed fetch of ``block_id`` (see :meth:`remember_failed_fetch`),
+        as a new exception of its class that says so; None when there was none lately."""
+        seen = self._failed_fetches.get(block_id)
+        if seen is None:
+            return None
+        ago = time.monotonic() - seen[0]
+        if ago > FAILED_FETCH_MEMORY:
+            del self._failed_fetches[block_id]
+            return None
+        return type(seen[1])(f"{seen[1].message} ({ago:.1f} s ago; tried again after {FAILED_FETCH_MEMORY:.0f} s)")
 
     async def _alive(self, addr: pb.WorkerAddr) -> bool:
         """Whether the worker answers a PING within half the stall timeout; one ping at a time per

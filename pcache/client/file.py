@@ -430,26 +430,44 @@ class PCacheFile:
         block id, so the writer's commit still conflicts if it changes that block). A read-only
         handle takes the whole new layout instead (:meth:`pread`).
 
+        An uncached block of a bound file whose fetcher answered that its under-store did not
+        answer in time (``worker.ufs_timeout``) is not asked again: the read fails then, and reads
+        of that block in the next ``FAILED_FETCH_MEMORY`` seconds (10) fail at once (a hung store
+        cost a read two timeouts, and a read through the mount, with the kernel's read-ahead, four).
+
         Raises:
             Unavailable: no replica could be read. StaleHandle: the file no longer has that block
             position (a later commit shrank it).
         """
         slot = self.slots[idx]
-        errors: list[str] = []
+        data = self.service.data
+        if slot.uncached and (failed := data.fetch_failed(slot.block_id)) is not None:
+            raise failed  # its store did not answer a moment ago: not another ufs_timeout
+        errors: list[tuple[str, BaseException]] = []
+
+        def store_timed_out() -> bool:  # a fetcher that answered: its under-store did not, in time
+            return slot.uncached and any(
+                isinstance(e, Timeout) and not data.health.is_suspect(w) for w, e in errors
+            )  # fmt: skip
+
         for attempt in range(2):
-            data = await self._hedged(self._ordered(slot.locations, idx), slot, offset, length, errors)
-            if data is not None:
-                return data
+            got = await self._hedged(self._ordered(slot.locations, idx), slot, offset, length, errors)
+            if got is not None:
+                return got
             if attempt == 0:
-                health = self.service.data.health  # an uncached block's fetcher that hung or died: another one
-                hung = [a.worker_id for a in slot.locations if slot.uncached and health.is_suspect(a.worker_id)]
+                # an uncached block's fetcher that hung or died: another one; its store that did
+                # not answer in time: not again (asking again takes as long, ``worker.ufs_timeout``)
+                hung = [a.worker_id for a in slot.locations if slot.uncached and data.health.is_suspect(a.worker_id)]
+                if not hung and store_timed_out():
+                    break
                 layout = await self._refresh_locations(hung)
                 if layout is not None and self.writable and all(b.block_id != slot.block_id for b in layout.blocks):
                     return await self._read_successor(layout, idx, offset, length)
                 slot = self.slots[idx]
-        raise Unavailable(
-            f"{self.path}: no replica of block {slot.block_id} could be read ({'; '.join(errors) or 'no good replica on a live worker: pcache fsck says which'})"
-        )
+        err = Unavailable(f"{self.path}: no replica of block {slot.block_id} could be read ({_reasons(errors)})")
+        if store_timed_out():
+            data.remember_failed_fetch(slot.block_id, err)
+        raise err
 
     async def _read_successor(self, layout: pb.FileLayout, idx: int, offset: int, length: int) -> Buffer:
         """Read ``length`` bytes at ``offset`` of the block that replaced slot ``idx``'s block."""
@@ -461,17 +479,17 @@ class PCacheFile:
         n = max(0, min(length, successor.length - offset))
         if successor.block_id == HOLE or n == 0:
             return bytes(length)
-        errors: list[str] = []
+        errors: list[tuple[str, BaseException]] = []
         data = await self._hedged(self._ordered(successor.locations, idx), successor, offset, n, errors)
         if data is None:
             raise Unavailable(
                 f"{self.path}: block {gone} was replaced by block {successor.block_id}, and no replica of that"
-                f" could be read ({'; '.join(errors) or 'no good replica on a live worker: pcache fsck says which'})"
+                f" could be read ({_reasons(errors)})"
             )
         return data + bytes(length - n)
 
     async def _hedged(
-        self, order: list[pb.WorkerAddr], slot: Slot, offset: int, length: int, errors: list[str]
+        self, order: list[pb.WorkerAddr], slot: Slot, offset: int, length: int, errors: list[tuple[str, BaseException]]
     ) -> Buffer | None:
         """Read from ``order[0]``; when it fails, or is slower than the hedging delay, from the next.
 
@@ -511,7 +529,7 @@ class PCacheFile:
                         return task.result()
                     if not isinstance(exc, READ_FAILOVER_ERRORS):
                         raise exc
-                    errors.append(f"{addr.worker_id}: {exc}")
+                    errors.append((addr.worker_id, exc))
             return None
         finally:
             for task in pending:
@@ -1023,6 +1041,13 @@ def _slots(layout: pb.FileLayout) -> list[Slot]:
         Slot(b.block_id, b.length, b.crc32c, [r.worker_id for r in b.replicas], list(b.replicas), b.token, b.uncached)
         for b in layout.blocks
     ]
+
+
+def _reasons(errors: list[tuple[str, BaseException]]) -> str:
+    """Why each replica failed, for an error message."""
+    return "; ".join(f"{worker}: {exc}" for worker, exc in errors) or (
+        "no good replica on a live worker: pcache fsck says which"
+    )
 
 
 def _consume_exception(task: asyncio.Task) -> None:

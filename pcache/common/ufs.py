@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from objstore import ObjectInfo, ObjectStore, open_store
 from objstore import errors as S
@@ -83,15 +83,47 @@ async def call(aw: Awaitable[T], uri: str, timeout: float) -> T:
 async def probe(uri: str, timeout: float) -> None:
     """List one key of ``uri``: the store answers and takes this host's credentials.
 
+    An ``endpoint_url`` is connected to first (one TCP connection, ``timeout`` / 4 seconds at
+    most): a wrong one fails at once with why (refused, unreachable, no such name), where the
+    store client's own retries turned it into "did not answer in time" after the whole timeout.
+
     Raises:
-        as :func:`call`.
+        as :func:`call`; Unavailable: the endpoint refuses or cannot be reached.
     """
     try:
         store: ObjectStore = open_store(uri)
     except S.StoreError as exc:
         raise translate(exc, uri) from exc
     try:
+        await _connect_endpoint(uri, timeout / 4)
         await call(store.list_page(max_keys=1), uri, timeout)
     finally:
         with contextlib.suppress(S.StoreError, OSError, TimeoutError):
             await asyncio.wait_for(store.close(), 5.0)
+
+
+async def _connect_endpoint(uri: str, timeout: float) -> None:
+    """Open and close one TCP connection to the ``endpoint_url`` of ``uri`` (none: nothing to do).
+
+    Raises:
+        Unavailable: refused, unreachable, or the name does not resolve (within ``timeout`` s).
+    """
+    endpoint = (parse_qs(urlsplit(uri).query).get("endpoint_url") or [""])[0]
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise E.InvalidArgument(f"under-store {uri}: endpoint_url {endpoint!r}: {exc}") from exc
+    try:
+        async with asyncio.timeout(timeout):
+            _, writer = await asyncio.open_connection(parts.hostname, port)
+    except TimeoutError:
+        return  # slow, not wrong: the listing decides
+    except OSError as exc:
+        why = "refuses connections" if isinstance(exc, ConnectionRefusedError) else f"cannot be reached: {exc}"
+        raise E.Unavailable(f"under-store {uri}: endpoint {parts.hostname}:{port} {why}") from exc
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()

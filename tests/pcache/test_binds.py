@@ -319,8 +319,10 @@ def test_an_admin_binds_a_bucket_the_master_checks_and_a_tenant_may_not_bind_at_
     assert (bind.path, bind.uri, bind.mode, bind.tenant) == ("/bt/web", uri, "ro", "bt")
     with pytest.raises(E.NotFound):  # checked from the master: no such bucket
         admin.bind("/bt/missing", f"s3://no-such-bucket-x/?endpoint_url={moto_endpoint}")
-    with pytest.raises(E.Unavailable):  # nothing listens there
-        admin.bind("/bt/down", "s3://b/?endpoint_url=http://127.0.0.1:9&connect_timeout=1&max_attempts=1")
+    t0 = time.monotonic()
+    with pytest.raises(E.Unavailable, match="endpoint 127.0.0.1:9 refuses connections"):  # nothing listens there
+        admin.bind("/bt/down", "s3://b/?endpoint_url=http://127.0.0.1:9")  # said at once, not after the store's retries
+    assert time.monotonic() - t0 < 3.0
     assert admin.bind("/bt/down", "s3://b/?endpoint_url=http://127.0.0.1:9", check=False).path == "/bt/down"
     # a credentials reference is used: a profile the credentials file lacks fails the check
     creds = tmp_path / "s3.ini"
@@ -765,6 +767,45 @@ def test_a_block_the_store_takes_longer_than_a_stall_to_hand_out_is_read_once_on
         assert 5.0 <= took < 15.0, took
         assert proxy.stats().requests.get("get", 0) - gets == 1  # one fetch, waited for: no second try
         admin.unbind("/slow")
+
+
+def test_a_read_whose_store_does_not_answer_fails_after_one_timeout_and_the_next_at_once(
+    make_cluster, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store takes GETs and answers nothing: the fetcher gives up after ``ufs_timeout`` and
+    says so. The reader asked the same fetcher again (two timeouts: 120 s with the defaults), and
+    through the mount the kernel's read-ahead and the read behind it did so each (240 s). One
+    timeout now, and a read of that block right after fails at once, saying when it failed."""
+    import pcache.client.data as data_module
+    from babel.testing.s3proxy import S3Proxy
+
+    bucket = create_bucket(moto_endpoint)
+    body = os.urandom(1 << 20)
+    _s3(moto_endpoint).put_object(Bucket=bucket, Key="hung", Body=body)
+    cluster = make_cluster(
+        workers=1, master_args=["--master.default_replication=1"], worker_args=["--worker.ufs_timeout=2"]
+    )
+    with (
+        S3Proxy(moto_endpoint) as proxy,
+        Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin,
+    ):
+        admin.bind("/hung", f"s3://{bucket}/?endpoint_url={proxy.endpoint}", meta_ttl=IMMUTABLE)
+        assert admin.stat("/hung/hung").size == len(body)
+        proxy.ops, proxy.delay = {"get"}, 30.0
+        t0 = time.monotonic()
+        with pytest.raises(E.Unavailable, match="did not answer in time"):
+            admin.read_file("/hung/hung")
+        took = time.monotonic() - t0
+        assert took < 3.5, took  # one worker.ufs_timeout (2 s), not two
+        t0 = time.monotonic()
+        with pytest.raises(E.Unavailable, match=r"did not answer in time.* s ago"):
+            admin.read_file("/hung/hung")
+        assert time.monotonic() - t0 < 1.0  # at once: the same store, a moment later
+        monkeypatch.setattr(data_module, "FAILED_FETCH_MEMORY", 0.2)
+        time.sleep(0.3)
+        proxy.delay = 0.0
+        assert admin.read_file("/hung/hung") == body  # asked again once that moment passed
+        admin.unbind("/hung")
 
 
 def _read_or_error(pc: Client, path: str) -> bytes | E.PCacheError:
