@@ -51,20 +51,24 @@ from pcache.master.replication import SyncFlags
 logger = logging.getLogger(__name__)
 
 
-PROBE_TIMEOUT = 0.5  # seconds a connection to a leader that may be gone is waited for
-PROBES = 4  # connections tried at most, PROBE_GAP apart
+PROBE_TIMEOUT = 0.5  # seconds one connection to a leader that may be gone is waited for
+# connections tried at most, PROBE_GAP apart: a loaded host takes its time to close a killed
+# process's sockets
+PROBES = 10
 REFUSALS = 2  # refusals in a row that make a leader gone
-PROBE_GAP = 0.1  # seconds
+PROBE_GAP = 0.15  # seconds
 
 
 async def refuses_connections(address: str, *, probes: int = PROBES, refusals: int = REFUSALS) -> bool:
     """Whether ``host:port`` refused ``refusals`` TCP connections in a row, of at most ``probes``
     tried ``PROBE_GAP`` seconds apart.
 
-    A connection that is accepted proves little by itself (a killed process's kernel closes its
+    Only refusals say that nothing listens. Anything else resets the count and the probing goes
+    on: an accepted connection proves little by itself (a killed process's kernel closes its
     sockets one by one: a follower saw the stream's end, then one more accepted connection, then
-    refusals), so it only resets the count; a timeout or any other failure (unreachable host, a
-    name that does not resolve) returns False at once: only refusals say that nothing listens.
+    refusals), and a timeout (``PROBE_TIMEOUT`` s) or another error (an unreachable host, a name
+    that does not resolve) may be this host's own load (a follower starved on a busy CI host
+    timed its first probe out and gave up, and the failover waited for the lease).
     """
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
@@ -82,7 +86,8 @@ async def refuses_connections(address: str, *, probes: int = PROBES, refusals: i
                 return True
             continue
         except (OSError, TimeoutError):
-            return False
+            refused = 0
+            continue
         refused = 0
         writer.close()
         with contextlib.suppress(OSError):

@@ -346,16 +346,21 @@ class MasterServer:
 
         assert self.ha is not None
         if not await refuses_connections(leader):
+            logger.info("master %s: the replication stream from the leader %s (epoch %d) closed; its address still"
+                        " takes connections (or cannot be reached): its lease decides", self.member, leader, epoch)  # fmt: skip
             return
         if self.role != "follower" or self.replication.epoch > epoch:
-            return  # a newer term started meanwhile
+            logger.info("master %s: a newer term than %d started meanwhile", self.member, epoch)
+            return
         try:
             revoked = await self.ha.depose(epoch, leader)
         except E.Unavailable as exc:
             logger.warning("master %s: the leader %s seems gone, but its lease could not be revoked: %s",
                            self.member, leader, exc)  # fmt: skip
             return
-        if revoked:
+        if not revoked:
+            logger.info("master %s: the lease of epoch %d is gone already", self.member, epoch)
+        else:
             self.replication.deposed = max(self.replication.deposed, epoch)
             logger.warning(
                 "master %s: the leader %s (epoch %d) is gone (its replication stream closed, its port refuses"
