@@ -367,11 +367,7 @@ class DataClient:
         """
         hdr = pb.DataHeader(op=pb.READ_BLOCK, block_id=block_id, offset=offset, length=length, token=token)
         wait = first_byte or self.cfg.stall_timeout
-        request = self._request(addr, hdr, wait)
-        if wait > self.cfg.stall_timeout:  # an under-store fetch first, which shows no progress
-            reply, data = await self._while_alive(addr, request, f"fetching block {block_id} from its under-store")
-        else:
-            reply, data = await request
+        reply, data = await self._first_answer(addr, self._request(addr, hdr, wait), wait, block_id)
         check_block_crc(addr, block_id, crc, reply.crc32c)
         if len(data) != length:
             raise CorruptBlock(f"block {block_id}: asked {length} bytes, got {len(data)}")
@@ -525,11 +521,7 @@ class DataClient:
             wait = first_byte or timeout
             request = pb.DataHeader(op=pb.SC_READ_OPEN, block_id=block_id, token=token)
             await uds.send_frame(sock, request, None, timeout)
-            if wait > timeout:  # an under-store fetch first, which shows no progress
-                what = f"fetching block {block_id} from its under-store"
-                reply, fd = await self._while_alive(addr, uds.recv_frame(sock, wait), what)
-            else:
-                reply, fd = await uds.recv_frame(sock, timeout)
+            reply, fd = await self._first_answer(addr, uds.recv_frame(sock, wait), wait, block_id)
         except (Unavailable, Timeout):
             self.health.suspect(addr.worker_id)
             raise
@@ -774,6 +766,14 @@ class DataClient:
             if not task.done():
                 task.cancel()
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _first_answer(self, addr: pb.WorkerAddr, work: Awaitable[T], wait: float, block_id: int) -> T:
+        """The answer to a read of ``block_id``, due within ``wait`` seconds: longer than a stall
+        only for a block the worker fetches from its under-store first, which shows no progress,
+        so watched by PINGs (:meth:`_while_alive`)."""
+        if wait > self.cfg.stall_timeout:
+            return await self._while_alive(addr, work, f"fetching block {block_id} from its under-store")
+        return await work
 
     def remember_failed_fetch(self, block_id: int, error: PCacheError) -> None:
         """An uncached block's read failed because its under-store did not answer in time: reads

@@ -156,8 +156,12 @@ class ReplicatedStore:
         """Write the deferred entries locally as one batch, then take them into the log."""
         entries = self._deferred or []
         self._deferred, self._overlay = [], {}
-        if not entries:
-            return
+        if entries:
+            self._commit(entries)
+
+    def _commit(self, entries: list[pb.LogEntry]) -> None:
+        """Write ``entries`` locally as one batch (with the position after the last), remember
+        them in the tail, and let the shipper know."""
         batches = [([(kv.key, kv.value) for kv in entry.puts], list(entry.deletes)) for entry in entries]
         batches[-1][0].append((ZIDX, POSITION.pack(entries[-1].index, entries[-1].epoch)))
         self.local.write_many(batches)
@@ -185,8 +189,7 @@ class ReplicatedStore:
             self._overlay.update((key, None) for key in entry.deletes)
             self._overlay.update((kv.key, kv.value) for kv in entry.puts)
             return
-        self._apply(entry)
-        self.on_append()
+        self._commit([entry])
 
     def write_many(self, batches: Iterable[tuple[Iterable[tuple[bytes, bytes]], Iterable[bytes]]]) -> None:
         """Write each batch as its own log entry, in order."""
@@ -231,13 +234,6 @@ class ReplicatedStore:
         """The epoch entry ``index`` was written in (0 for index 0 or before the first term)."""
         i = bisect.bisect_right(self._term_starts, index) - 1
         return self._term_epochs[i] if i >= 0 and index > 0 else 0
-
-    def _apply(self, entry: pb.LogEntry) -> None:
-        """Write ``entry`` locally (with its position), then remember it in the tail."""
-        puts = [(kv.key, kv.value) for kv in entry.puts]
-        puts.append((ZIDX, POSITION.pack(entry.index, entry.epoch)))
-        self.local.write(puts, entry.deletes)
-        self._remember(entry)
 
     def _remember(self, entry: pb.LogEntry) -> None:
         """Advance the position past an applied ``entry``, note a term start, keep it in the tail."""
