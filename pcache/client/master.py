@@ -21,10 +21,13 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import grpc
+
 from pcache.common import errors as E
+from pcache.common.auth import bearer
 from pcache.common.config import ClientConfig, check_addresses
 from pcache.common.credentials import find_tls_dir, find_token
-from pcache.common.rpc import MAX_BATCH, call_stamped, channel_options
+from pcache.common.rpc import ERROR_KEY, MAX_BATCH, call_stamped, channel_options, translate_stamped
 from pcache.common.tls import channel as tls_channel
 from pcache.common.tls import load_optional
 from pcache.proto import pcache_pb2 as pb
@@ -55,6 +58,7 @@ logger = logging.getLogger(__name__)
 # calls one client has on the wire at once: past about 1,000 concurrent unary calls on one
 # channel gRPC ended some with CANCELLED (fsspec's cat of 3,000 files opens 2,500 at once)
 MAX_CALLS_IN_FLIGHT = 256
+STREAM_CLOSE_WAIT = 1.0  # seconds a closing client waits for a master to end its batch stream
 PROBE_AFTER = 1.0  # seconds a call may hang before the other masters are asked who leads
 
 
@@ -81,6 +85,9 @@ class MasterClient:
         self._batching = True
         self._batch_layouts = True  # a master of the release before takes no layouts in a Batch
         self._flush_soon = False  # a flush is scheduled for the next loop turn
+        self._streaming = True  # batches go on a BatchStream (a master of the release before has none)
+        self._streams: dict[int, Any] = {}  # master index -> its open BatchStream call
+        self._stream_busy = False  # a batch is on a stream (one at a time: answers come in order)
         self.failovers = 0  # calls that had to go to another master (a metric for tests and benchmarks)
         self._last_error: E.PCacheError | None = None  # why the last call that failed over failed
 
@@ -215,7 +222,16 @@ class MasterClient:
         return reply
 
     async def close(self) -> None:
-        """Close the channels."""
+        """Close the batch streams (each ended by both sides: a cancelled one leaves gRPC callbacks
+        behind on a loop about to close) and the channels."""
+        for index, stream in list(self._streams.items()):
+            try:
+                async with asyncio.timeout(STREAM_CLOSE_WAIT):
+                    await stream.done_writing()
+                    await stream.read()  # the master's end of it
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
+                pass
+            self._drop_stream(index)
         for channel in self.channels:
             await channel.close()
 
@@ -266,8 +282,14 @@ class MasterClient:
     # one process) share round trips, and the master's commit wait.
 
     async def _coalesced(self, name: str, request, op: pb.BatchOp) -> Any:
-        if (self._inflight == 0 and not self._flush_soon) or not self._batching:
+        if not self._batching:
+            return await self._call(name, request)
+        if self._inflight == 0 and not self._flush_soon:
             self._inflight += 1
+            if self._streaming:  # alone: a batch of one on the stream (its answer ends _inflight)
+                alone: asyncio.Future = asyncio.get_running_loop().create_future()
+                await self._send_batch([(op, alone)])
+                return alone.result()
             try:
                 return await self._call(name, request)
             finally:
@@ -280,7 +302,11 @@ class MasterClient:
         # may take the whole failover budget. Its own deadline counts from its call.
         budget = self.cfg.failover_timeout if len(self.addresses) > 1 else self.cfg.rpc_timeout
         try:
-            return await asyncio.wait_for(future, budget + 1.0)
+            # ``asyncio.timeout``, not ``wait_for``: the caller resumes in the very turn its batch
+            # is answered (``wait_for`` wakes it two turns later, after the next flush has gone:
+            # its next call then went out alone, and every other round trip carried one op).
+            async with asyncio.timeout(budget + 1.0):
+                return await future
         except TimeoutError as exc:
             last = self._last_error
             raise E.Unavailable(
@@ -301,13 +327,14 @@ class MasterClient:
     async def _send_batch(self, batch: list[tuple[pb.BatchOp, asyncio.Future]]) -> None:
         try:
             try:
-                if len(batch) == 1:  # a batch of one is its plain call
-                    results = [await self._one_of(batch[0][0])]
-                else:
-                    reply = await self._call(
-                        "Batch", pb.BatchRequest(header=self.header(), ops=[op for op, _ in batch])
-                    )
-                    results = list(reply.results)
+                request = pb.BatchRequest(header=self.header(), ops=[op for op, _ in batch])
+                try:
+                    results = list((await self._on_stream(request)).results)
+                except _NoStream:  # sent the ordinary way: a batch of one is its plain call
+                    if len(batch) == 1:
+                        results = [await self._one_of(batch[0][0])]
+                    else:
+                        results = list((await self._call("Batch", request)).results)
             except E.NotSupported:  # a master without Batch: one call each from now on
                 self._batching = False
                 results = [await self._one_of(op) for op, _ in batch]
@@ -336,6 +363,91 @@ class MasterClient:
         finally:
             self._inflight -= 1
             self._flush_later()
+
+    async def _on_stream(self, request: pb.BatchRequest) -> pb.BatchResponse:
+        """Send one batch as a message on this client's ``BatchStream`` to the master that
+        answered last, and return its answer.
+
+        A stream that fails is dropped (the next batch opens another). Its batch is then sent
+        the ordinary way (``Batch``, or a batch of one's plain call, which fail over) when that
+        applies nothing twice: the master answered with an error, or each op is a read or a
+        create with a request id (every create, with several masters). Otherwise (one master,
+        a create without one, no answer) the batch fails with the connection's error, as a lone
+        call would. With several masters a stream waits at most ``PROBE_AFTER`` seconds for its
+        answer before the ordinary call's failover takes over (a SIGSTOPped leader keeps its
+        connections open).
+
+        Raises:
+            _NoStream: send it the ordinary way (no stream: a master of a release without
+                ``BatchStream``, or one batch already on it; or a failure that allows it).
+            Unavailable, Timeout: the stream broke or did not answer, and the batch may not be
+                sent again.
+        """
+        if not self._streaming or self._stream_busy:
+            raise _NoStream
+        index = self.current
+        request.header.epoch = self.epoch
+        address = self.addresses[index]
+        wait = self.cfg.rpc_timeout if len(self.addresses) == 1 else min(self.cfg.rpc_timeout, PROBE_AFTER)
+        self._stream_busy = True
+        try:
+            async with asyncio.timeout(wait):
+                stream = await self._stream(index)
+                try:
+                    await stream.write(request)
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:  # ended before it went
+                    self._drop_stream(index)
+                    raise _NoStream from exc
+                reply = await stream.read()
+        except grpc.aio.AioRpcError as exc:
+            self._drop_stream(index)
+            err = translate_stamped(exc, f"master {address}")
+            if isinstance(err, E.NotSupported):  # a master of a release without the stream
+                self._streaming = False
+                raise _NoStream from exc
+            if _answered(exc) or _resendable(request):
+                raise _NoStream from exc
+            raise err from exc
+        except TimeoutError as exc:
+            self._drop_stream(index)
+            if _resendable(request):
+                raise _NoStream from exc
+            raise E.Timeout(f"master {address} did not answer a batch within {wait:.0f} s") from exc
+        finally:
+            self._stream_busy = False
+        if reply is grpc.aio.EOF or (reply.epoch and reply.epoch < self.epoch):  # ended; or a deposed leader
+            self._drop_stream(index)
+            if reply is not grpc.aio.EOF or _resendable(request):
+                raise _NoStream  # the ordinary call hears StaleEpoch, and fails over
+            raise E.Unavailable(f"master {address} ended the batch stream without an answer")
+        self.epoch = max(self.epoch, reply.epoch)
+        self.current = index
+        return reply
+
+    async def _stream(self, index: int) -> Any:
+        """This client's open ``BatchStream`` to master ``index``, opened when there is none.
+
+        A new stream waits for the master's initial metadata, which it sends once the caller's
+        token passed: a refusal (or a master without the method) then ends the stream before a
+        message races it (gRPC reports a write that loses that race as INTERNAL, not with the
+        master's status).
+
+        Raises:
+            grpc.aio.AioRpcError: the master refused the stream.
+        """
+        stream = self._streams.get(index)
+        if stream is None:
+            stream = self.stubs[index].BatchStream(metadata=bearer(self.token))
+            self._streams[index] = stream
+            await stream.initial_metadata()
+            if stream.done():
+                await stream.read()  # raises the master's status
+        return stream
+
+    def _drop_stream(self, index: int) -> None:
+        stream = self._streams.pop(index, None)
+        if stream is not None:
+            stream.cancel()
 
     def _flush_later(self) -> None:
         """Flush once the callers this batch woke have run: their next calls join the next batch."""
@@ -514,6 +626,21 @@ _IDEMPOTENT = frozenset(
         "RefreshPath",
     }
 )
+
+
+class _NoStream(Exception):
+    """A batch to send the ordinary way, not on the stream (:meth:`MasterClient._on_stream`)."""
+
+
+def _answered(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether a failed call's status came from the master (a PCache error it raised)."""
+    return any(key == ERROR_KEY for key, _ in exc.trailing_metadata() or ())
+
+
+def _resendable(request: pb.BatchRequest) -> bool:
+    """Whether sending ``request`` again applies nothing twice: reads, and creates whose request
+    id the master answers once."""
+    return all(op.WhichOneof("op") != "create" or op.create.header.request_id for op in request.ops)
 
 
 def _unknown_op(result: pb.BatchResult | E.PCacheError) -> bool:

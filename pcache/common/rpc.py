@@ -217,7 +217,10 @@ def channel_options(max_message_bytes: int = 64 << 20, *, retries: bool = True) 
                     "backoffMultiplier": 2,
                     "retryableStatusCodes": ["UNAVAILABLE"],
                 },
-            }
+            },
+            # the client's batch stream: it sends a failed batch again itself, when that applies
+            # nothing twice (pcache.client.master.MasterClient._on_stream)
+            {"name": [{"service": "pcache.Master", "method": "BatchStream"}]},
         ]
     }
     retrying: list[tuple[str, Any]] = (

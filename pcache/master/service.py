@@ -16,7 +16,7 @@ import contextlib
 import logging
 import posixpath
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, TypeVar
 
@@ -29,7 +29,7 @@ from pcache.common.auth import Claims, mint_block_token, mint_token
 from pcache.common.layout import HOLE
 from pcache.common.metrics import RPC_SECONDS
 from pcache.common.paths import normalize
-from pcache.common.rpc import MAX_BATCH, rpc_method
+from pcache.common.rpc import MAX_BATCH, rpc_method, rpc_stream_method
 from pcache.master import fsck
 from pcache.master.binds import check_uri
 from pcache.master.blocks import BlockManager
@@ -66,6 +66,7 @@ MASTER_SCOPES: dict[str, frozenset[str]] = {
             "AllocateBlock",
             "CommitFile",
             "Batch",
+            "BatchStream",
             "GetClusterStatus",
         ),
         _CLIENT,
@@ -311,6 +312,29 @@ class MasterServicer(pb_grpc.MasterServicer):
             InvalidArgument: more than ``MAX_BATCH`` ops (one request must not hold the event loop
                 that every tenant's calls and the workers' heartbeats share).
         """
+        return await self._batch(request)
+
+    @rpc_stream_method
+    async def BatchStream(
+        self, requests: AsyncIterator[pb.BatchRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.BatchResponse]:
+        """:meth:`Batch` over one long-lived stream: each request answered in order, with this
+        master's epoch in the answer. The caller's token is checked again for every request (a
+        deleted tenant's stream stops at its next batch); an error of a whole batch ends the
+        stream with its status, as it would end a ``Batch`` call.
+
+        gRPC's asyncio server costs a stream message about half a unary call on the same
+        machine (``bench/README.md``, ``master_ha.py``): metadata-heavy clients spend half as
+        much of the master's CPU on the transport.
+        """
+        await context.send_initial_metadata(())  # the token passed: the client may send (MasterClient._stream)
+        async for request in requests:
+            self.authorize("Batch", context)
+            reply = await self._batch(request)
+            reply.epoch = self.m.epoch
+            yield reply
+
+    async def _batch(self, request: pb.BatchRequest) -> pb.BatchResponse:
         if len(request.ops) > MAX_BATCH:
             raise E.InvalidArgument(f"a batch holds at most {MAX_BATCH} ops, not {len(request.ops)}")
         failed: dict[int, E.PCacheError] = {}

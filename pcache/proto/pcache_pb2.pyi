@@ -957,10 +957,12 @@ class BatchResult(_message.Message):
     def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., layout: _Optional[_Union[FileLayout, _Mapping]] = ...) -> None: ...
 
 class BatchResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "epoch")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[BatchResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Bind(_message.Message):
     __slots__ = ("path", "uri", "mode", "meta_ttl", "created", "tenant", "inode")

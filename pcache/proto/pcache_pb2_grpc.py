@@ -296,6 +296,11 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.BatchRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.BatchResponse.FromString,
                 _registered_method=True)
+        self.BatchStream = channel.stream_stream(
+                '/pcache.Master/BatchStream',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.BatchRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.BatchResponse.FromString,
+                _registered_method=True)
         self.CreateTenant = channel.unary_unary(
                 '/pcache.Master/CreateTenant',
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
@@ -492,6 +497,14 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchStream(self, request_iterator, context):
+        """Batch over one long-lived stream per client (a stream message costs about half a unary
+        call): one request, one answer, in order; an error of the whole batch ends the stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateTenant(self, request, context):
         """tenants (admin tokens only)
         """
@@ -683,6 +696,11 @@ def add_MasterServicer_to_server(servicer, server):
             ),
             'Batch': grpc.unary_unary_rpc_method_handler(
                     servicer.Batch,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.BatchRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.BatchResponse.SerializeToString,
+            ),
+            'BatchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.BatchStream,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.BatchRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.BatchResponse.SerializeToString,
             ),
@@ -1295,6 +1313,33 @@ class Master:
             request,
             target,
             '/pcache.Master/Batch',
+            pcache_dot_proto_dot_pcache__pb2.BatchRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.BatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pcache.Master/BatchStream',
             pcache_dot_proto_dot_pcache__pb2.BatchRequest.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.BatchResponse.FromString,
             options,

@@ -361,14 +361,19 @@ def test_concurrent_stats_and_creates_share_batches(shared_cluster) -> None:
 
     async def scenario() -> None:
         pc = PCacheClient(ClientConfig(master=shared_cluster.master_address, metadata_ttl=0.0))
-        sent: list[str] = []
-        real = pc.master._call
+        sent: list[str] = []  # round trips: a lone call's name, or "Batch" for several ops in one
+        real, real_stream = pc.master._call, pc.master._on_stream
 
         async def counting(name, request):
             sent.append(name)
             return await real(name, request)
 
-        pc.master._call = counting  # type: ignore[method-assign]
+        async def streamed(request):  # a message on the client's BatchStream
+            ops = request.ops
+            sent.append("Batch" if len(ops) > 1 else ops[0].WhichOneof("op").capitalize())
+            return await real_stream(request)
+
+        pc.master._call, pc.master._on_stream = counting, streamed  # type: ignore[method-assign]
         try:
             await pc.mkdir("/batched", parents=True)
             sent.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import random
@@ -237,3 +238,38 @@ def test_blocks_of_a_writer_that_never_committed_are_collected(make_cluster) -> 
         wait_for(lambda: not orphan.exists(), 20, "the orphan block to be deleted")
         assert pc.read_file("/kept") == b"committed"
         assert pc.stat("/abandoned").size == 0
+
+
+def test_the_batch_stream_rides_a_master_restart_and_never_hangs_on_a_stopped_one(make_cluster) -> None:
+    """A client's stats and creates go on one long-lived ``BatchStream``. The stream of a master
+    killed and restarted is dead: the client's next create still succeeds (a message that never
+    left goes the ordinary way); a SIGSTOPped master gives a Timeout within the call deadline,
+    never a hang; once it runs again, so does the client, on a new stream."""
+    cluster = make_cluster(workers=1)
+    with Client(ClientConfig(master=cluster.master_address, rpc_timeout=2.0, metadata_ttl=0.0)) as pc:
+        pc.write_file("/before", b"b" * 10)
+        assert pc.stat("/before").size == 10 and pc.aio.master._streams  # on the stream
+        cluster.kill(cluster.master, signal.SIGKILL)
+        cluster.start_master()
+        cluster.wait_workers(1, timeout=30)
+        pc.write_file("/after", b"a" * 20)  # its create: first call after the restart
+        assert pc.stat("/after").size == 20 and pc.stat("/before").size == 10
+
+        async def many() -> list[int]:
+            stats = await asyncio.gather(*(pc.aio.stat(p) for p in ["/before", "/after"] * 8))
+            return [s.size for s in stats]
+
+        assert pc._run(many()) == [10, 20] * 8  # a batch on the new stream
+
+        os.kill(cluster.master.pid, signal.SIGSTOP)
+        try:
+            for call in (lambda: pc.stat("/before"), lambda: pc.write_file("/during", b"d")):
+                start = time.monotonic()
+                with pytest.raises((E.Timeout, E.Unavailable)):
+                    call()
+                assert time.monotonic() - start < 12  # the deadline (2 s), the resend's, gRPC's retries
+        finally:
+            os.kill(cluster.master.pid, signal.SIGCONT)
+        wait_for(lambda: pc.exists("/before"), 20, "the master to answer again")
+        assert pc.stat("/after").size == 20
+        assert pc._run(many()) == [10, 20] * 8

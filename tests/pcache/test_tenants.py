@@ -149,6 +149,73 @@ def test_inode_numbers_of_another_tenant_are_refused(cluster: LocalCluster, admi
     assert admin.read_file("/tb/private/secret") == b"tb" * 1000
 
 
+def test_a_batch_stream_checks_the_token_of_every_message(
+    cluster: LocalCluster, admin: Client, two: dict[str, str]
+) -> None:
+    """Clients send their batches on one long-lived ``BatchStream``: no token, a forged one or
+    a worker's opens nothing; a tenant's stream reaches its own tree only (paths and inode
+    numbers); a tenant deleted while its stream is open is refused at the stream's next
+    message, not at the next connection."""
+    admin.create_tenant("ts")
+    token = admin.issue_token("ts")
+    with _client(cluster, token) as c:
+        c.write_file("/mine", b"m" * 10)
+    theirs = admin.stat("/tb/private/secret").inode
+
+    def stat(path: str) -> pb.BatchRequest:
+        return pb.BatchRequest(header=pb.RequestHeader(), ops=[pb.BatchOp(stat=pb.PathRequest(path=path))])
+
+    async def refused(metadata) -> grpc.StatusCode:
+        async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+            stream = pb_grpc.MasterStub(channel).BatchStream(metadata=metadata, timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:  # refused before any message
+                await stream.read()
+            return caught.value.code()
+
+    forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+    assert asyncio.run(refused(None)) == grpc.StatusCode.PERMISSION_DENIED
+    assert asyncio.run(refused(bearer(forged))) == grpc.StatusCode.PERMISSION_DENIED
+    assert asyncio.run(refused(bearer(cluster.worker_token))) == grpc.StatusCode.PERMISSION_DENIED
+
+    async def tenant_stream() -> tuple[list[pb.BatchResult], grpc.StatusCode]:
+        async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+            stream = pb_grpc.MasterStub(channel).BatchStream(metadata=bearer(token), timeout=20)
+            request = stat("/mine")
+            request.ops.append(pb.BatchOp(stat=pb.PathRequest(path="/../tb/private/secret")))
+            request.ops.append(pb.BatchOp(layout=pb.LayoutRequest(inode=theirs)))
+            await stream.write(request)
+            first = await stream.read()
+            assert first.epoch > 0  # stamped, as a unary answer's trailing metadata is
+            await asyncio.to_thread(admin.delete_tenant, "ts", purge=True)
+            await stream.write(stat("/mine"))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stream.read()
+            return list(first.results), caught.value.code()
+
+    results, after = asyncio.run(tenant_stream())
+    assert results[0].inode.size == 10 and results[0].inode.tenant == "ts"
+    assert results[1].error == "InvalidPath" and not results[1].HasField("inode")
+    assert results[2].error == "PermissionDenied" and not results[2].HasField("layout")
+    assert after == grpc.StatusCode.PERMISSION_DENIED
+
+    short = admin.issue_token("tb", ttl=1.0)
+
+    async def expiring() -> tuple[int, grpc.aio.AioRpcError]:
+        async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+            stream = pb_grpc.MasterStub(channel).BatchStream(metadata=bearer(short), timeout=20)
+            await stream.write(stat("/private/secret"))
+            size = (await stream.read()).results[0].inode.size
+            await asyncio.sleep(2.2)  # past the token's expiry (whole seconds)
+            await stream.write(stat("/private/secret"))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stream.read()
+            return size, caught.value
+
+    size, expired = asyncio.run(expiring())
+    assert size == 2000  # tb's secret, while the token held
+    assert expired.code() == grpc.StatusCode.PERMISSION_DENIED and "expired" in str(expired.details())
+
+
 def test_admin_cannot_mix_tenants_by_mistake(admin: Client, two: dict[str, str]) -> None:
     with pytest.raises(E.CrossTenant) as caught:
         admin.rename("/ta/private/secret", "/tb/private/moved")
