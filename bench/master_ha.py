@@ -10,7 +10,8 @@ Starts local clusters of real processes (masters, one worker, and for HA an etcd
    max. Targets: median <= 3 s, max <= 7 s.
 2. **Metadata rates**: create+close of empty files, ``stat`` (client cache off: every call a
    master RPC) and ``listdir`` of a 1,000-entry directory, by 1, 8 and 32 concurrent clients
-   (asyncio tasks spread over ``--procs`` client processes), against a single master and
+   (asyncio tasks spread over ``--procs`` client processes, each on uvloop as ``Client`` and
+   the mounts run), against a single master and
    against a leader whose every answer waits for its synchronous follower, both clusters up at
    once and measured alternately (``--rounds``, medians). The HA/single ratio is the cost of
    replication. Targets: HA >= 0.7 of single; create >= 5,000/s and
@@ -41,6 +42,7 @@ from pathlib import Path
 import benchlib  # noqa: F401  (puts the checkout on sys.path)
 
 from pcache.client import Client, PCacheClient
+from pcache.client.sync import new_event_loop
 from pcache.common.config import ClientConfig
 from pcache.common.errors import PCacheError
 from pcache.local import LocalCluster
@@ -136,7 +138,8 @@ async def _client_tasks(master: str, op: str, tasks: int, start_at: float, secon
 
 def _client_proc(master: str, op: str, tasks: int, start_at: float, seconds: float, tag: str, out) -> None:
     try:
-        out.put(asyncio.run(_client_tasks(master, op, tasks, start_at, seconds, tag)))
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:  # the loop Client and mounts run
+            out.put(runner.run(_client_tasks(master, op, tasks, start_at, seconds, tag)))
     except BaseException as exc:  # reported by the parent
         out.put(exc)
 

@@ -152,6 +152,11 @@ class ReplicatedStore:
             finally:
                 self._deferred, self._overlay = None, {}
 
+    @property
+    def last_written(self) -> int:
+        """The index of the last entry written, counting those :meth:`one_batch` still holds."""
+        return self.index + len(self._deferred or ())
+
     def _flush(self) -> None:
         """Write the deferred entries locally as one batch, then take them into the log."""
         entries = self._deferred or []
@@ -204,7 +209,7 @@ class ReplicatedStore:
         entry must not have been shipped yet).
         """
         deferred = self._deferred or []
-        if self.index + len(deferred) <= since:
+        if self.last_written <= since:
             self.write(puts)
             return
         if deferred:  # not written locally yet: the puts join the entry's own batch

@@ -267,7 +267,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             if done is not None:  # applied before (a retry, maybe on the master that took over)
                 return done  # type: ignore[return-value]
         with self.m.store.one_batch():  # the mutation and its reply record: one local write
-            since = self.m.store.index
+            since = self.m.store.last_written
             reply = _in_scope(apply, ns, blocks, scope)
             if header.request_id:
                 self.m.replies.record(rid, method, reply, since)  # same log entry
@@ -352,28 +352,29 @@ class MasterServicer(pb_grpc.MasterServicer):
         scope = self._scope(ns)
         out = pb.BatchResponse()
         with RPC_SECONDS.labels("Batch").time():
-            for index, op in enumerate(request.ops):
-                result = out.results.add()
-                kind = op.WhichOneof("op")
-                try:
-                    if index in failed:
-                        raise failed[index]
-                    if kind == "stat":
-                        result.inode.CopyFrom(_in_scope(_stat_of(op.stat.path), ns, blocks, scope))
-                    elif kind == "create":
-                        node = self._apply_once(
-                            ns, blocks, scope, op.create.header, "Create", pb.Inode, _create(op.create)
-                        )
-                        result.inode.CopyFrom(node)
-                    elif kind == "layout":
-                        self._ufs_blocks(op.layout)
-                        result.layout.CopyFrom(_in_scope(self._layout_of(op.layout), ns, blocks, scope))
-                    else:
-                        raise E.InvalidArgument(f"unknown batch op {kind!r}")
-                except E.NotLeader:
-                    raise
-                except E.PCacheError as exc:
-                    result.error, result.message = type(exc).__name__, str(exc)
+            with self.m.store.one_batch():  # its mutations and their reply records: one local write
+                for index, op in enumerate(request.ops):
+                    result = out.results.add()
+                    kind = op.WhichOneof("op")
+                    try:
+                        if index in failed:
+                            raise failed[index]
+                        if kind == "stat":
+                            result.inode.CopyFrom(_in_scope(_stat_of(op.stat.path), ns, blocks, scope))
+                        elif kind == "create":
+                            node = self._apply_once(
+                                ns, blocks, scope, op.create.header, "Create", pb.Inode, _create(op.create)
+                            )
+                            result.inode.CopyFrom(node)
+                        elif kind == "layout":
+                            self._ufs_blocks(op.layout)
+                            result.layout.CopyFrom(_in_scope(self._layout_of(op.layout), ns, blocks, scope))
+                        else:
+                            raise E.InvalidArgument(f"unknown batch op {kind!r}")
+                    except E.NotLeader:
+                        raise
+                    except E.PCacheError as exc:
+                        result.error, result.message = type(exc).__name__, str(exc)
             await self.m.commit()
         return out
 

@@ -401,6 +401,56 @@ def test_concurrent_stats_and_creates_share_batches(shared_cluster) -> None:
     asyncio.run(scenario())
 
 
+def test_a_batch_is_one_write_that_reads_its_own_creates_and_answers_a_request_id_once(shared_cluster) -> None:
+    """The master writes a batch's creates and their reply records as one local write: a stat
+    later in the batch sees a create before it, a create sent twice with one request id (a
+    retry that caught up with its first) is applied once, and an op that fails is its own
+    error. The same on the stream and on a ``Batch`` call."""
+    import asyncio
+
+    import grpc
+
+    from pcache.common.auth import bearer
+    from pcache.proto import pcache_pb2 as pb
+    from pcache.proto import pcache_pb2_grpc as pb_grpc
+
+    def create(path: str, rid: str) -> pb.BatchOp:
+        header = pb.RequestHeader(request_id=rid)
+        return pb.BatchOp(create=pb.CreateRequest(header=header, path=path, mode=0o644, exclusive=True))
+
+    def ops(d: str) -> list[pb.BatchOp]:
+        return [
+            create(f"{d}/a", f"{d}:1"),
+            pb.BatchOp(stat=pb.PathRequest(path=f"{d}/a")),
+            create(f"{d}/a", f"{d}:1"),  # the same request again: its answer, not AlreadyExists
+            create(f"{d}/a", f"{d}:2"),  # another request: a second exclusive create of it fails
+            create(f"{d}/missing/x", f"{d}:3"),
+            create(f"{d}/b", f"{d}:4"),
+        ]
+
+    async def run() -> tuple[list[pb.BatchResult], list[pb.BatchResult]]:
+        meta = bearer(shared_cluster.admin_token)
+        async with grpc.aio.insecure_channel(shared_cluster.master_address) as channel:
+            stub = pb_grpc.MasterStub(channel)
+            await stub.Mkdir(pb.MkdirRequest(path="/onewrite/u", mode=0o755, parents=True), metadata=meta, timeout=5)
+            await stub.Mkdir(pb.MkdirRequest(path="/onewrite/s", mode=0o755, parents=True), metadata=meta, timeout=5)
+            unary = await stub.Batch(pb.BatchRequest(ops=ops("/onewrite/u")), metadata=meta, timeout=5)
+            stream = stub.BatchStream(metadata=meta, timeout=10)
+            await stream.write(pb.BatchRequest(ops=ops("/onewrite/s")))
+            streamed = await stream.read()
+            await stream.done_writing()
+            return list(unary.results), list(streamed.results)
+
+    for results in asyncio.run(run()):
+        first = results[0].inode
+        assert first.created and first.id
+        assert results[1].inode.id == first.id and not results[1].error
+        assert results[2].inode.id == first.id and not results[2].error
+        assert results[3].error == "AlreadyExists"
+        assert results[4].error == "NotFound"
+        assert results[5].inode.created and results[5].inode.id not in (0, first.id)
+
+
 def test_statahead_lists_a_page_for_a_rising_run_of_stats(shared_cluster) -> None:
     import asyncio
 
