@@ -455,9 +455,10 @@ class PCacheFile:
             if got is not None:
                 return got
             if attempt == 0:
-                # an uncached block's fetcher that hung or died: another one; its store that did
-                # not answer in time: not again (asking again takes as long, ``worker.ufs_timeout``)
-                hung = [a.worker_id for a in slot.locations if slot.uncached and data.health.is_suspect(a.worker_id)]
+                # a bound file's block whose fetcher, or every worker holding it, hung or died:
+                # another fetcher (the master names one for a bound file's block only); its store
+                # that did not answer in time: not again (asking again takes as long, ``worker.ufs_timeout``)
+                hung = [a.worker_id for a in slot.locations if data.health.is_suspect(a.worker_id)]
                 if not hung and store_timed_out():
                     break
                 layout = await self._refresh_locations(hung)

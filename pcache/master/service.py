@@ -452,7 +452,8 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     def _layout_of(self, request: pb.LayoutRequest) -> Apply[pb.FileLayout]:
         """A file's blocks, where each is and a block token for each (read; fetch too for a
-        bound file's: an uncached block names the one worker that fetches it)."""
+        bound file's: an uncached block names the one worker that fetches it, and so does one
+        whose every copy is on a worker in the request's ``exclude_fetchers``)."""
 
         exclude = frozenset(request.exclude_fetchers)
 
@@ -474,6 +475,10 @@ class MasterServicer(pb_grpc.MasterServicer):
                 if meta.block_id in blocks.ufs:  # a bound file's: a worker fetches it when none has it
                     ops = "fr"
                     blocks.touch((meta.block_id,))  # the most recently used: evicted last
+                    if exclude and all(a.worker_id in exclude for a in replicas):
+                        # every copy is on a worker the caller found down, which this master does
+                        # not count dead yet: the store has the bytes (checked against the record)
+                        replicas = []
                     if not replicas:
                         fetcher = blocks.fetcher(meta.block_id, exclude)
                         replicas, holders = [fetcher.info.addr], [fetcher.info.addr.worker_id]
