@@ -674,8 +674,6 @@ def test_a_directory_larger_than_a_page_is_listed_whole_and_in_order(admin: Clie
 def test_a_worker_killed_during_a_fetch_leaves_no_half_block_and_the_file_reads_right_afterwards(
     make_cluster, moto_endpoint: str
 ) -> None:
-    from pcache.worker.server import worker_id_for
-
     bucket = create_bucket(moto_endpoint)
     body = os.urandom(24 << 20)  # 3 blocks of 8 MiB
     _s3(moto_endpoint).put_object(Bucket=bucket, Key="big", Body=body)
@@ -685,9 +683,7 @@ def test_a_worker_killed_during_a_fetch_leaves_no_half_block_and_the_file_reads_
     with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token, io_timeout=5.0)) as admin:
         admin.bind("/k", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
         fetcher = admin.layout("/k/big").blocks[0].replicas[0].worker_id
-        index = next(
-            i for i, p in enumerate(cluster.worker_procs) if worker_id_for(str(cluster.root / f"worker-{i}")) == fetcher
-        )
+        index = _worker_index(cluster, fetcher)
         got: list[object] = []
         reader = threading.Thread(target=lambda: got.append(_read_or_error(admin, "/k/big")))
         reader.start()
@@ -716,8 +712,6 @@ def test_a_cached_block_whose_only_copy_is_on_a_killed_worker_is_fetched_again_b
     master names another worker to fetch the block from the store again, so the read returns
     the right bytes within seconds. It failed before ("no replica could be read") until the
     master declared the worker dead."""
-    from pcache.worker.server import worker_id_for
-
     bucket = create_bucket(moto_endpoint)
     body = os.urandom(3 << 20)
     _s3(moto_endpoint).put_object(Bucket=bucket, Key="obj", Body=body)
@@ -727,9 +721,7 @@ def test_a_cached_block_whose_only_copy_is_on_a_killed_worker_is_fetched_again_b
         assert admin.read_file("/cached/obj") == body  # cached now, on one worker
         holders = {r.worker_id for b in admin.layout("/cached/obj").blocks for r in b.replicas}
         assert len(holders) == 1 and not any(b.uncached for b in admin.layout("/cached/obj").blocks)
-        index = next(
-            i for i, p in enumerate(cluster.worker_procs) if worker_id_for(str(cluster.root / f"worker-{i}")) in holders
-        )
+        index = _worker_index(cluster, next(iter(holders)))
         cluster.kill(cluster.worker_procs[index], signal.SIGKILL)
     with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as reader:
         t0 = time.monotonic()
@@ -744,8 +736,6 @@ def test_a_read_whose_fetcher_hangs_goes_to_another_worker_within_seconds(make_c
     with a long ``dead_after``, still counts it alive): the reader's request gets no answer, a
     PING on another connection gets none either, so after about 1.5 stall timeouts the read asks
     the master for another fetcher. It waited ``fetch_timeout`` (75 s) before."""
-    from pcache.worker.server import worker_id_for
-
     bucket = create_bucket(moto_endpoint)
     body = os.urandom(3 << 20)
     _s3(moto_endpoint).put_object(Bucket=bucket, Key="obj", Body=body)
@@ -753,9 +743,7 @@ def test_a_read_whose_fetcher_hangs_goes_to_another_worker_within_seconds(make_c
     with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin:
         admin.bind("/hang", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
         fetcher = admin.layout("/hang/obj").blocks[0].replicas[0].worker_id
-        victim = next(
-            p for i, p in enumerate(cluster.worker_procs) if worker_id_for(str(cluster.root / f"worker-{i}")) == fetcher
-        )
+        victim = cluster.worker_procs[_worker_index(cluster, fetcher)]
         os.kill(victim.pid, signal.SIGSTOP)
         try:
             t0 = time.monotonic()
@@ -838,6 +826,15 @@ def test_a_read_whose_store_does_not_answer_fails_after_one_timeout_and_the_next
         proxy.delay = 0.0
         assert admin.read_file("/hung/hung") == body  # asked again once that moment passed
         admin.unbind("/hung")
+
+
+def _worker_index(cluster: LocalCluster, worker_id: str) -> int:
+    """The index in ``cluster.worker_procs`` of the worker with this id."""
+    from pcache.worker.server import worker_id_for
+
+    return next(
+        i for i in range(len(cluster.worker_procs)) if worker_id_for(str(cluster.root / f"worker-{i}")) == worker_id
+    )
 
 
 def _read_or_error(pc: Client, path: str) -> bytes | E.PCacheError:
