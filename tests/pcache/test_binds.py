@@ -712,12 +712,8 @@ def test_a_cached_block_whose_only_copy_is_on_a_killed_worker_is_fetched_again_b
     master names another worker to fetch the block from the store again, so the read returns
     the right bytes within seconds. It failed before ("no replica could be read") until the
     master declared the worker dead."""
-    bucket = create_bucket(moto_endpoint)
-    body = os.urandom(3 << 20)
-    _s3(moto_endpoint).put_object(Bucket=bucket, Key="obj", Body=body)
-    cluster = make_cluster(workers=2, master_args=["--master.dead_after=60", "--master.default_replication=1"])
+    cluster, body = _bound_object(make_cluster, moto_endpoint, "/cached")
     with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin:
-        admin.bind("/cached", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
         assert admin.read_file("/cached/obj") == body  # cached now, on one worker
         holders = {r.worker_id for b in admin.layout("/cached/obj").blocks for r in b.replicas}
         assert len(holders) == 1 and not any(b.uncached for b in admin.layout("/cached/obj").blocks)
@@ -736,12 +732,8 @@ def test_a_read_whose_fetcher_hangs_goes_to_another_worker_within_seconds(make_c
     with a long ``dead_after``, still counts it alive): the reader's request gets no answer, a
     PING on another connection gets none either, so after about 1.5 stall timeouts the read asks
     the master for another fetcher. It waited ``fetch_timeout`` (75 s) before."""
-    bucket = create_bucket(moto_endpoint)
-    body = os.urandom(3 << 20)
-    _s3(moto_endpoint).put_object(Bucket=bucket, Key="obj", Body=body)
-    cluster = make_cluster(workers=2, master_args=["--master.dead_after=60", "--master.default_replication=1"])
+    cluster, body = _bound_object(make_cluster, moto_endpoint, "/hang")
     with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin:
-        admin.bind("/hang", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
         fetcher = admin.layout("/hang/obj").blocks[0].replicas[0].worker_id
         victim = cluster.worker_procs[_worker_index(cluster, fetcher)]
         os.kill(victim.pid, signal.SIGSTOP)
@@ -826,6 +818,18 @@ def test_a_read_whose_store_does_not_answer_fails_after_one_timeout_and_the_next
         proxy.delay = 0.0
         assert admin.read_file("/hung/hung") == body  # asked again once that moment passed
         admin.unbind("/hung")
+
+
+def _bound_object(make_cluster, moto_endpoint: str, directory: str) -> tuple[LocalCluster, bytes]:
+    """A 2-worker cluster (replication 1; a silent worker counts dead after 60 s) with a 3 MiB
+    object ``obj`` bound under ``directory``; and the object's bytes."""
+    bucket = create_bucket(moto_endpoint)
+    body = os.urandom(3 << 20)
+    _s3(moto_endpoint).put_object(Bucket=bucket, Key="obj", Body=body)
+    cluster = make_cluster(workers=2, master_args=["--master.dead_after=60", "--master.default_replication=1"])
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin:
+        admin.bind(directory, f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
+    return cluster, body
 
 
 def _worker_index(cluster: LocalCluster, worker_id: str) -> int:
