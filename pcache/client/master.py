@@ -117,12 +117,20 @@ class MasterClient:
     def stub(self) -> pb_grpc.MasterStub:
         return self.stubs[self.current]
 
+    def _next_request_id(self) -> str:
+        """A request id of this client's that no other call of it has."""
+        return f"{self.client_id}:{next(self._request_ids)}"
+
     def header(self) -> pb.RequestHeader:
         """Request header for the next call."""
         return pb.RequestHeader(epoch=self.epoch, client_id=self.client_id)
 
     async def _call(self, name: str, request):
-        if len(self.addresses) == 1:  # one master: no failover, so no retry to answer once
+        if name in MUTATIONS and not request.header.request_id:
+            # one id for every try: gRPC's own retry of a call answered UNAVAILABLE (one master),
+            # the next master's (several), each gets the stored answer of a mutation applied before
+            request.header.request_id = self._next_request_id()
+        if len(self.addresses) == 1:  # one master: no failover (gRPC retries a call it lost)
             try:
                 return await self._call_one(0, name, request)
             except E.NotLeader as exc:  # one master of a pair given: follow the leader it names
@@ -132,9 +140,7 @@ class MasterClient:
                     err = E.NotLeader(f"{exc.message}; give the client every master (--master A,B) to follow failovers")
                     err.leader = exc.leader
                     raise err from exc
-                self._learn(exc.leader)  # refused, so not applied: sent again below with a request id
-        if name in MUTATIONS and not request.header.request_id:
-            request.header.request_id = f"{self.client_id}:{next(self._request_ids)}"
+                self._learn(exc.leader)  # refused, so not applied: sent again below
         deadline = time.monotonic() + self.cfg.failover_timeout
         delay = 0.05
         tried = 0
@@ -270,7 +276,7 @@ class MasterClient:
             rdev=rdev,
         )
         if len(self.addresses) > 1:  # answered once even if its batch is sent again after a failover
-            request.header.request_id = f"{self.client_id}:{next(self._request_ids)}"
+            request.header.request_id = self._next_request_id()
         return await self._coalesced("Create", request, pb.BatchOp(create=request))
 
     # ------------------------------------------------------------ batching --
@@ -331,6 +337,9 @@ class MasterClient:
                 try:
                     results = list((await self._on_stream(request)).results)
                 except _NoStream:  # sent the ordinary way: a batch of one is its plain call
+                    for op in request.ops:  # which gRPC may retry: each create answered once
+                        if op.HasField("create") and not op.create.header.request_id:
+                            op.create.header.request_id = self._next_request_id()
                     if len(batch) == 1:
                         results = [await self._one_of(batch[0][0])]
                     else:

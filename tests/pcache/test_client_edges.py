@@ -541,3 +541,63 @@ def test_a_client_asks_a_master_that_takes_no_layouts_in_a_batch_for_them_one_by
             await server.stop(None)
 
     asyncio.run(run())
+
+
+def test_a_mutation_retried_by_grpc_carries_its_first_request_id_to_one_master() -> None:
+    """One master: gRPC sends a call answered UNAVAILABLE again by itself (a master restarted
+    within its retry window may have applied the first). Every try carries the same request id,
+    so the master answers the retry from its record instead of applying it twice: a mkdir, and
+    the creates of a batch a master without ``BatchStream`` takes as a ``Batch`` call."""
+    import asyncio
+    import collections
+
+    import grpc
+
+    from pcache.client.master import MasterClient
+    from pcache.proto import pcache_pb2 as pb
+    from pcache.proto import pcache_pb2_grpc as pb_grpc
+
+    seen: collections.defaultdict[str, list[list[str]]] = collections.defaultdict(list)
+
+    class FlakyMaster(pb_grpc.MasterServicer):  # applies, then the answer is lost, once per call kind
+        async def Mkdir(self, request: pb.MkdirRequest, context) -> pb.Inode:
+            seen["Mkdir"].append([request.header.request_id])
+            if len(seen["Mkdir"]) == 1:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "connection lost after applying")
+            return pb.Inode(id=7, name=request.path.rsplit("/", 1)[-1])
+
+        async def Batch(self, request: pb.BatchRequest, context) -> pb.BatchResponse:
+            seen["Batch"].append([op.create.header.request_id for op in request.ops])
+            if len(seen["Batch"]) == 1:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "connection lost after applying")
+            return pb.BatchResponse(
+                results=[pb.BatchResult(inode=pb.Inode(id=i + 10)) for i in range(len(request.ops))]
+            )
+
+        async def Create(self, request: pb.CreateRequest, context) -> pb.Inode:
+            return pb.Inode(id=1)
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        pb_grpc.add_MasterServicer_to_server(FlakyMaster(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        client = MasterClient(ClientConfig(master=f"127.0.0.1:{port}", token="t"), "c1")
+        try:
+            assert (await client.mkdir("/d", 0o755, False)).id == 7
+            await client.create("/first", mode=0o644, exclusive=True, truncate=False, block_size=0, replication=0)
+            made = await asyncio.gather(
+                *(
+                    client.create(f"/f{i}", mode=0o644, exclusive=True, truncate=False, block_size=0, replication=0)
+                    for i in range(4)
+                )
+            )
+            assert sorted(m.id for m in made) == [1, 10, 11, 12]  # one alone (Create), three in a Batch
+        finally:
+            await client.close()
+            await server.stop(None)
+
+    asyncio.run(run())
+    (first, again) = seen["Mkdir"]
+    assert first == again and first[0]  # one id, on both tries
+    assert len(seen["Batch"]) == 2 and seen["Batch"][0] == seen["Batch"][1] and all(seen["Batch"][0])
