@@ -137,17 +137,45 @@ def load_cmd(
         raise click.UsageError("--metadata-only, --check and --evict exclude each other")
     if evict:
         return ctx.invoke(free_cmd, path=path, as_json=as_json)
+    fetching = not (metadata_only or check)
     with Client(master=resolve_master(ctx)) as pc, _LoadProgress(enabled=not (no_progress or as_json)) as bar:
+        before = _cache_room(pc) if fetching else None
         report = pc.load(
             path, metadata_only=metadata_only, check=check, concurrency=concurrency, on_progress=bar.update
         )
+        after = _cache_room(pc) if before is not None else None
+    evicted = after[1] - before[1] if before is not None and after is not None and after[2] == before[2] else None
+    capacity = after[0] if after is not None else None
     if as_json:
         out = {k: getattr(report, k) for k in report.__dataclass_fields__}
         out["missing_blocks"] = report.missing_blocks
+        out["cache_capacity_bytes"], out["evicted_bytes_meanwhile"] = capacity, evicted
         click.echo(json.dumps(out, indent=2))
     else:
         _echo_load(report, metadata_only, check)
+    if fetching and capacity is not None and report.bytes > capacity:
+        click.echo(
+            f"warning: {path} holds {human_bytes(report.bytes)}, more than the {human_bytes(capacity)} the live"
+            f" workers cache: {human_bytes(evicted or 0)} of cached bound files were evicted during the load, least"
+            " recently used first, so the files it loaded first are gone again. Load a part that fits, or let"
+            " the readers fetch it through the cache.",
+            err=True,
+        )
+    elif fetching and evicted and not as_json:
+        click.echo(f"evicted meanwhile: {human_bytes(evicted)} of other bound files (least recently used first)")
     return EXIT_PARTIAL if report.failed else EXIT_OK
+
+
+def _cache_room(pc) -> tuple[int, int, int] | None:
+    """(capacity of the live workers, bytes of bound files evicted so far, the leader's epoch),
+    in bytes; None when the master does not say (a load goes on without it)."""
+    from pcache.common.errors import PCacheError
+
+    try:
+        st = pc.status()
+    except PCacheError:
+        return None
+    return sum(w.info.capacity_bytes for w in st.workers if w.alive), st.evicted_bytes, st.epoch
 
 
 @click.command("free", epilog=EXAMPLES)

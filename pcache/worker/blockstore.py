@@ -260,6 +260,12 @@ class DiskBlockStore:
             return len(self._infos)
 
     @property
+    def reserved_bytes(self) -> int:
+        """Bytes held for blocks being written now (each becomes stored, or is released)."""
+        with self._lock:
+            return self._reserved
+
+    @property
     def free_bytes(self) -> int:
         """Bytes a new block may still take (quota and real disk both respected)."""
         with self._lock:

@@ -56,6 +56,8 @@ LISTEN_BACKLOG = 4096  # connections the kernel queues before the worker accepts
 # block in memory until it is stored, so this bounds that memory (32 x an 8 MiB block = 256 MiB)
 # against many connections, or FETCH_BLOCKS requests of 64 blocks each
 FETCHES_AT_ONCE = 32
+ROOM_TRIES = 8  # evictions a writer out of room asks for before NoSpace
+ROOM_POLL = 0.05  # seconds between looks at the writes a writer out of room waits for
 
 
 STALLED_PEER_SECONDS = 10.0  # how long pipelines skip a downstream replica that stalled
@@ -130,6 +132,7 @@ class DataServer:
         self.fetches = 0  # blocks fetched from an under-store (tests, metrics)
         # out of room: release_space(block_id, bytes) -> clean blocks the master evicted from here
         self.release_space = release_space
+        self._making_room = asyncio.Lock()  # one eviction at a time (see begin_write)
 
     async def throttle(self, nbytes: int) -> None:
         """Token-bucket-free pacing: emulate a NIC of ``bandwidth_limit`` bytes/s."""
@@ -249,7 +252,15 @@ class DataServer:
     async def begin_write(self, block_id: int, length: int) -> BlockWriter:
         """Reserve room for a block of ``length`` bytes and start writing it; when the disk (or the
         worker's capacity) is full, the master first evicts clean blocks of bound files held here
-        (``release_space``), which this worker deletes, and the reservation is tried once more.
+        (``release_space``), which this worker deletes, and the reservation is tried again, up to
+        :data:`ROOM_TRIES` times. When nothing here is clean but other blocks are being written
+        here (a warm-up's concurrent fetches hold room for their blocks until stored, and a
+        stored fetched block is clean), it waits for one of them to end first, at most
+        ``io_timeout`` seconds.
+
+        Writers out of room make it one at a time: 32 concurrent fetches of a warm-up each had
+        room made, and another's reservation took it before their own second try
+        (``NoSpace`` for a dataset larger than the cache).
 
         Raises:
             NoSpace: still no room (nothing here is clean). AlreadyExists: the block is here.
@@ -259,16 +270,36 @@ class DataServer:
         except NoSpace:
             if self.release_space is None:
                 raise
-            try:
-                evict = await self.release_space(block_id, length)
-            except PCacheError as exc:
-                logger.warning("block %d: no room, and the master could not evict: %s", block_id, exc)
-                raise NoSpace(f"block {block_id}: no room here ({exc})") from exc
-            for victim in evict:
-                await self.delete(victim)
-            if evict:
-                logger.info("block %d: evicted %d clean blocks to make room", block_id, len(evict))
-        return await asyncio.to_thread(self.store.begin_write, block_id, length)
+        async with self._making_room:
+            for _ in range(ROOM_TRIES):
+                try:  # room another writer made meanwhile, or this one's last eviction
+                    return await asyncio.to_thread(self.store.begin_write, block_id, length)
+                except NoSpace:
+                    pass
+                try:
+                    evict = await self.release_space(block_id, length)
+                except PCacheError as exc:
+                    logger.warning("block %d: no room, and the master could not evict: %s", block_id, exc)
+                    raise NoSpace(f"block {block_id}: no room here ({exc})") from exc
+                for victim in evict:
+                    await self.delete(victim)
+                if evict:
+                    logger.info("block %d: evicted %d clean blocks to make room", block_id, len(evict))
+                elif not await self._a_write_ends():
+                    break
+            return await asyncio.to_thread(self.store.begin_write, block_id, length)
+
+    async def _a_write_ends(self) -> bool:
+        """Wait until a block being written here is stored or given up (its room taken or back),
+        at most ``io_timeout`` seconds; False at once when none is being written."""
+        held = self.store.reserved_bytes
+        deadline = time.monotonic() + self.io_timeout
+        while held and time.monotonic() < deadline:
+            await asyncio.sleep(ROOM_POLL)
+            if self.store.reserved_bytes < held:
+                await asyncio.sleep(ROOM_POLL)  # its report reaches the master: then it is evictable
+                return True
+        return False
 
     async def receive_block(self, header: pb.DataHeader, payload_len: int, reader: asyncio.StreamReader) -> list[str]:
         """Store a block arriving on ``reader`` and forward it down the pipeline.
@@ -403,8 +434,8 @@ class DataServer:
 
     async def fetch_many(self, items: Sequence[pb.FetchItem]) -> list[pb.FetchItem]:
         """Fetch the blocks ``items`` name (each with its block token, which must allow ``f``
-        here) that are not stored here, all at once, and tell the master of those stored in one
-        report (a warm-up's request: ``pcache load``). A block being fetched for a reader is
+        here) that are not stored here, all at once, and tell the master of each as it is stored
+        (a warm-up's request: ``pcache load``). A block being fetched for a reader is
         waited for, not fetched twice.
 
         Returns one outcome per item, in order: ``length`` the bytes this request stored (0: the
@@ -436,19 +467,15 @@ class DataServer:
                 continue
             running = self._fetching.get(block_id)
             if running is None:  # not here a moment ago, and nobody fetches it: no second look
-                running = self._start_fetch(block_id, report=False, checked=True)
+                # reported as each is stored (the reports of concurrent fetches travel together):
+                # the master then counts it cached, and evicts it to make room for the request's
+                # later blocks on a worker smaller than the request (reported all at the end,
+                # none was evictable, and the rest failed with NoSpace)
+                running = self._start_fetch(block_id, report=True, checked=True)
                 mine.add(block_id)
             waits[block_id] = running
         done = await asyncio.gather(*(asyncio.shield(w) for w in waits.values()), return_exceptions=True)
         outcome = dict(zip(waits, done, strict=True))
-        stored = [(b, r) for b, r in outcome.items() if isinstance(r, tuple) and b in mine]
-        if stored and self.on_fetched is not None:  # one report for all (the master's group call)
-            reports = [self.on_fetched(block_id, length, crc) for block_id, (length, crc) in stored]
-            for block_id, result in zip(
-                (b for b, _ in stored), await asyncio.gather(*reports, return_exceptions=True), strict=True
-            ):
-                if isinstance(result, Exception):  # stored anyway: the next full block report tells
-                    logger.warning("cannot report fetched block %d: %s", block_id, result)
         claimed: set[int] = set()
         for index in allowed:
             block_id = items[index].block_id

@@ -381,8 +381,9 @@ def test_the_cli_binds_lists_and_unbinds_and_never_prints_a_secret(cluster: Loca
     _s3(moto_endpoint).put_object(Bucket=bucket, Key="ds/y.txt", Body=b"y")
     env["PCACHE_TOKEN"] = cluster.admin_token
     loaded = pcache("load", "--json", "/cli-ds")
-    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.returncode == 0 and "warning" not in loaded.stderr, loaded.stderr
     report = json.loads(loaded.stdout)
+    assert report["cache_capacity_bytes"] > report["bytes"] and report["evicted_bytes_meanwhile"] == 0
     assert (report["files"], report["dirs"], report["blocks"], report["fetched_blocks"], report["failed"]) == (
         2,
         2,
@@ -902,6 +903,14 @@ def test_a_dataset_twice_the_cache_reads_right_twice_by_evicting_clean_blocks_an
         assert admin.read_file("/own.bin") == own
         assert all(b.replicas for b in admin.layout("/own.bin").blocks)
         assert all(w.info.used_bytes <= 2 << 20 for w in status.workers)
+        # a load of it says that it cannot all stay (4 MiB of cache, 6.1 MiB of objects)
+        env = {**os.environ, "PCACHE_TOKEN": cluster.admin_token}
+        cmd = [sys.executable, "-m", "pcache", "--master", cluster.master_address, "load", "--no-progress", "/ds"]
+        loaded = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert loaded.returncode == 0, loaded.stderr
+        assert "6.0 MiB, more than the 4.0 MiB the live workers cache" in loaded.stderr, loaded.stderr
+        evicted = re.search(r"cache: ([\d.]+) (KiB|MiB) of cached bound files were evicted", loaded.stderr)
+        assert evicted and float(evicted[1]) * (1 << (10 if evicted[2] == "KiB" else 20)) >= 1 << 20, loaded.stderr
         # a full cache still takes new files: clean blocks make way for them
         more = os.urandom(6 * block)
         admin.write_file("/more.bin", more)
