@@ -294,6 +294,7 @@ class MasterClient:
             self._inflight += 1
             if self._streaming:  # alone: a batch of one on the stream (its answer ends _inflight)
                 alone: asyncio.Future = asyncio.get_running_loop().create_future()
+                alone.add_done_callback(_retrieved)  # set, and unread when this caller is cancelled
                 await self._send_batch([(op, alone)])
                 return alone.result()
             try:
@@ -424,11 +425,12 @@ class MasterClient:
             raise E.Timeout(f"master {address} did not answer a batch within {wait:.0f} s") from exc
         finally:
             self._stream_busy = False
-        if reply is grpc.aio.EOF or (reply.epoch and reply.epoch < self.epoch):  # ended; or a deposed leader
+        if reply is grpc.aio.EOF or (reply.epoch and reply.epoch < self.epoch):
+            # ended without an error: the master ended it before reading this batch (an idle
+            # stream: ``master.batch_stream_idle``); or a deposed leader's answer: the ordinary
+            # call hears StaleEpoch, and fails over
             self._drop_stream(index)
-            if reply is not grpc.aio.EOF or _resendable(request):
-                raise _NoStream  # the ordinary call hears StaleEpoch, and fails over
-            raise E.Unavailable(f"master {address} ended the batch stream without an answer")
+            raise _NoStream
         self.epoch = max(self.epoch, reply.epoch)
         self.current = index
         return reply
@@ -635,6 +637,11 @@ _IDEMPOTENT = frozenset(
         "RefreshPath",
     }
 )
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class _NoStream(Exception):

@@ -87,6 +87,10 @@ class MasterConfig:
     leader which), -1 replicates over gRPC instead."""
     commit_timeout: float = 8.0
     """Seconds a mutation may wait for replication before it fails with Unavailable."""
+    batch_stream_idle: float = 300.0
+    """Seconds a client's batch stream may carry nothing before the master ends it (the client
+    opens another with its next batch): an idle stream, its token expired or not, holds nothing
+    for long."""
     log_tail_entries: int = 200_000
     """Log entries a master keeps in memory for followers that fall behind; one further behind
     gets a RocksDB checkpoint instead."""
@@ -379,6 +383,7 @@ LIMITS: dict[tuple[str, str], tuple[float, float]] = {
     ("master", "lease_ttl"): (2, 60),
     ("master", "ack_timeout"): (0.1, 600),
     ("master", "commit_timeout"): (0.5, 3600),
+    ("master", "batch_stream_idle"): (0.1, 86400),
     ("master", "log_tail_entries"): (1, 100_000_000),
     ("client", "failover_timeout"): (0, 3600),
     ("client", "read_budget"): (0, 1 << 50),

@@ -101,10 +101,14 @@ class RocksMetaStore:
     resolving ``/a/b/c`` reads seven keys, and a RocksDB get through ``rocksdict`` costs about
     as much as the rest of a ``stat``. Every write goes through :meth:`write_many`, which drops
     the keys it touches, and only the master's event-loop thread uses a store, so the cache
-    never answers with a value older than the database's. Full, it starts over.
+    never answers with a value older than the database's. It holds values of up to
+    ``CACHE_VALUE_BYTES`` (an inode with large xattrs or a long block list is read from
+    RocksDB each time) and at most ``CACHE_BYTES`` of them; full, it starts over.
     """
 
-    CACHE_ENTRIES = 65_536  # about 10 MiB of inodes and dentries
+    CACHE_ENTRIES = 65_536
+    CACHE_BYTES = 16 << 20  # of keys and values (a tenant's 126 KiB xattrs on every inode cannot grow it)
+    CACHE_VALUE_BYTES = 4096
 
     def __init__(self, path: str, *, sync: bool = False) -> None:
         import rocksdict
@@ -118,6 +122,7 @@ class RocksMetaStore:
         self._wopts = rocksdict.WriteOptions()
         self._wopts.sync = sync
         self._cache: dict[bytes, bytes | None] = {}
+        self._cache_bytes = 0
 
     def get(self, key: bytes) -> bytes | None:
         if type(key) is not bytes:
@@ -127,9 +132,14 @@ class RocksMetaStore:
         except KeyError:
             pass
         value = self._db.get(key)
-        if len(self._cache) >= self.CACHE_ENTRIES:
+        size = len(key) + (len(value) if value is not None else 0)
+        if size > self.CACHE_VALUE_BYTES:
+            return value
+        if len(self._cache) >= self.CACHE_ENTRIES or self._cache_bytes + size > self.CACHE_BYTES:
             self._cache.clear()
+            self._cache_bytes = 0
         self._cache[key] = value
+        self._cache_bytes += size
         return value
 
     def scan(self, prefix: bytes, start_after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -161,7 +171,9 @@ class RocksMetaStore:
             self._db.write(batch, self._wopts)
         finally:  # written or not, the database answers for these keys from now on
             for key in touched:
-                self._cache.pop(key, None)
+                if key in self._cache:
+                    cached = self._cache.pop(key)
+                    self._cache_bytes -= len(key) + (len(cached) if cached is not None else 0)
 
     def checkpoint(self, dest: str) -> None:
         """Write a consistent copy of the store to the new directory ``dest`` (RocksDB Checkpoint:

@@ -21,7 +21,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, TypeVar
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from pcache.common import errors as E
 from pcache.common import ufs
@@ -321,14 +321,23 @@ class MasterServicer(pb_grpc.MasterServicer):
         """:meth:`Batch` over one long-lived stream: each request answered in order, with this
         master's epoch in the answer. The caller's token is checked again for every request (a
         deleted tenant's stream stops at its next batch); an error of a whole batch ends the
-        stream with its status, as it would end a ``Batch`` call.
+        stream with its status, as it would end a ``Batch`` call. A stream idle for
+        ``master.batch_stream_idle`` seconds is ended (status OK; the client opens another).
 
         gRPC's asyncio server costs a stream message about half a unary call on the same
         machine (``bench/README.md``, ``master_ha.py``): metadata-heavy clients spend half as
         much of the master's CPU on the transport.
         """
         await context.send_initial_metadata(())  # the token passed: the client may send (MasterClient._stream)
-        async for request in requests:
+        incoming = aiter(requests)
+        while True:
+            try:
+                async with asyncio.timeout(self.m.cfg.batch_stream_idle):
+                    request = await anext(incoming)
+            except (TimeoutError, StopAsyncIteration):  # idle (its next batch opens another), or closed
+                return
+            except DecodeError as exc:  # one line, not a traceback per message
+                raise E.InvalidArgument(f"unparsable batch message: {exc}") from exc
             self.authorize("Batch", context)
             reply = await self._batch(request)
             reply.epoch = self.m.epoch

@@ -273,3 +273,19 @@ def test_the_batch_stream_rides_a_master_restart_and_never_hangs_on_a_stopped_on
         wait_for(lambda: pc.exists("/before"), 20, "the master to answer again")
         assert pc.stat("/after").size == 20
         assert pc._run(many()) == [10, 20] * 8
+
+
+def test_the_master_ends_an_idle_batch_stream_and_the_client_opens_another(make_cluster) -> None:
+    """A batch stream that carries nothing for ``master.batch_stream_idle`` seconds is ended by
+    the master (thousands of idle streams, or one whose token expired, hold nothing for long);
+    the client's next batch goes out at once all the same, on a new stream."""
+    cluster = make_cluster(workers=1, master_args=["--master.batch_stream_idle=0.5"])
+    with Client(ClientConfig(master=cluster.master_address, metadata_ttl=0.0)) as pc:
+        pc.write_file("/idle", b"i" * 7)
+        first = pc.aio.master._streams[0]
+        wait_for(first.done, 10, "the master to end the idle stream")
+        start = time.monotonic()
+        assert pc.stat("/idle").size == 7
+        assert time.monotonic() - start < 2
+        assert pc.stat("/idle").size == 7
+        assert pc.aio.master._streams[0] is not first and not pc.aio.master._streams[0].done()

@@ -310,3 +310,24 @@ def test_reads_see_every_write_through_the_read_cache(store: MetaStore, monkeypa
             model[other] = b"b%d" % step
     assert {k: store.get(k) for k in names} == {k: model.get(k) for k in names}
     assert dict(store.scan(b"k")) == model
+
+
+def test_the_read_cache_holds_small_values_and_a_bounded_number_of_bytes(tmp_path: Path) -> None:
+    """An inode with large xattrs is not cached (a tenant filling its inodes with 126 KiB of
+    xattrs grew the master by their size), and what is cached stays under ``CACHE_BYTES``."""
+    store = RocksMetaStore(str(tmp_path / "db"))
+    try:
+        big = b"x" * (RocksMetaStore.CACHE_VALUE_BYTES + 1)
+        store.write([(b"big", big)])
+        assert store.get(b"big") == big and b"big" not in store._cache
+        small = b"y" * 1000
+        store.write([(b"s%06d" % i, small) for i in range(40_000)])  # 40 MB of reads
+        for i in range(40_000):
+            assert store.get(b"s%06d" % i) == small
+            assert store._cache_bytes <= RocksMetaStore.CACHE_BYTES
+        assert 0 < len(store._cache) <= RocksMetaStore.CACHE_BYTES // 1000
+        store.write(deletes=[b"s039999"])
+        assert store.get(b"s039999") is None
+        assert store._cache_bytes == sum(len(k) + len(v or b"") for k, v in store._cache.items())
+    finally:
+        store.close()

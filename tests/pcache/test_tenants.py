@@ -211,6 +211,19 @@ def test_a_batch_stream_checks_the_token_of_every_message(
                 await stream.read()
             return size, caught.value
 
+    async def garbage() -> grpc.aio.AioRpcError:
+        async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+            raw = channel.stream_stream("/pcache.Master/BatchStream")  # bytes in, bytes out
+            stream = raw(metadata=bearer(two["ta"]), timeout=10)
+            await stream.write(b"\xff\xff\xff\xff not a BatchRequest")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stream.read()
+            return caught.value
+
+    bad = asyncio.run(garbage())  # refused in one log line, not a traceback per message
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT and "unparsable batch message" in str(bad.details())
+    assert "Traceback" not in (cluster.root / "logs" / "master.log").read_text(errors="replace")
+
     size, expired = asyncio.run(expiring())
     assert size == 2000  # tb's secret, while the token held
     assert expired.code() == grpc.StatusCode.PERMISSION_DENIED and "expired" in str(expired.details())
