@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import math
 import os
 import socket
 import threading
@@ -209,6 +210,7 @@ class WorkerHealth:
     def __init__(self, suspect_seconds: float) -> None:
         self.suspect_seconds = suspect_seconds
         self._until: dict[str, float] = {}
+        self._since: dict[str, float] = {}  # when each suspect was last found failing
         self._dead: set[str] = set()  # declared dead by the master: suspects until it says alive
         self._latencies: deque[float] = deque(maxlen=256)
         self.on_suspect: Callable[[], None] | None = None  # the client follows the master's verdicts
@@ -216,7 +218,9 @@ class WorkerHealth:
     def suspect(self, worker_id: str) -> None:
         """Try ``worker_id`` last for ``suspect_seconds`` (seconds)."""
         if worker_id:
-            self._until[worker_id] = time.monotonic() + self.suspect_seconds
+            now = time.monotonic()
+            self._until[worker_id] = now + self.suspect_seconds
+            self._since[worker_id] = now
             if self.on_suspect is not None:
                 self.on_suspect()
 
@@ -234,9 +238,13 @@ class WorkerHealth:
         """Whether any worker is a suspect or dead (the master's verdicts are worth following)."""
         return bool(self._dead or self.suspects())
 
-    def answered(self, worker_id: str, seconds: float | None = None) -> None:
-        """A request to ``worker_id`` completed (a block read: after ``seconds``): it is no suspect."""
-        self._until.pop(worker_id, None)
+    def answered(self, worker_id: str, seconds: float | None = None, *, started: float | None = None) -> None:
+        """A request to ``worker_id`` sent at ``started`` (``time.monotonic()``) completed (a block
+        read: after ``seconds``): it is no suspect, unless a request found it failing after this
+        one was sent (a worker killed while answering: its last answers are read after the
+        failure of a later request, and cleared it; the retry then went to it again)."""
+        if started is None or self._since.get(worker_id, -math.inf) <= started:
+            self._until.pop(worker_id, None)
         if seconds is not None:
             self._latencies.append(seconds)
 
@@ -415,7 +423,7 @@ class DataClient:
             else:
                 reply, data = await self._exchange(conn, hdr, first_byte)
             ok = True
-            self.health.answered(addr.worker_id, time.monotonic() - started)
+            self.health.answered(addr.worker_id, time.monotonic() - started, started=started)
         except (Unavailable, Timeout):
             self.health.suspect(addr.worker_id)
             raise
@@ -515,6 +523,7 @@ class DataClient:
         Raises:
             WrongBlock: the record is another block's.
         """
+        started = time.monotonic()
         sock = await self._sc_connect(addr)
         try:
             timeout = self.cfg.stall_timeout
@@ -527,7 +536,7 @@ class DataClient:
             raise
         finally:
             sock.close()
-        self.health.answered(addr.worker_id)
+        self.health.answered(addr.worker_id, started=started)
         if reply.error:
             if fd is not None:
                 os.close(fd)
@@ -700,6 +709,7 @@ class DataClient:
             NoSpace: the first worker is full.
         """
         head, rest = targets[0], list(targets[1:])
+        started = time.monotonic()
         if self.can_short_circuit(head):  # into its file on this host, then down the pipeline
             with contextlib.suppress(Unavailable):
                 stream = await self.open_stream(targets, block_id, len(data), token)
@@ -721,7 +731,7 @@ class DataClient:
             if plen:
                 await framing.read_exactly(conn[0], plen, self.cfg.io_timeout)
             ok = not reply.error
-            self.health.answered(head.worker_id)
+            self.health.answered(head.worker_id, started=started)
             framing.raise_if_error(reply)
             return list(reply.replicas)
         except (Unavailable, Timeout):

@@ -361,6 +361,12 @@ def test_worker_health_suspects_and_the_masters_verdicts() -> None:
     assert health.is_suspect("w1") and health.suspects() == ["w1"] and calls == [1]
     health.answered("w1", 0.01)  # it answered: no suspect
     assert not health.is_suspect("w1")
+    sent = time.monotonic()  # a request to w1 goes out; a later one finds w1 failing (killed)
+    health.suspect("w1")
+    health.answered("w1", 0.01, started=sent)  # the first one's answer, read after that failure
+    assert health.is_suspect("w1")  # is older news: w1 stays a suspect
+    health.answered("w1", 0.01, started=time.monotonic())  # a request sent after the failure
+    assert not health.is_suspect("w1")
     health.suspect("w2")
     time.sleep(0.25)  # suspicion expires
     assert not health.is_suspect("w2") and not health.watching()
