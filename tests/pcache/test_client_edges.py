@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -492,9 +494,6 @@ def test_a_client_asks_a_master_that_takes_no_layouts_in_a_batch_for_them_one_by
     import asyncio
     import collections
 
-    import grpc
-
-    from pcache.client.master import MasterClient
     from pcache.proto import pcache_pb2 as pb
     from pcache.proto import pcache_pb2_grpc as pb_grpc
 
@@ -521,12 +520,7 @@ def test_a_client_asks_a_master_that_takes_no_layouts_in_a_batch_for_them_one_by
             return pb.FileLayout(inode=pb.Inode(name=request.path.rsplit("/", 1)[-1]))
 
     async def run() -> None:
-        server = grpc.aio.server()
-        pb_grpc.add_MasterServicer_to_server(OldMaster(), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        client = MasterClient(ClientConfig(master=f"127.0.0.1:{port}", token="t"), "c1")
-        try:
+        async with _client_of(OldMaster()) as client:
             first = await asyncio.gather(*(client.layout(path=f"/f{i}") for i in range(10)))
             assert [x.inode.name for x in first] == [f"f{i}" for i in range(10)]
             assert calls == {"GetLayout": 10, "Batch": 1}  # one alone, nine refused in a Batch and asked again
@@ -536,9 +530,6 @@ def test_a_client_asks_a_master_that_takes_no_layouts_in_a_batch_for_them_one_by
             stats = await asyncio.gather(*(client.stat(f"/s{i}") for i in range(5)))  # stats still batch
             assert [x.name for x in stats] == [f"s{i}" for i in range(5)]
             assert (calls["Stat"], calls["Batch"]) == (1, 2)  # one alone, four in a Batch
-        finally:
-            await client.close()
-            await server.stop(None)
 
     asyncio.run(run())
 
@@ -553,7 +544,6 @@ def test_a_mutation_retried_by_grpc_carries_its_first_request_id_to_one_master()
 
     import grpc
 
-    from pcache.client.master import MasterClient
     from pcache.proto import pcache_pb2 as pb
     from pcache.proto import pcache_pb2_grpc as pb_grpc
 
@@ -578,12 +568,7 @@ def test_a_mutation_retried_by_grpc_carries_its_first_request_id_to_one_master()
             return pb.Inode(id=1)
 
     async def run() -> None:
-        server = grpc.aio.server()
-        pb_grpc.add_MasterServicer_to_server(FlakyMaster(), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        client = MasterClient(ClientConfig(master=f"127.0.0.1:{port}", token="t"), "c1")
-        try:
+        async with _client_of(FlakyMaster()) as client:
             assert (await client.mkdir("/d", 0o755, False)).id == 7
             await client.create("/first", mode=0o644, exclusive=True, truncate=False, block_size=0, replication=0)
             made = await asyncio.gather(
@@ -593,11 +578,28 @@ def test_a_mutation_retried_by_grpc_carries_its_first_request_id_to_one_master()
                 )
             )
             assert sorted(m.id for m in made) == [1, 10, 11, 12]  # one alone (Create), three in a Batch
-        finally:
-            await client.close()
-            await server.stop(None)
 
     asyncio.run(run())
     (first, again) = seen["Mkdir"]
     assert first == again and first[0]  # one id, on both tries
     assert len(seen["Batch"]) == 2 and seen["Batch"][0] == seen["Batch"][1] and all(seen["Batch"][0])
+
+
+@contextlib.asynccontextmanager
+async def _client_of(servicer) -> AsyncIterator:
+    """A MasterClient of ``servicer`` served on a loopback port (a fake master's test)."""
+    import grpc
+
+    from pcache.client.master import MasterClient
+    from pcache.proto import pcache_pb2_grpc as pb_grpc
+
+    server = grpc.aio.server()
+    pb_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = MasterClient(ClientConfig(master=f"127.0.0.1:{port}", token="t"), "c1")
+    try:
+        yield client
+    finally:
+        await client.close()
+        await server.stop(None)
