@@ -275,8 +275,9 @@ class MasterClient:
             type=kind,
             rdev=rdev,
         )
-        if len(self.addresses) > 1:  # answered once even if its batch is sent again after a failover
-            request.header.request_id = self._next_request_id()
+        # answered once even if its batch is sent again (a stream that broke after the master
+        # applied it; a failover): the master keeps the answer under the id
+        request.header.request_id = self._next_request_id()
         return await self._coalesced("Create", request, pb.BatchOp(create=request))
 
     # ------------------------------------------------------------ batching --
@@ -381,9 +382,9 @@ class MasterClient:
         A stream that fails is dropped (the next batch opens another). Its batch is then sent
         the ordinary way (``Batch``, or a batch of one's plain call, which fail over) when that
         applies nothing twice: the master answered with an error, or each op is a read or a
-        create with a request id (every create, with several masters). Otherwise (one master,
-        a create without one, no answer) the batch fails with the connection's error, as a lone
-        call would. With several masters a stream waits at most ``PROBE_AFTER`` seconds for its
+        create with a request id (every create has one: a master that applied it before the
+        stream broke answers it from its record). Otherwise (a create without one, no answer)
+        the batch fails with the connection's error, as a lone call would. With several masters a stream waits at most ``PROBE_AFTER`` seconds for its
         answer before the ordinary call's failover takes over (a SIGSTOPped leader keeps its
         connections open).
 

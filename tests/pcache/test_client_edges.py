@@ -585,6 +585,42 @@ def test_a_mutation_retried_by_grpc_carries_its_first_request_id_to_one_master()
     assert len(seen["Batch"]) == 2 and seen["Batch"][0] == seen["Batch"][1] and all(seen["Batch"][0])
 
 
+def test_a_create_whose_stream_broke_after_the_master_applied_it_is_answered_once() -> None:
+    """One master: a create on the batch stream whose connection breaks with no answer (the
+    master may have applied it) is sent again the ordinary way with its request id, so the
+    master answers it from its record: the caller gets its inode, not an error for a file that
+    was made."""
+    import asyncio
+
+    import grpc
+
+    from pcache.proto import pcache_pb2 as pb
+    from pcache.proto import pcache_pb2_grpc as pb_grpc
+
+    streamed: list[str] = []
+    unary: list[str] = []
+
+    class BreakingMaster(pb_grpc.MasterServicer):  # applies the stream's create, then the stream dies
+        async def BatchStream(self, requests, context):
+            await context.send_initial_metadata(())
+            async for request in requests:
+                streamed.extend(op.create.header.request_id for op in request.ops)
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")  # no PCache error
+                yield pb.BatchResponse()  # pragma: no cover
+
+        async def Create(self, request: pb.CreateRequest, context) -> pb.Inode:
+            unary.append(request.header.request_id)
+            return pb.Inode(id=5, name="f")
+
+    async def run() -> None:
+        async with _client_of(BreakingMaster()) as client:
+            made = await client.create("/f", mode=0o644, exclusive=True, truncate=False, block_size=0, replication=0)
+            assert made.id == 5
+
+    asyncio.run(run())
+    assert len(streamed) == 1 and streamed[0] and unary == streamed  # the same id, applied once
+
+
 @contextlib.asynccontextmanager
 async def _client_of(servicer) -> AsyncIterator:
     """A MasterClient of ``servicer`` served on a loopback port (a fake master's test)."""
