@@ -77,9 +77,11 @@ def status(ctx: click.Context, as_json: bool) -> int:
         for w in st.workers:
             info = w.info
             state = "alive" if w.alive else "DEAD"
+            # a dead worker's last heartbeat: its disk usage stands, its live figures do not
+            inflight, hit = (f"{info.inflight}", f"{info.mem_tier_hit_ratio:.2f}") if w.alive else ("-", "-")
             click.echo(
                 f"{info.addr.worker_id:<14} {info.addr.host + ':' + str(info.addr.port):<22} {info.addr.node_id[:16]:<16} "
-                f"{state:<6} {info.used_bytes:>12} {info.free_bytes:>14} {info.inflight:>8} {info.mem_tier_hit_ratio:>8.2f}"
+                f"{state:<6} {info.used_bytes:>12} {info.free_bytes:>14} {inflight:>8} {hit:>8}"
             )
             if w.failed_copies:
                 click.echo(

@@ -80,6 +80,13 @@ def test_kill_worker_during_1gib_read(make_cluster) -> None:
         layout = pc.layout("/big")
         assert all(r.worker_id not in dead for b in layout.blocks for r in b.replicas)
         assert hashlib.sha256(pc.read_file("/big")).digest() == digest.digest()
+    out = subprocess.run(
+        [sys.executable, "-m", "pcache", "--master", cluster.master_address, "status"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    (row,) = [line.split() for line in out.stdout.splitlines() if " DEAD " in line]
+    assert row[0] == dead[0] and row[-2:] == ["-", "-"]  # no in-flight count or hit ratio from its last beat
 
 
 def test_kill_master_during_creates_keeps_acknowledged_files(make_cluster) -> None:
