@@ -680,7 +680,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             meta = ns.get_block(request.block_id)
             if meta is None:
                 raise E.NotFound(f"no block {request.block_id}")
-            _owned(self._scope(ns), ns.get_inode(meta.inode))
+            _owned(self._scope(ns), ns.get_inode(meta.inode), f"no block {request.block_id}")
         return await self._worker_call(request.header, "ReportBadBlock", lambda blocks: blocks.bad_block(
             request.worker_id, request.block_id))  # fmt: skip
 
@@ -917,14 +917,18 @@ def _stat_of(path: str) -> Apply[pb.Inode]:
     return lambda ns, _, scope: _stat(ns, scope, path)
 
 
-def _owned(scope: Scope, node: pb.Inode) -> None:
-    """Refuse an inode of another tenant (named by number: GetLayout, AllocateBlock, CommitFile).
+def _owned(scope: Scope, node: pb.Inode, missing: str = "") -> None:
+    """Refuse an inode of another tenant (named by number: GetLayout, AllocateBlock, CommitFile,
+    ReportBadBlock) with the very error of a number that names nothing, so that a tenant cannot
+    learn which numbers other tenants hold (deny without an existence oracle, as S3 answers a
+    caller without list permission 403 for a missing key and a forbidden one alike).
 
     Raises:
-        PermissionDenied: the inode is outside the caller's tenant.
+        NotFound: the inode is outside the caller's tenant (``missing``, else the message of an
+            inode that does not exist).
     """
     if not scope.owns(node):
-        raise E.PermissionDenied(f"inode {node.id} is not in tenant {scope.tenant!r}")
+        raise E.NotFound(missing or f"inode {node.id} does not exist")
 
 
 def _binds(ns: Namespace, scope: Scope) -> pb.BindList:

@@ -96,12 +96,13 @@ def test_paths_never_leave_the_root(cluster: LocalCluster, two: dict[str, str]) 
 
 def test_inode_numbers_of_another_tenant_are_refused(cluster: LocalCluster, admin: Client, two: dict[str, str]) -> None:
     """GetLayout, AllocateBlock, CommitFile and ReportBadBlock name inodes or blocks by number:
-    tenant A's token on B's is PermissionDenied and nothing changes."""
+    tenant A's token on B's gets the very answer of a number that names nothing (NotFound, the
+    same message: A cannot tell B's numbers from unused ones), and nothing changes."""
     victim = admin.layout("/tb/private/secret")
     ino, block = victim.inode.id, victim.blocks[0].block_id
     directory = admin.stat("/tb/private").inode  # not told "is a directory" either
 
-    async def probe() -> dict[str, grpc.StatusCode]:
+    async def probe(ino: int, block: int, directory: int) -> dict[str, tuple[grpc.StatusCode, str]]:
         out = {}
         async with grpc.aio.insecure_channel(cluster.master_address) as channel:
             stub = pb_grpc.MasterStub(channel)
@@ -122,13 +123,18 @@ def test_inode_numbers_of_another_tenant_are_refused(cluster: LocalCluster, admi
             for name, call in calls.items():
                 try:
                     await call
-                    out[name] = grpc.StatusCode.OK
+                    out[name] = (grpc.StatusCode.OK, "")
                 except grpc.aio.AioRpcError as exc:
-                    out[name] = exc.code()
+                    out[name] = (exc.code(), exc.details() or "")
         return out
 
-    codes = asyncio.run(probe())
-    assert set(codes.values()) == {grpc.StatusCode.PERMISSION_DENIED}, codes
+    theirs = asyncio.run(probe(ino, block, directory))
+    unused = 10**12
+    nothing = asyncio.run(probe(unused, unused, unused + 1))
+    assert {code for code, _ in theirs.values()} == {grpc.StatusCode.NOT_FOUND}, theirs
+    for name, (code, message) in theirs.items():  # word for word, the numbers aside
+        numbers = {str(ino): str(unused), str(block): str(unused), str(directory): str(unused + 1)}
+        assert nothing[name] == (code, " ".join(numbers.get(w, w) for w in message.split(" "))), (name, theirs)
 
     async def batch() -> list[pb.BatchResult]:  # layouts in a Batch are checked one by one, as GetLayout's
         ops = [pb.BatchOp(layout=pb.LayoutRequest(inode=n)) for n in (ino, directory)]
@@ -140,7 +146,7 @@ def test_inode_numbers_of_another_tenant_are_refused(cluster: LocalCluster, admi
         return list(reply.results)
 
     results = asyncio.run(batch())
-    assert [r.error for r in results] == ["PermissionDenied", "PermissionDenied", ""]
+    assert [r.error for r in results] == ["NotFound", "NotFound", ""]
     assert not results[0].HasField("layout") and not results[1].HasField("layout")  # nothing of B's shows
     assert results[2].layout.inode.size == 2000 and results[2].layout.blocks[0].token
     after = admin.layout("/tb/private/secret")
@@ -195,7 +201,7 @@ def test_a_batch_stream_checks_the_token_of_every_message(
     results, after = asyncio.run(tenant_stream())
     assert results[0].inode.size == 10 and results[0].inode.tenant == "ts"
     assert results[1].error == "InvalidPath" and not results[1].HasField("inode")
-    assert results[2].error == "PermissionDenied" and not results[2].HasField("layout")
+    assert results[2].error == "NotFound" and not results[2].HasField("layout")  # as an unused number
     assert after == grpc.StatusCode.PERMISSION_DENIED
 
     short = admin.issue_token("tb", ttl=1.0)
