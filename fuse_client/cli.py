@@ -41,6 +41,13 @@ from pcache.common.logs import setup_logging
     show_default=True,
     help="Let other users use the mount (training pods running as other uids); permission bits still apply.",
 )
+@click.option(
+    "--max-threads",
+    type=click.IntRange(min=1, max=4096),
+    default=64,
+    show_default=True,
+    help="Requests served at once (libfuse >= 3.12; libfuse's own default is 10).",
+)
 @click.option("--daemon", is_flag=True, help="Mount in the background and return once mounted.")
 @click.option("--log-file", type=click.Path(dir_okay=False), help="Log here (daemon mode).")
 @click.option("--debug", is_flag=True, help="libfuse debug output.")
@@ -54,6 +61,7 @@ def main_command(
     entry_timeout: float,
     timeout: float | None,
     allow_other: bool,
+    max_threads: int,
     daemon: bool,
     log_file: str | None,
     debug: bool,
@@ -82,7 +90,13 @@ def main_command(
         click.echo(f"mounted {cfg.master} at {mountpoint} (pid {pid})")
         return
     setup_logging("DEBUG" if debug else "INFO")
-    opts = MountOptions(attr_timeout=attr_timeout, entry_timeout=entry_timeout, allow_other=allow_other, debug=debug)
+    opts = MountOptions(
+        attr_timeout=attr_timeout,
+        entry_timeout=entry_timeout,
+        allow_other=allow_other,
+        max_threads=max_threads,
+        debug=debug,
+    )
     mount(mountpoint, cfg, opts)
 
 

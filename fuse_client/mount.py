@@ -37,6 +37,10 @@ class MountOptions:
     checks permission bits either way (default_permissions)."""
     max_request: int = MiB
     """Bytes per read/write request to the kernel (libfuse3)."""
+    max_threads: int = 64
+    """Requests the mount serves at once (libfuse >= 3.12's worker threads; its default is 10:
+    the eleventh reader of a training job's loaders waited for one of the first ten, even for a
+    block the page cache of another worker would answer at once)."""
     debug: bool = False
     """libfuse debug output."""
 
@@ -169,6 +173,8 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
         }
         if opts.allow_other:
             kwargs["allow_other"] = True
+        if (mfusepy.fuse_version_major, mfusepy.fuse_version_minor) >= (3, 12):
+            kwargs["max_threads"] = opts.max_threads
         if mfusepy.fuse_version_major == 2:
             kwargs["big_writes"] = True
             kwargs["max_write"] = min(opts.max_request, 128 * 1024)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from pcache.client import Client
+from pcache.worker.server import worker_id_for
 from tests.fuse_client.conftest import Mount
 
 pytestmark = pytest.mark.fuse
@@ -183,6 +184,58 @@ def test_worker_killed_during_a_large_read(fuse_ready, make_cluster, tmp_path: P
                 if done == 48 * MiB:
                     cluster.kill(cluster.worker_procs[0], signal.SIGKILL)
         assert digest.digest() == hashlib.sha256(data).digest()
+    finally:
+        mount.stop()
+
+
+def test_readers_stuck_on_a_stopped_worker_leave_the_mount_free_for_the_others(
+    fuse_ready, make_cluster, tmp_path: Path
+) -> None:
+    """A data loader's readers stuck on a stopped worker (SIGSTOP: no answer, no error yet) hold
+    one mount thread each; libfuse's default of 10 threads then queued every other read of the
+    job behind them, healthy workers' too. The mount serves up to ``--max-threads`` (64)
+    requests at once: a read from the live worker answers at once, and the stuck ones finish
+    with the right bytes once the worker runs again."""
+    cluster = make_cluster(workers=2)
+    bodies = {f"/f{i}": os.urandom(64 * 1024) for i in range(40)}
+    with Client(master=cluster.master_address) as pc:
+        for path, body in bodies.items():
+            pc.write_file(path, body, replication=1)
+        holder = {path: pc.layout(path).blocks[0].replicas[0].worker_id for path in bodies}
+        stopped_id = pc.status().workers[0].info.addr.worker_id
+    stuck = [p for p in bodies if holder[p] == stopped_id][:16]
+    free = [p for p in bodies if holder[p] != stopped_id]
+    assert len(stuck) >= 12 and free, holder  # block ids spread over both workers
+    stopped = next(
+        w for i, w in enumerate(cluster.worker_procs) if worker_id_for(str(cluster.root / f"worker-{i}")) == stopped_id
+    )
+    mount = Mount(cluster.master_address, tmp_path / "mnt", "--timeout", "60").start()
+    got: dict[str, bytes | BaseException] = {}
+
+    def read(path: str) -> None:
+        try:
+            got[path] = (mount.path / path.lstrip("/")).read_bytes()
+        except OSError as exc:
+            got[path] = exc
+
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        try:
+            readers = [threading.Thread(target=read, args=(p,)) for p in stuck]
+            for t in readers:
+                t.start()
+            time.sleep(1.0)  # every one of them inside the mount, waiting on the stopped worker
+            assert not got
+            start = time.monotonic()
+            assert (mount.path / free[0].lstrip("/")).read_bytes() == bodies[free[0]]
+            waited = time.monotonic() - start
+            print(f"a read beside {len(stuck)} stuck ones: {waited * 1000:.0f} ms")
+            assert waited < 3.0
+        finally:
+            os.kill(stopped.pid, signal.SIGCONT)
+        for t in readers:
+            t.join(60)
+        assert got == {p: bodies[p] for p in stuck}
     finally:
         mount.stop()
 
