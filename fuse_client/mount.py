@@ -175,6 +175,7 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
             kwargs["allow_other"] = True
         if (mfusepy.fuse_version_major, mfusepy.fuse_version_minor) >= (3, 12):
             kwargs["max_threads"] = opts.max_threads
+            ops.max_background = opts.max_threads
         if mfusepy.fuse_version_major == 2:
             kwargs["big_writes"] = True
             kwargs["max_write"] = min(opts.max_request, 128 * 1024)

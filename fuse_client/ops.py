@@ -104,6 +104,16 @@ class PCacheOperations(mfusepy.Operations):
         # without libfuse's auto_cache window, in which a second mount read old pages).
         self._paged: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._cursors: dict[int, DirCursor] = {}  # directory handle -> its READDIRPLUS cursor
+        self.max_background = 0  # asynchronous requests the kernel may queue (0: its default, 12)
+
+    def init_with_config(self, conn, config) -> None:
+        """libfuse's INIT: let the kernel queue ``max_background`` asynchronous requests
+        (read-ahead, writeback), congested at three quarters of them. The kernel's default of
+        12 held a read of a healthy file behind the read-ahead of readers stuck on a stopped
+        worker, whatever the mount's thread count."""
+        if conn is not None and self.max_background:
+            conn.max_background = self.max_background
+            conn.congestion_threshold = self.max_background * 3 // 4
 
     # ---------------------------------------------------------- handles --
 
