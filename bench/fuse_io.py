@@ -276,11 +276,21 @@ def serve_memfs(mountpoint: str, populate: int, attr_timeout: float, entry_timeo
     """Mount MemFS at ``mountpoint`` with PCache's mount options; blocks until unmounted."""
     import mfusepy
 
-    ops = type("MemOperations", (MemFS, mfusepy.Operations), {})(populate)
+    from fuse_client.mount import MountOptions
+
+    threads = MountOptions().max_threads  # the same requests at once, and queued, as a PCache mount
+
+    def init_with_config(self, conn, config) -> None:
+        if conn is not None:
+            conn.max_background, conn.congestion_threshold = threads, threads * 3 // 4
+
+    ops = type("MemOperations", (MemFS, mfusepy.Operations), {"init_with_config": init_with_config})(populate)
+    more = {"max_threads": threads} if (mfusepy.fuse_version_major, mfusepy.fuse_version_minor) >= (3, 12) else {}
     try:
         mfusepy.FUSE(
             ops,
             mountpoint,
+            **more,
             foreground=True,
             nothreads=False,
             fsname="memfs",
@@ -692,7 +702,7 @@ def report(secs: dict[str, float], info: dict[str, Any], args: argparse.Namespac
     print()
     print("pcache = python -m fuse_client over a local cluster (2 workers, RF=1, same disk as local);")
     print("  memfs = in-memory mfusepy file system in its own process, same libfuse3, mount options")
-    print("  (multi-threaded, auto_cache, default_permissions, allow_other) and kernel read-ahead:")
+    print("  (64 threads and queued requests, auto_cache, default_permissions, allow_other) and kernel read-ahead:")
     print("  the Python FUSE ceiling.")
     print("cold = first read after posix_fadvise(DONTNEED) of the file (mount: every byte through FUSE,")
     print("  PCache's block files left in the host page cache; local: from the disk). warm = second read.")
