@@ -9,7 +9,11 @@ when the worker is local), not through FUSE.
 Commit is atomic: every rank's shard files are closed (committed in the
 master) before the coordinator writes ``.metadata.tmp`` and renames it to
 ``.metadata``; a checkpoint directory without ``.metadata`` is incomplete and
-is never loaded.
+is never loaded. A save over an existing checkpoint (``overwrite``) first
+removes its ``.metadata``, before any rank rewrites a shard: torch rewrites
+the shards in place and replaces ``.metadata`` only at the end, so a save
+that died between the two left new shards under the old ``.metadata``, a
+mix of two saves that loaded as complete.
 """
 
 from __future__ import annotations
@@ -116,6 +120,22 @@ class PCacheStorageWriter(_FileSystemWriter):
         self.fs = PCacheFileSystem()
         self.path = self.fs.init_path(path)
         self.wait_persisted = wait_persisted
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        plan = super().prepare_local_plan(plan)
+        if self.rank is not None and not self.use_collectives:  # each rank commits its own file
+            self._decommit(self._get_metadata_path(self.rank))
+        return plan
+
+    def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+        """The coordinator's step between the ranks' plans and their writes: an existing
+        checkpoint here stops being complete before any of its shards is rewritten."""
+        self._decommit(self._get_metadata_path())
+        return super().prepare_global_plan(plans)
+
+    def _decommit(self, metadata_path: Any) -> None:
+        if self.overwrite and self.fs.exists(metadata_path):
+            self.fs.rm_file(metadata_path)
 
     def finish(self, metadata: Any, results: Any) -> None:
         super().finish(metadata, results)

@@ -102,3 +102,43 @@ def test_async_save_of_sharded_state_next_to_training_collectives(shared_cluster
     run_ranks("save_async", root, world=4, tp=2, step=5)
     results = run_ranks("load", root, world=4, tp=2, step=5)  # the pre-mutation values
     assert [r["loaded"] for r in results] == [5] * 4
+
+
+def test_a_save_over_a_checkpoint_that_dies_leaves_it_incomplete_not_mixed(shared_cluster) -> None:
+    """torch rewrites an existing checkpoint's shards in place and replaces ``.metadata`` last:
+    a save over step N that died after rewriting a shard left new shards under the old
+    ``.metadata``, a mix of two saves (one rank's new, another's old) that loaded as complete.
+    The writer removes ``.metadata`` before any shard is rewritten: the step is incomplete until
+    the new save commits."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from ckpt_adapter.storage import PCacheStorageReader, PCacheStorageWriter
+    from pcache.client import Client
+
+    uri = f"pcache://{shared_cluster.master_address}/ckpt/resave/step-5"
+    first = {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(10)}
+    dcp.save(first, storage_writer=PCacheStorageWriter(uri))
+    seen: list[bool] = []
+
+    class DiesAfterTheShards(PCacheStorageWriter):
+        def write_data(self, plan, planner):  # a rank killed once its shard is rewritten
+            seen.append(self.fs.exists(self.fs.concat_path(self.path, ".metadata")))
+            written = super().write_data(plan, planner)
+            written.wait()
+            raise RuntimeError("rank killed after rewriting its shard")
+
+    second = {"w": torch.arange(1000, dtype=torch.float32) * -1, "b": torch.zeros(10)}
+    with pytest.raises(CheckpointException) as died:  # a BaseException, not an Exception
+        dcp.save(second, storage_writer=DiesAfterTheShards(uri))
+    assert "rank killed" in repr(died.value.failures)
+    assert seen == [False]  # decommitted before the rewrite began
+    with Client(master=shared_cluster.master_address) as pc:
+        names = {e.name for e in pc.listdir("/ckpt/resave/step-5")}
+    assert ".metadata" not in names and any(n.endswith(".distcp") for n in names)
+    into = {"w": torch.zeros(1000), "b": torch.zeros(10)}
+    with pytest.raises(CheckpointException) as refused:  # torch wraps the reader's FileNotFoundError
+        dcp.load(into, storage_reader=PCacheStorageReader(uri))
+    assert ".metadata" in repr(refused.value.failures)
+    dcp.save(second, storage_writer=PCacheStorageWriter(uri))  # the next save commits it whole
+    dcp.load(into, storage_reader=PCacheStorageReader(uri))
+    assert torch.equal(into["w"], second["w"]) and torch.equal(into["b"], second["b"])
