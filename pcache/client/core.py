@@ -38,6 +38,7 @@ from pcache.common.errors import (
     IsADirectory,
     NoSpace,
     NotFound,
+    NotSupported,
     PCacheError,
     SymlinkLoop,
     Timeout,
@@ -763,7 +764,8 @@ class PCacheClient:
         """Allocate a block of ``length`` bytes for ``inode`` and open it for writing straight into
         its file on this host's worker (:class:`BlockStream`). None when the block was placed on
         another host or the local worker cannot take it: the caller buffers the block, and the
-        allocation expires unused (``master.orphan_grace``; a block token cannot be revoked).
+        allocation is given up (``AbandonBlocks``: its token cannot be revoked, but its workers
+        refuse the id).
 
         Raises:
             QuotaExceeded: no room for the block in the tenant's quota. Unavailable, Timeout: the master.
@@ -779,12 +781,21 @@ class PCacheClient:
             # no worker on this host (or it is full or suspect): buffer for a while, so that a
             # client on a node without a worker does not spend an allocation per file finding out
             self._stream_off_until = time.monotonic() + STREAM_RETRY_SECONDS
+            await self._give_up(inode, loc)
             return None
         try:
             return await self.data.open_stream(targets, loc.block_id, length, loc.token)
         except PCacheError as exc:  # full, gone: the buffered path places the block elsewhere
             logger.debug("block %d: cannot stream into %s: %s", loc.block_id, targets[0].worker_id, exc)
+            await self._give_up(inode, loc)
             return None
+
+    async def _give_up(self, inode: int, loc: pb.BlockLocation) -> None:
+        """Abandon an allocation nothing was written to, best effort (else it expires)."""
+        try:
+            await self.abandon_blocks(inode, [loc.block_id])
+        except PCacheError as exc:
+            logger.debug("block %d: cannot give it up: %s", loc.block_id, exc)
 
     async def _allocate(self, inode: int, size: int, exclude: list[str]) -> pb.BlockLocation:
         suspects = [w for w in self.data.health.suspects() if w not in exclude]
@@ -829,6 +840,19 @@ class PCacheClient:
     async def report_bad_block(self, worker_id: str, block_id: int) -> None:
         """Tell the master the replica of ``block_id`` on ``worker_id`` failed its CRC check."""
         await self.master.report_bad_block(worker_id, block_id)
+
+    async def abandon_blocks(self, inode: int, block_ids: list[int]) -> None:
+        """Tell the master this client gives up blocks allocated for ``inode`` that it will not
+        commit (``AbandonBlocks``): they stop holding the tenant's quota, and the workers
+        delete them now. A master of a release without the call ignores them (they expire).
+
+        Raises:
+            Unavailable, Timeout: the master. NotFound: no such inode.
+        """
+        try:
+            await self.master.abandon_blocks(inode, block_ids)
+        except NotSupported:
+            pass
 
     async def discard_created(self, path: str, inode: int) -> None:
         """Remove ``path`` if it is still ``inode`` and still empty (untouched by another writer)."""

@@ -119,6 +119,11 @@ class FileService(Protocol):
         """The addresses of the ``targets`` whose ids are in ``stored``."""
         ...
 
+    async def abandon_blocks(self, inode: int, block_ids: list[int]) -> None:
+        """Give up blocks allocated for ``inode`` that will not be committed (the workers
+        delete them now; the tenant's quota no longer holds them)."""
+        ...
+
     async def commit(
         self,
         path: str,
@@ -178,6 +183,10 @@ class PCacheFile:
         self.slots: list[Slot] = _slots(layout)
         self.version = layout.inode.version  # the commit this handle's view starts from
         self.base_blocks = [slot.block_id for slot in self.slots]  # that commit's block ids
+        # blocks allocated to this handle since its last commit: those the commit does not name
+        # (rewritten, streamed then buffered), or all of them when the handle is aborted or its
+        # close fails, are given up (AbandonBlocks)
+        self._allocated: set[int] = set()
         self.replace = kind in "wx"  # the whole content is this handle's: no merge with others
         self.pos = self.size if self.append else 0
         self.closed = False
@@ -703,6 +712,7 @@ class PCacheFile:
             if stream is None:
                 self._streaming = False  # placed on another host (or no local room): buffer this file
                 return
+            self._allocated.add(stream.block_id)
             try:
                 await stream.append(data)
             except PCacheError as exc:
@@ -809,6 +819,7 @@ class PCacheFile:
     async def _store(self, slot: Slot, data: bytearray) -> None:
         crcs, crc = await asyncio.to_thread(chunk_crcs, data) if len(data) > (1 << 20) else chunk_crcs(data)
         block_id, stored, locations, token = await self.service.write_block(self.inode, data, crc, crcs)
+        self._allocated.add(block_id)
         slot.block_id, slot.length, slot.crc = block_id, len(data), crc
         slot.replicas, slot.locations, slot.token = stored, locations, token
 
@@ -907,6 +918,10 @@ class PCacheFile:
         self.dirty = False
         self.replace = False
         self._committed = True
+        stale = self._allocated - {b.block_id for b in blocks}
+        self._allocated = set()
+        if stale:
+            await self._abandon(stale)
         if list(node.blocks) != [b.block_id for b in blocks] or node.size != self.size:
             await self._adopt()  # merged with another writer's commit: its blocks are this handle's view now
         else:
@@ -941,6 +956,7 @@ class PCacheFile:
                 async with self._gate.exclusive():
                     await self._fsync_locked(closing=True)  # the close: write-back uploads this version
         except BaseException:
+            await self._abandon(self._allocated)
             await self._discard_if_created()
             raise
         finally:
@@ -955,18 +971,33 @@ class PCacheFile:
                 self._pop_unit(key)
             self.hot = None
         if self._error is not None:
+            await self._abandon(self._allocated)
             await self._discard_if_created()
             raise self._error
 
     async def abort(self) -> None:
         """Drop the handle without committing: the file keeps its last committed content (a file
-        this handle created goes away)."""
+        this handle created goes away), and the blocks written since are given up."""
         if self.closed:
             return
         self.dirty = False
         self._error = None
         await self.close()
+        await self._abandon(self._allocated)
         await self._discard_if_created()
+
+    async def _abandon(self, blocks: set[int]) -> None:
+        """Give up ``blocks``, best effort: a master that cannot be told lets their allocations
+        expire (``master.orphan_grace``) and deletes them at the workers' next block reports."""
+        if not blocks:
+            return
+        ids = sorted(blocks)
+        if blocks is self._allocated:
+            self._allocated = set()
+        try:
+            await self.service.abandon_blocks(self.inode, ids)
+        except PCacheError as exc:
+            logger.debug("%s: cannot give up blocks %s: %s", self.path, ids, exc)
 
     async def _discard_if_created(self) -> None:
         """A file this handle created and never committed goes with a failed close or an abort:

@@ -553,6 +553,10 @@ class MasterClient:
         )
         return await self._call("CommitFile", request)
 
+    async def abandon_blocks(self, inode: int, block_ids: list[int]) -> None:
+        request = pb.AbandonBlocksRequest(header=self.header(), inode=inode, block_ids=block_ids)
+        await self._call("AbandonBlocks", request)
+
     async def report_bad_block(self, worker_id: str, block_id: int) -> None:
         await self._call("ReportBadBlock", pb.BlockReport(header=self.header(), worker_id=worker_id, block_id=block_id))
 
@@ -636,6 +640,7 @@ _IDEMPOTENT = frozenset(
         "IssueToken",
         "ListBinds",
         "RefreshPath",
+        "AbandonBlocks",
     }
 )
 

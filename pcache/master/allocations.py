@@ -113,6 +113,17 @@ class Allocations:
             self.store.write(deletes=[_key(block_id)])
             self._end(block_id)
 
+    def abandon(self, inode: int, block_ids: Iterable[int]) -> list[int]:
+        """End the reservations among ``block_ids`` held for ``inode`` (a writer gave them up:
+        one metastore write); returns their ids. Ids reserved for another inode, or for none,
+        are left alone."""
+        mine = sorted({b for b in block_ids if self.owner(b) == inode})
+        if mine:
+            self.store.write(deletes=[_key(b) for b in mine])
+            for block_id in mine:
+                self._end(block_id)
+        return mine
+
     def check(self, block_id: int, inode: int, length: int | None = None) -> None:
         """A commit of ``inode`` may adopt ``block_id`` (not yet the file's) only if reserved for it,
         and (``length`` given) only with the length it was allocated for: the byte count the

@@ -215,6 +215,20 @@ class BlockManager:
         if len(self.live_replicas(block_id)) < self.target.get(block_id, 1):
             self.under.add(block_id)  # copied to ``replication`` workers, as every block
 
+    def abandoned(self, block_ids: list[int]) -> None:
+        """Blocks a writer gave up before committing them (their reservations ended): every
+        worker deletes them, and refuses a write of the ids while a write token of them may
+        still be valid. Every one: the master keeps no record of where an allocation went (and
+        a new leader would have none), and the writer is not trusted to say."""
+        for block_id in block_ids:
+            for wid in self.registry.workers:
+                self._command(
+                    wid,
+                    pb.WorkerCommand(
+                        kind=pb.WorkerCommand.DELETE, block_id=block_id, refuse_writes_s=self.write_token_ttl
+                    ),
+                )
+
     def freed(self, freed: Freed) -> None:
         """Blocks dropped from the namespace: delete every replica, and have its holders refuse
         writes of the id while a write token of it may still be valid (a block token cannot be

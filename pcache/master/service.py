@@ -49,6 +49,7 @@ UFS_CLIENT_WAIT = 8.0
 
 
 _CLIENT = frozenset({"tenant", "admin"})
+MAX_ABANDON = 4096  # block ids one AbandonBlocks may name
 # who may call each method (:class:`pcache.common.auth.Guard`; a method missing here is refused)
 MASTER_SCOPES: dict[str, frozenset[str]] = {
     **dict.fromkeys(
@@ -65,6 +66,7 @@ MASTER_SCOPES: dict[str, frozenset[str]] = {
             "GetLayout",
             "AllocateBlock",
             "CommitFile",
+            "AbandonBlocks",
             "Batch",
             "BatchStream",
             "GetClusterStatus",
@@ -542,6 +544,29 @@ class MasterServicer(pb_grpc.MasterServicer):
             return loc
 
         return await self._read(request.header, "AllocateBlock", apply)
+
+    @rpc_method
+    async def AbandonBlocks(self, request: pb.AbandonBlocksRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
+        """A writer gives up blocks it will not commit (an aborted or failed file; HDFS's
+        ``abandonBlock``): those still reserved for its inode stop holding the tenant's quota,
+        and every worker deletes them now and refuses a write of the ids while a write token of
+        them may be valid (a token cannot be revoked: stored after its quota was given back,
+        the block would be charged to nobody), instead of keeping them for
+        ``master.orphan_grace`` and the next block report: a failed checkpoint no longer leaves
+        the cache full for the next. Any other id is ignored; calling it again is harmless.
+
+        Raises:
+            NotFound: no such inode (or another tenant's). InvalidArgument: too many ids.
+        """
+        if len(request.block_ids) > MAX_ABANDON:
+            raise E.InvalidArgument(f"at most {MAX_ABANDON} blocks per AbandonBlocks, not {len(request.block_ids)}")
+
+        def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.Empty:
+            _owned(scope, ns.get_inode(request.inode))
+            blocks.abandoned(ns.allocations.abandon(request.inode, request.block_ids))
+            return pb.Empty()
+
+        return await self._read(request.header, "AbandonBlocks", apply)
 
     @rpc_method
     async def CommitFile(self, request: pb.CommitFileRequest, context: grpc.aio.ServicerContext) -> pb.Inode:

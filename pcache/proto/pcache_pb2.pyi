@@ -456,6 +456,16 @@ class AllocateBlockRequest(_message.Message):
     size_hint: int
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., client_node: _Optional[str] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., size_hint: _Optional[int] = ...) -> None: ...
 
+class AbandonBlocksRequest(_message.Message):
+    __slots__ = ("header", "inode", "block_ids")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    inode: int
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., inode: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class CommittedBlock(_message.Message):
     __slots__ = ("block_id", "length", "crc32c", "replicas")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]

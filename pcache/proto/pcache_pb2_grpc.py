@@ -256,6 +256,11 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.CommitFileRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.Inode.FromString,
                 _registered_method=True)
+        self.AbandonBlocks = channel.unary_unary(
+                '/pcache.Master/AbandonBlocks',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.AbandonBlocksRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
+                _registered_method=True)
         self.RegisterWorker = channel.unary_unary(
                 '/pcache.Master/RegisterWorker',
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.RegisterRequest.SerializeToString,
@@ -444,6 +449,12 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CommitFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbandonBlocks(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -658,6 +669,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.CommitFile,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.CommitFileRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.Inode.SerializeToString,
+            ),
+            'AbandonBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbandonBlocks,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.AbandonBlocksRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.Empty.SerializeToString,
             ),
             'RegisterWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterWorker,
@@ -1099,6 +1115,33 @@ class Master:
             '/pcache.Master/CommitFile',
             pcache_dot_proto_dot_pcache__pb2.CommitFileRequest.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.Inode.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbandonBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/AbandonBlocks',
+            pcache_dot_proto_dot_pcache__pb2.AbandonBlocksRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

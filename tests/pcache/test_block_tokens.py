@@ -271,6 +271,49 @@ def test_a_write_token_replayed_after_its_file_is_deleted_stores_nothing(cluster
         assert not any(present(a) for a in holders)
 
 
+def test_a_write_token_of_an_abandoned_block_stores_nothing_for_long(cluster: LocalCluster) -> None:
+    """``AbandonBlocks`` gives a writer's quota back before its write token expires: the token
+    replayed afterwards must not store bytes charged to nobody. Every worker deletes the id
+    (a write that raced the command goes with it) and refuses it from then on; the block can
+    never be committed."""
+    from pcache.common import errors as E
+    from pcache.testing.faults import wait_for
+
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.token, short_circuit=False)) as pc:
+        node = pc._run(
+            pc.aio.master.create(
+                "/given-up", mode=0o644, exclusive=True, truncate=False, block_size=1 << 20, replication=2
+            )
+        )
+        data = b"g" * 8192
+        loc = pc._run(pc.aio.master.allocate_block(node.id, len(data), "", []))
+        before = pc.status().tenants[0].reserved_bytes
+        pc._run(pc.aio.abandon_blocks(node.id, [loc.block_id]))
+        assert pc.status().tenants[0].reserved_bytes == before - len(data)  # given back at once
+        frame = pb.DataHeader(
+            op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), pipeline=list(loc.replicas[1:]),
+            token=loc.token,
+        )  # fmt: skip
+        asyncio.run(_tcp(loc.replicas[0], frame, data))  # may land before the DELETE reaches the workers
+
+        def present(addr: pb.WorkerAddr) -> bool:
+            try:
+                pc._run(pc.aio.data.read(addr, loc.block_id, 0, len(data), loc.token))
+            except E.NotFound:
+                return False
+            return True
+
+        wait_for(lambda: not any(present(a) for a in loc.replicas), 15, "the workers to delete the block")
+        for addr in loc.replicas:
+            assert asyncio.run(_tcp(addr, frame, data)).error == "PermissionDenied"
+            alone = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), token=loc.token)
+            assert asyncio.run(_tcp(addr, alone, data)).error == "PermissionDenied"
+        assert not any(present(a) for a in loc.replicas)
+        blk = pb.CommittedBlock(block_id=loc.block_id, length=len(data), crc32c=crc32c(data))
+        with pytest.raises(E.Conflict):  # not reserved any more: never part of a file
+            pc._run(pc.aio.master.commit_file(node.id, len(data), [blk], 0.0, replace=True))
+
+
 @pytest.mark.parametrize("short_circuit", [False, True])
 def test_a_replica_holding_another_blocks_bytes_is_never_served(cluster: LocalCluster, short_circuit: bool) -> None:
     """Other bytes stored under a block id on one replica (deleted and written again through the

@@ -92,13 +92,14 @@ def test_a_write_back_into_a_streamed_block_and_a_read_of_it_see_every_byte(clus
         assert pc.read_file("/back") == data
 
 
-def test_a_file_that_ends_inside_a_streamed_block_is_charged_like_any_writer(
+def test_a_file_that_ends_inside_a_streamed_block_gives_the_streams_allocation_back(
     cluster: LocalCluster, admin: Client
 ) -> None:
     """A stream allocates a whole block. A file that ends inside it stores its last block buffered
-    (exact length) and leaves the stream's allocation to expire, charged until then as any
-    allocation never committed is: a block token is not revocable, so nothing a stream was
-    allocated is ever released early (a writer could store the bytes and not be charged)."""
+    (exact length) and gives the stream's allocation back (``AbandonBlocks``): the tenant's quota
+    is free of it at once (it was held for ``master.orphan_grace``, and a second file of the
+    same size was refused below the quota). Every worker then refuses the abandoned id, so its
+    token cannot store bytes charged to nobody (test_block_tokens)."""
     admin.create_tenant("ts", quota_bytes=5 * BLOCK)
     token = admin.issue_token("ts")
     data = os.urandom(2 * BLOCK + 6 * MiB)
@@ -107,9 +108,14 @@ def test_a_file_that_ends_inside_a_streamed_block_is_charged_like_any_writer(
         assert pc.read_file("/ends-early") == data
         assert [b.length for b in pc.layout("/ends-early").blocks] == [BLOCK, BLOCK, 6 * MiB]
         usage = {t.name: t for t in admin.tenants()}["ts"]
-        assert (usage.used_bytes, usage.reserved_bytes) == (len(data), BLOCK)
-        with pytest.raises(E.QuotaExceeded):  # 2 x 16 + 6 used, 16 reserved: no 16 MiB block fits
-            write_in_pieces(pc, "/over", os.urandom(BLOCK + 4 * MiB), MiB)
+        assert (usage.used_bytes, usage.reserved_bytes) == (len(data), 0)
+        more = os.urandom(BLOCK + 4 * MiB)
+        write_in_pieces(pc, "/more", more, MiB)  # 2 x 16 + 6 used: a 16 MiB block and 4 MiB fit
+        assert pc.read_file("/more") == more
+        usage = {t.name: t for t in admin.tenants()}["ts"]
+        assert (usage.used_bytes, usage.reserved_bytes) == (len(data) + len(more), 0)
+        with pytest.raises(E.QuotaExceeded):  # 58 MiB used: no two more 16 MiB blocks
+            write_in_pieces(pc, "/over", os.urandom(2 * BLOCK), MiB)
         usage = {t.name: t for t in admin.tenants()}["ts"]
         assert usage.used_bytes + usage.reserved_bytes <= 5 * BLOCK
 
@@ -160,8 +166,9 @@ def test_a_client_without_a_local_worker_spends_one_allocation_finding_out(
     cluster: LocalCluster, admin: Client
 ) -> None:
     """A writer on a node with no worker (here: a client that cannot reach any worker's socket)
-    gets its first stream placed elsewhere: that allocation is left to expire (charged until then)
-    and the client buffers its writes for a while instead of asking again for every file."""
+    gets its first stream placed elsewhere: that allocation is given back at once
+    (``AbandonBlocks``) and the client buffers its writes for a while instead of asking again
+    for every file."""
     admin.create_tenant("tr")
     token = admin.issue_token("tr")
     with Client(ClientConfig(master=cluster.master_address, token=token)) as pc:
@@ -181,4 +188,4 @@ def test_a_client_without_a_local_worker_spends_one_allocation_finding_out(
         assert sorted(calls) == [6 * MiB] * 3 + [BLOCK] * 4
         assert all(pc.read_file(p) == d for p, d in files.items())
         usage = {t.name: t for t in admin.tenants()}["tr"]
-        assert (usage.used_bytes, usage.reserved_bytes) == (3 * (BLOCK + 6 * MiB), BLOCK)
+        assert (usage.used_bytes, usage.reserved_bytes) == (3 * (BLOCK + 6 * MiB), 0)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import threading
+import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -22,6 +25,7 @@ from pcache.common.config import ClientConfig
 from pcache.local import LocalCluster
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
+from pcache.testing.faults import wait_for
 
 BLOCK = 64 << 10
 
@@ -524,3 +528,48 @@ def test_every_hard_link_counts_against_the_inode_quota(cluster: LocalCluster, a
         c.link("/v", "/l5")
         assert used() == 4
     admin.delete_tenant("tl", purge=True)
+
+
+def test_an_aborted_writer_gives_its_blocks_up_at_once(cluster: LocalCluster, admin: Client) -> None:
+    """A writer aborted after storing blocks (a checkpoint save that failed with ENOSPC) gives
+    them up (``AbandonBlocks``): its tenant's quota stops holding them at once, and the workers
+    delete them within a heartbeat, not after ``master.orphan_grace`` (600 s) and the next block
+    report: the next save finds the room. A late write of an abandoned id is refused."""
+    from pcache.worker.blockstore import block_file
+
+    admin.create_tenant("tw")
+    with _client(cluster, admin.issue_token("tw")) as pc:
+        f = pc.open("/ckpt", "wb", block_size=1 << 20, replication=2)
+        f.write(os.urandom(3 << 20) + b"tail")
+        wait_for(lambda: len(f._f._allocated) == 3, 20, "three full blocks stored")
+        ids = sorted(f._f._allocated)
+        files = [Path(block_file(str(cluster.root / f"worker-{w}"), b)) for b in ids for w in (0, 1)]
+        assert all(p.exists() for p in files)
+        assert {t.name: t for t in admin.tenants()}["tw"].reserved_bytes == 3 << 20
+        f.abort()
+        assert {t.name: t for t in admin.tenants()}["tw"].reserved_bytes == 0  # at once
+        assert not pc.exists("/ckpt")
+        wait_for(lambda: not any(p.exists() for p in files), 10, "the workers to delete the abandoned blocks")
+
+
+def test_a_tenant_cannot_abandon_another_tenants_blocks(cluster: LocalCluster, admin: Client, two) -> None:
+    """``AbandonBlocks`` names an inode and block ids: another tenant's inode is NotFound, and
+    ids not reserved for the caller's own inode (another tenant's writer's, a committed file's)
+    are ignored: that writer still commits, that file still reads."""
+    with _client(cluster, two["tb"]) as victim, _client(cluster, two["ta"]) as attacker:
+        f = victim.open("/private/inflight", "wb", block_size=1 << 20, replication=1)
+        f.write(os.urandom(1 << 20) + b"x")
+        wait_for(lambda: len(f._f._allocated) == 1, 20, "the victim's block stored")
+        (theirs,) = f._f._allocated
+        committed = admin.layout("/tb/private/secret").blocks[0].block_id
+        with pytest.raises(E.NotFound):
+            attacker._run(attacker.aio.abandon_blocks(f._f.inode, [theirs]))
+        with attacker.open("/mine", "wb") as own:
+            own.write(b"m")
+        mine = attacker.stat("/mine").inode
+        attacker._run(attacker.aio.abandon_blocks(mine, [theirs, committed]))  # ignored
+        time.sleep(2.5)  # two heartbeats: any DELETE would have gone out
+        f.close()
+        assert len(victim.read_file("/private/inflight")) == (1 << 20) + 1
+        assert admin.read_file("/tb/private/secret") == b"tb" * 1000
+
