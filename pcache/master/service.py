@@ -194,15 +194,24 @@ class MasterServicer(pb_grpc.MasterServicer):
             ) from exc
 
     def _new_through_outage(self, path: str, exc: E.PCacheError) -> bool:
-        """Whether a call may create ``path`` although its store did not answer (see :meth:`_ready`)."""
+        """Whether a call may create ``path`` although its store did not answer (see :meth:`_ready`):
+        under a write-back bind, when its nearest existing ancestor is a directory there (a
+        ``mkdir -p`` of a new run's step directory makes the levels between as new names too)."""
         ns, _ = self.m.leading()
         bind = ns.binds.covering(path)
         if bind is None or bind.mode != "writeback" or normalize(path) == bind.path:
             return False
-        try:
-            parent = ns.resolve(posixpath.dirname(normalize(path)))
-        except E.PCacheError:
-            return False
+        ancestor = posixpath.dirname(normalize(path))
+        while True:
+            try:
+                parent = ns.resolve(ancestor)
+                break
+            except E.NotFound:
+                if ancestor == bind.path or ancestor == "/":
+                    return False
+                ancestor = posixpath.dirname(ancestor)
+            except E.PCacheError:
+                return False
         if parent.type != pb.DIRECTORY:
             return False
         logger.warning("%s: under-store did not answer (%s); created as a new name, to be uploaded", path, exc)

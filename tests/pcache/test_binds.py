@@ -1311,8 +1311,8 @@ def test_a_write_back_bind_takes_new_files_while_its_store_hangs(admin: Client, 
     """A checkpoint written while the store does not answer: once the bind's listing is older
     than its TTL, every new name was first looked up in the store, so ``mkdir`` and ``create``
     failed after the client's own 10 s deadline ("deadline_exceeded (master ...)") and torch DCP
-    saves died. A new name in a known directory is now taken as new and uploaded once the store
-    is back; a lookup that cannot be answered fails as the store's Timeout, inside the client's
+    saves died. A new name in a known directory (or under one: ``mkdir -p`` of a new run) is now
+    taken as new and uploaded once the store is back; a lookup that cannot be answered fails as the store's Timeout, inside the client's
     deadline."""
     import time
 
@@ -1330,7 +1330,9 @@ def test_a_write_back_bind_takes_new_files_while_its_store_hangs(admin: Client, 
         admin.mkdir("/hang/step-2")
         admin.write_file("/hang/step-2/shard", b"during")
         admin.write_file("/hang/step-2/.metadata", b"meta")
-        assert time.monotonic() - started < 3 * 10  # each within its deadline, none past it
+        admin.mkdir("/hang/run-9/step-3", parents=True)  # a new run: the levels between are new too
+        admin.write_file("/hang/run-9/step-3/shard", b"new run")
+        assert time.monotonic() - started < 5 * 10  # each within its deadline, none past it
         assert admin.read_file("/hang/step-2/shard") == b"during"
         t0 = time.monotonic()
         with pytest.raises(E.Timeout, match="under-store did not answer"):
@@ -1341,4 +1343,5 @@ def test_a_write_back_bind_takes_new_files_while_its_store_hangs(admin: Client, 
     s3 = _s3(moto_endpoint)
     assert s3.get_object(Bucket=bucket, Key="ck/step-2/shard")["Body"].read() == b"during"
     assert s3.get_object(Bucket=bucket, Key="ck/step-2/.metadata")["Body"].read() == b"meta"
+    assert s3.get_object(Bucket=bucket, Key="ck/run-9/step-3/shard")["Body"].read() == b"new run"
     admin.unbind("/hang")
