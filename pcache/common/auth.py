@@ -167,7 +167,8 @@ def verify_token(ring: KeyRing, token: str, now: float | None = None) -> Claims:
     """
     if not token:
         raise PermissionDenied(
-            "no token: give this cluster's token as $PCACHE_TOKEN or $PCACHE_TOKEN_FILE (`pcache keys token`)"
+            "no token: give this cluster's token as $PCACHE_TOKEN or $PCACHE_TOKEN_FILE (an admin makes"
+            " one with `pcache tenant token NAME`)"
         )
     parts = token.split(".")
     if len(parts) != 6 or parts[0] != "v1":

@@ -185,14 +185,20 @@ def forget_token(master: str, token: str) -> None:
 
 
 def find_token(master: str) -> str:
-    """The token a client of ``master`` sends when its config names none ("" if none is found)."""
+    """The token a client of ``master`` sends when its config names none ("" if none is found).
+
+    Raises:
+        InvalidArgument: ``$PCACHE_TOKEN_FILE`` names a file that cannot be read (the master
+            would only have said "no token").
+    """
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV]
     if os.environ.get(TOKEN_FILE_ENV):
+        path = os.environ[TOKEN_FILE_ENV]
         try:
-            return Path(os.environ[TOKEN_FILE_ENV]).read_text().strip()
-        except OSError:
-            return ""
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"${TOKEN_FILE_ENV}={path}: {exc.strerror or exc}") from exc
     try:
         tokens = json.loads(tokens_file().read_text())
     except (OSError, ValueError):

@@ -573,3 +573,19 @@ def test_a_tenant_cannot_abandon_another_tenants_blocks(cluster: LocalCluster, a
         assert len(victim.read_file("/private/inflight")) == (1 << 20) + 1
         assert admin.read_file("/tb/private/secret") == b"tb" * 1000
 
+
+def test_a_token_file_that_cannot_be_read_is_named_in_the_error(cluster: LocalCluster, tmp_path: Path) -> None:
+    """``$PCACHE_TOKEN_FILE`` naming a missing file sent no token, and the master's answer ("no
+    token") hid the cause: the client now says which file it could not read, at once."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PCACHE_TOKEN"}
+    env["PCACHE_TOKEN_FILE"] = str(tmp_path / "missing.token")
+    out = subprocess.run(
+        [sys.executable, "-m", "pcache", "--master", cluster.master_address, "ls", "/"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert f"$PCACHE_TOKEN_FILE={tmp_path / 'missing.token'}: No such file or directory" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
