@@ -65,7 +65,15 @@ from babel.errors import BabelError
 from babel.journal import JobBusy, Journal
 from babel.lister import list_parallel_pages
 from babel.options import SyncOptions, options_from_dict
-from babel.sync import MAX_REPORTED, Progress, SyncJob, SyncReport, check_not_overlapping, new_verification
+from babel.sync import (
+    MAX_REPORTED,
+    Progress,
+    SyncJob,
+    SyncReport,
+    check_not_overlapping,
+    check_reachable,
+    new_verification,
+)
 from babel.transfer import Bandwidth
 from pcache.master.election import etcd_client, parse_endpoint
 
@@ -191,6 +199,22 @@ def cut_points(pages: list[tuple[str, str, int]], shard_keys: int, chunk_keys: i
             chunks.append(None)
         shards.append(Shard(len(shards), after, None, chunks, keys=in_shard))
     return shards
+
+
+async def check_endpoints(*uris: str) -> None:
+    """Fail fast when a job's store does not answer (:func:`babel.sync.check_reachable`): before a
+    shared job is cut, as a single-process sync does before it lists. A hung source hung the cut
+    for ever, and an unreachable destination failed every shard in turn, three tries each.
+
+    Raises:
+        TransientError: an endpoint refused every connection, or took one and answered nothing.
+    """
+    stores = [open_store(uri) for uri in uris]
+    try:
+        await asyncio.gather(*(check_reachable(store) for store in stores))
+    finally:
+        for store in stores:
+            await store.close()
 
 
 async def cut_key_space(
@@ -468,9 +492,10 @@ class SharedJob:
         self.on_event(f"{self.member}: listing {spec['src']} to cut it into shards")
         fence = [tx.create(key) == rev]
         try:
+            await check_endpoints(spec["src"], spec["dst"])
             shards, listed = await cut_key_space(spec["src"], shard_keys=spec["shard_keys"],
                                                  chunk_keys=spec["chunk_keys"], concurrency=opts.list_concurrency)  # fmt: skip
-        except BabelError as exc:  # the source cannot be listed: the job fails, for every process
+        except BabelError as exc:  # a store does not answer, the source cannot be listed: the job fails, for all
             name, text = type(exc).__name__, str(exc)
             fatal = text if text.startswith(f"{name}:") else f"{name}: {text}"
             await self._etcd(self._client.transaction(

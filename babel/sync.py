@@ -608,7 +608,7 @@ class SyncJob:
         start = time.monotonic()
         self.journal.update(state="running", pid=os.getpid())
         try:
-            await asyncio.gather(_check_reachable(self.src), _check_reachable(self.dst))
+            await asyncio.gather(check_reachable(self.src), check_reachable(self.dst))
             _check_destination(self.dst)
             if self.opts.dry_run or self.journal.marked("listed"):
                 await self.list()
@@ -789,7 +789,7 @@ REACH_TRIES = 3  # connects before an endpoint is called unreachable (about 10 s
 ANSWER_TIMEOUT = 10.0  # seconds the start-up check waits for the first byte of an HTTP answer
 
 
-async def _check_reachable(store: ObjectStore) -> None:
+async def check_reachable(store: ObjectStore) -> None:
     """Fail fast when an object store's endpoint does not answer HTTP: it takes no TCP connection
     (refused, no route, unknown host), or takes one and sends nothing back (a hung server, a
     black-holing firewall): the job's request retries, made to ride out a store's hiccups, would

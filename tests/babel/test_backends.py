@@ -676,11 +676,11 @@ def test_rclone_over_https(rclone_tls_uri: str) -> None:
             parts = [await store.upload_part("t/big.bin", uid, n, data[(n - 1) * PART : n * PART]) for n in (1, 2)]
             await store.complete_multipart("t/big.bin", uid, parts)
             assert await store.get("t/big.bin") == data
-            await _check_reachable(store)  # babel's start-up probe gets an answer over TLS too
+            await check_reachable(store)  # babel's start-up probe gets an answer over TLS too
         finally:
             await store.close()
 
-    from babel.sync import _check_reachable
+    from babel.sync import check_reachable
 
     run(go())
 

@@ -356,6 +356,33 @@ def test_shared_job_mistakes_are_one_line_each(tmp_path: Path, etcd: Etcd, moto_
 
 
 @REQUIRES_ETCD
+@pytest.mark.parametrize("side", ["src", "dst"])
+def test_a_shared_job_whose_store_does_not_answer_fails_once_within_15_seconds(
+    tmp_path: Path, etcd: Etcd, side: str
+) -> None:
+    """A source that takes connections and sends nothing hung the cut of a shared job for ever
+    (a single-process sync fails in one line within 15 s), and an unreachable destination failed
+    each shard in turn, three tries each (7 shards: 108 s). The cutter probes both stores first:
+    the job fails once, for every process, naming the endpoint."""
+    import socket
+
+    src = _tree(tmp_path / "src", 20, 10)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)  # never accepting: the kernel completes the handshakes, nobody answers
+        silent = f"s3://bkt/p?endpoint_url=http://127.0.0.1:{sock.getsockname()[1]}"
+        pair = (silent, f"file://{tmp_path}/dst") if side == "src" else (f"file://{src}", silent)
+        t0 = time.monotonic()
+        r = babel("sync", *pair, "--etcd", etcd.endpoint, "--job", f"hung-{side}", "--shard-keys", "5",
+                  "--chunk-keys", "5", "--json", "--no-progress", "--state-dir", str(tmp_path / "state"))  # fmt: skip
+        took = time.monotonic() - t0
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "sent no answer" in json.loads(r.stdout)["fatal"] and took < 15, (r.stdout, took)
+    listed = babel("jobs", "--etcd", etcd.endpoint, "--json")
+    assert {j["id"]: j["state"] for j in json.loads(listed.stdout)} == {f"hung-{side}": "failed"}
+
+
+@REQUIRES_ETCD
 def test_submit_refuses_another_spec_under_the_same_name(tmp_path: Path, etcd: Etcd) -> None:
     async def scenario() -> None:
         job = SharedJob(etcd.endpoint, "same", str(tmp_path))
