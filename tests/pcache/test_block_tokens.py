@@ -224,27 +224,54 @@ def test_a_writer_stores_exactly_what_it_was_allocated_and_commits_that(cluster:
         assert pc.stat("/sized").size == len(data)
 
 
+def _allocated_pair(pc: Client, path: str, data: bytes) -> tuple[pb.Inode, pb.BlockLocation, pb.DataHeader]:
+    """A new file of 1 MiB blocks on two workers, one block allocated for ``data``, and the
+    write frame (its token, its pipeline) that stores it."""
+    node = pc._run(
+        pc.aio.master.create(path, mode=0o644, exclusive=True, truncate=False, block_size=1 << 20, replication=2)
+    )
+    loc = pc._run(pc.aio.master.allocate_block(node.id, len(data), "", []))
+    frame = pb.DataHeader(
+        op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), pipeline=list(loc.replicas[1:]),
+        token=loc.token,
+    )  # fmt: skip
+    return node, loc, frame
+
+
+def _present(pc: Client, addr: pb.WorkerAddr, loc: pb.BlockLocation, length: int) -> bool:
+    """Whether the worker at ``addr`` holds the block of ``loc`` (read with its token)."""
+    from pcache.common import errors as E
+
+    try:
+        pc._run(pc.aio.data.read(addr, loc.block_id, 0, length, loc.token))
+    except E.NotFound:
+        return False
+    return True
+
+
+def _refuses_the_token(addr: pb.WorkerAddr, loc: pb.BlockLocation, frame: pb.DataHeader, data: bytes) -> bool:
+    """Whether the worker refuses every write of the block with its token: the pipeline's frame,
+    a write to it alone, a short-circuit open."""
+    alone = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), token=loc.token)
+    sc_open = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=loc.block_id, length=len(data), token=loc.token)
+    return (
+        asyncio.run(_tcp(addr, frame, data)).error == "PermissionDenied"
+        and asyncio.run(_tcp(addr, alone, data)).error == "PermissionDenied"
+        and asyncio.run(_sc(addr, sc_open))[0].error == "PermissionDenied"
+    )
+
+
 def test_a_write_token_replayed_after_its_file_is_deleted_stores_nothing(cluster: LocalCluster) -> None:
     """A block token cannot be revoked: a tenant that committed a block, deleted the file (its
     bytes no longer charged) and sent the same write frame again stored the block again on every
     holder, charged to nobody until the next full block report (30 blocks over a 8 MiB quota in
     five cycles). The master's DELETE now makes each holder refuse writes of that id while a
     write token of it may still be valid."""
-    from pcache.common import errors as E
     from pcache.testing.faults import wait_for
 
     with Client(ClientConfig(master=cluster.master_address, token=cluster.token, short_circuit=False)) as pc:
-        node = pc._run(
-            pc.aio.master.create(
-                "/replayed", mode=0o644, exclusive=True, truncate=False, block_size=1 << 20, replication=2
-            )
-        )
         data = b"r" * 8192
-        loc = pc._run(pc.aio.master.allocate_block(node.id, len(data), "", []))
-        frame = pb.DataHeader(
-            op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), pipeline=list(loc.replicas[1:]),
-            token=loc.token,
-        )  # fmt: skip
+        node, loc, frame = _allocated_pair(pc, "/replayed", data)
         stored = asyncio.run(_tcp(loc.replicas[0], frame, data))
         assert stored.error == "" and len(stored.replicas) == 2
         blk = pb.CommittedBlock(
@@ -252,23 +279,10 @@ def test_a_write_token_replayed_after_its_file_is_deleted_stores_nothing(cluster
         )
         pc._run(pc.aio.master.commit_file(node.id, len(data), [blk], 0.0, replace=True))
         holders = [a for a in loc.replicas if a.worker_id in stored.replicas]
-
-        def present(addr: pb.WorkerAddr) -> bool:
-            try:
-                pc._run(pc.aio.data.read(addr, loc.block_id, 0, len(data), loc.token))
-            except E.NotFound:
-                return False
-            return True
-
         pc.unlink("/replayed")
-        wait_for(lambda: not any(present(a) for a in holders), 15, "the holders to delete the block")
-        for addr in holders:  # the whole pipeline again, then each holder alone
-            assert asyncio.run(_tcp(addr, frame, data)).error == "PermissionDenied"
-            alone = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), token=loc.token)
-            assert asyncio.run(_tcp(addr, alone, data)).error == "PermissionDenied"
-            sc_open = pb.DataHeader(op=pb.SC_WRITE_OPEN, block_id=loc.block_id, length=len(data), token=loc.token)
-            assert asyncio.run(_sc(addr, sc_open))[0].error == "PermissionDenied"
-        assert not any(present(a) for a in holders)
+        wait_for(lambda: not any(_present(pc, a, loc, len(data)) for a in holders), 15, "the holders to delete it")
+        assert all(_refuses_the_token(a, loc, frame, data) for a in holders)  # the whole pipeline, each alone
+        assert not any(_present(pc, a, loc, len(data)) for a in holders)
 
 
 def test_a_write_token_of_an_abandoned_block_stores_nothing_for_long(cluster: LocalCluster) -> None:
@@ -280,35 +294,15 @@ def test_a_write_token_of_an_abandoned_block_stores_nothing_for_long(cluster: Lo
     from pcache.testing.faults import wait_for
 
     with Client(ClientConfig(master=cluster.master_address, token=cluster.token, short_circuit=False)) as pc:
-        node = pc._run(
-            pc.aio.master.create(
-                "/given-up", mode=0o644, exclusive=True, truncate=False, block_size=1 << 20, replication=2
-            )
-        )
         data = b"g" * 8192
-        loc = pc._run(pc.aio.master.allocate_block(node.id, len(data), "", []))
+        node, loc, frame = _allocated_pair(pc, "/given-up", data)
         before = pc.status().tenants[0].reserved_bytes
         pc._run(pc.aio.abandon_blocks(node.id, [loc.block_id]))
         assert pc.status().tenants[0].reserved_bytes == before - len(data)  # given back at once
-        frame = pb.DataHeader(
-            op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), pipeline=list(loc.replicas[1:]),
-            token=loc.token,
-        )  # fmt: skip
         asyncio.run(_tcp(loc.replicas[0], frame, data))  # may land before the DELETE reaches the workers
-
-        def present(addr: pb.WorkerAddr) -> bool:
-            try:
-                pc._run(pc.aio.data.read(addr, loc.block_id, 0, len(data), loc.token))
-            except E.NotFound:
-                return False
-            return True
-
-        wait_for(lambda: not any(present(a) for a in loc.replicas), 15, "the workers to delete the block")
-        for addr in loc.replicas:
-            assert asyncio.run(_tcp(addr, frame, data)).error == "PermissionDenied"
-            alone = pb.DataHeader(op=pb.WRITE_BLOCK, block_id=loc.block_id, crc32c=crc32c(data), token=loc.token)
-            assert asyncio.run(_tcp(addr, alone, data)).error == "PermissionDenied"
-        assert not any(present(a) for a in loc.replicas)
+        wait_for(lambda: not any(_present(pc, a, loc, len(data)) for a in loc.replicas), 15, "the workers to delete it")
+        assert all(_refuses_the_token(a, loc, frame, data) for a in loc.replicas)
+        assert not any(_present(pc, a, loc, len(data)) for a in loc.replicas)
         blk = pb.CommittedBlock(block_id=loc.block_id, length=len(data), crc32c=crc32c(data))
         with pytest.raises(E.Conflict):  # not reserved any more: never part of a file
             pc._run(pc.aio.master.commit_file(node.id, len(data), [blk], 0.0, replace=True))
