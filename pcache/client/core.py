@@ -746,6 +746,7 @@ class PCacheClient:
                 )
                 exclude.append(loc.replicas[0].worker_id)
                 last = exc
+                await self._give_up(inode, loc)  # its quota and whatever part of it a worker stored
                 continue
             return loc.block_id, stored, self.stored_at(list(loc.replicas), stored), loc.token
         assert last is not None

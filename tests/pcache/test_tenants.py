@@ -589,3 +589,26 @@ def test_a_token_file_that_cannot_be_read_is_named_in_the_error(cluster: LocalCl
     assert out.returncode != 0
     assert f"$PCACHE_TOKEN_FILE={tmp_path / 'missing.token'}: No such file or directory" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_block_whose_write_failed_is_given_back_before_the_next_try(cluster: LocalCluster, admin: Client) -> None:
+    """A block write that fails on its pipeline (a worker gone, full, stalled) is tried again
+    under a new allocation; the failed one is given back at once, not charged to the tenant
+    for ``master.orphan_grace``."""
+    admin.create_tenant("tf")
+    with _client(cluster, admin.issue_token("tf")) as pc:
+        real = pc.aio.data.write
+        failures: list[int] = []
+
+        async def flaky(targets, block_id, *args, **kwargs):
+            if not failures:
+                failures.append(block_id)
+                raise E.Unavailable(f"worker {targets[0].worker_id} reset the connection")
+            return await real(targets, block_id, *args, **kwargs)
+
+        pc.aio.data.write = flaky
+        pc.write_file("/retried", b"r" * 100_000)
+        assert failures and pc.read_file("/retried") == b"r" * 100_000
+        assert pc.layout("/retried").blocks[0].block_id != failures[0]
+        usage = {t.name: t for t in admin.tenants()}["tf"]
+        assert (usage.used_bytes, usage.reserved_bytes) == (100_000, 0)
