@@ -467,7 +467,11 @@ class PCacheFile:
                 # a bound file's block whose fetcher, or every worker holding it, hung or died:
                 # another fetcher (the master names one for a bound file's block only); its store
                 # that did not answer in time: not again (asking again takes as long, ``worker.ufs_timeout``)
-                hung = [a.worker_id for a in slot.locations if data.health.is_suspect(a.worker_id)]
+                # the workers this read tried, not only the slot's now: another block's refresh
+                # may have moved the slot meanwhile, and a refresh that excluded nobody named the
+                # dead fetcher again (seen on CI)
+                tried = [w for w, _ in errors] + [a.worker_id for a in self.slots[idx].locations]
+                hung = sorted({w for w in tried if data.health.is_suspect(w)})
                 if not hung and store_timed_out():
                     break
                 layout = await self._refresh_locations(hung)
