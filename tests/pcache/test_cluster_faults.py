@@ -80,13 +80,19 @@ def test_kill_worker_during_1gib_read(make_cluster) -> None:
         layout = pc.layout("/big")
         assert all(r.worker_id not in dead for b in layout.blocks for r in b.replicas)
         assert hashlib.sha256(pc.read_file("/big")).digest() == digest.digest()
-    out = subprocess.run(
-        [sys.executable, "-m", "pcache", "--master", cluster.master_address, "status"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    (row,) = [line.split() for line in out.stdout.splitlines() if " DEAD " in line]
-    assert row[0] == dead[0] and row[-2:] == ["-", "-"]  # no in-flight count or hit ratio from its last beat
+    from pcache.worker.server import worker_id_for
+
+    def dead_rows() -> list[list[str]]:
+        out = subprocess.run(
+            [sys.executable, "-m", "pcache", "--master", cluster.master_address, "status"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        return [line.split() for line in out.stdout.splitlines() if " DEAD " in line]
+
+    wait_for(lambda: bool(dead_rows()), 30, "the killed worker shown DEAD")  # after master.dead_after
+    (row,) = dead_rows()
+    assert row[0] == worker_id_for(str(cluster.root / "worker-1"))
+    assert row[-2:] == ["-", "-"]  # no in-flight count or hit ratio from its last beat
 
 
 def test_kill_master_during_creates_keeps_acknowledged_files(make_cluster) -> None:
