@@ -222,12 +222,15 @@ class BlockManager:
         a new leader would have none), and the writer is not trusted to say."""
         for block_id in block_ids:
             for wid in self.registry.workers:
-                self._command(
-                    wid,
-                    pb.WorkerCommand(
-                        kind=pb.WorkerCommand.DELETE, block_id=block_id, refuse_writes_s=self.write_token_ttl
-                    ),
-                )
+                self._delete_refusing(wid, block_id)
+
+    def _delete_refusing(self, worker_id: str, block_id: int) -> None:
+        """Have a worker delete ``block_id`` and refuse writes of it while a write token of it
+        may still be valid (a block token cannot be revoked)."""
+        self._command(
+            worker_id,
+            pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id, refuse_writes_s=self.write_token_ttl),
+        )
 
     def freed(self, freed: Freed) -> None:
         """Blocks dropped from the namespace: delete every replica, and have its holders refuse
@@ -246,12 +249,7 @@ class BlockManager:
             replicas |= self.quarantined.pop(meta.block_id, set())  # the file is gone: so is the evidence
             for wid in replicas:
                 self.by_worker.get(wid, set()).discard(meta.block_id)
-                self._command(
-                    wid,
-                    pb.WorkerCommand(
-                        kind=pb.WorkerCommand.DELETE, block_id=meta.block_id, refuse_writes_s=self.write_token_ttl
-                    ),
-                )
+                self._delete_refusing(wid, meta.block_id)
         gone = {meta.block_id for meta in freed.blocks}
         for state in self.registry.workers.values():  # copies not asked for yet are not asked for at all
             if any(c.kind == pb.WorkerCommand.REPLICATE and c.block_id in gone for c in state.commands):
