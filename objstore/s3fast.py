@@ -215,13 +215,20 @@ async def get(
 async def put(client: Any, key: str, data: bytes, metadata: dict[str, str], where: str) -> str:
     """A PutObject of ``data`` with ``metadata`` (:func:`plain_metadata`); returns the ETag.
 
+    One request whatever the size: object_store's own multipart (above 5 MiB by default) keeps
+    its upload id to itself, so an upload a killed process left open could be found by nobody
+    (``babel clean`` aborts the uploads its journal names); callers go multipart themselves
+    above their threshold (``babel sync --multipart-threshold``, 64 MiB by default).
+
     Raises:
         NoSuchBucket, AccessDenied, Throttled, TransientError, StoreError. NotAPath.
     """
     import obstore
 
     try:
-        result = await obstore.put_async(client, key, data, attributes={k.lower(): v for k, v in metadata.items()})
+        result = await obstore.put_async(
+            client, key, data, attributes={k.lower(): v for k, v in metadata.items()}, use_multipart=False
+        )
     except Exception as exc:
         raise translate(exc, where) from exc
     return (result["e_tag"] or "").strip('"')
