@@ -719,6 +719,7 @@ class PCacheClient:
             NoSpace: every worker stayed full. Unavailable: no worker took it.
             QuotaExceeded: the tenant's byte quota has no room for the block.
         """
+        give_up_at = time.monotonic() + self.cfg.nospace_wait
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(NoSpace),
             stop=stop_after_delay(self.cfg.nospace_wait),
@@ -726,12 +727,15 @@ class PCacheClient:
             reraise=True,
         ):
             with attempt:  # deletions free space within seconds: a full cluster is waited for a little
-                return await self._write_block_once(inode, data, crc, chunk_crcs)
+                return await self._write_block_once(inode, data, crc, chunk_crcs, give_up_at)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _write_block_once(
-        self, inode: int, data: bytes | bytearray, crc: int, chunk_crcs: list[int] | None
+        self, inode: int, data: bytes | bytearray, crc: int, chunk_crcs: list[int] | None, give_up_at: float
     ) -> tuple[int, list[str], list[pb.WorkerAddr], str]:
+        """One allocation after another until a pipeline stores the block: up to 6 workers, but
+        no other one after a worker out of room once ``give_up_at`` (``time.monotonic()``) passed
+        (each full worker may spend its ``io_timeout`` making room first)."""
         exclude: list[str] = []
         last: PCacheError | None = None
         for _ in range(6):
@@ -747,6 +751,8 @@ class PCacheClient:
                 exclude.append(loc.replicas[0].worker_id)
                 last = exc
                 await self._give_up(inode, loc)  # its quota and whatever part of it a worker stored
+                if isinstance(exc, NoSpace) and time.monotonic() >= give_up_at:
+                    break
                 continue
             return loc.block_id, stored, self.stored_at(list(loc.replicas), stored), loc.token
         assert last is not None

@@ -46,6 +46,11 @@ logger = logging.getLogger(__name__)
 # seconds a client's call waits for the under-store (below clients' 10 s rpc_timeout: the caller
 # hears the store's failure, not its own deadline blaming the master)
 UFS_CLIENT_WAIT = 8.0
+# once a write-back bind's store left a new name unanswered, the next new names there wait this
+# long (seconds) for it, for OUTAGE_MEMORY seconds: a checkpoint's files during an outage are not
+# 8 s each; a store back answers a lookup well within it
+UFS_OUTAGE_WAIT = 1.0
+OUTAGE_MEMORY = 30.0
 
 
 _CLIENT = frozenset({"tenant", "admin"})
@@ -104,6 +109,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     def __init__(self, master: MasterServer) -> None:
         self.m = master
+        self._unanswered: dict[str, float] = {}  # write-back bind path -> when its store last did not answer
 
     def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
         """Refuse a caller whose token may not call ``method`` (:data:`MASTER_SCOPES`).
@@ -173,25 +179,29 @@ class MasterServicer(pb_grpc.MasterServicer):
             if not path:
                 continue
             inside = scope.inside(path)
+            bind = ns.binds.covering(inside) if path in new else None
+            wait = UFS_CLIENT_WAIT
+            if bind is not None and time.monotonic() - self._unanswered.get(bind.path, -OUTAGE_MEMORY) < OUTAGE_MEMORY:
+                wait = UFS_OUTAGE_WAIT
             try:
-                await self._store_wait(self.m.ufs.ready(inside))
+                await self._store_wait(self.m.ufs.ready(inside), wait)
             except (E.Unavailable, E.Timeout) as exc:
                 if path not in new or not self._new_through_outage(inside, exc):
                     _outside(exc, scope)
                     raise
+                if bind is not None:
+                    self._unanswered[bind.path] = time.monotonic()
             except E.PCacheError as exc:
                 _outside(exc, scope)
                 raise
 
     @staticmethod
-    async def _store_wait(aw: Awaitable[None]) -> None:
+    async def _store_wait(aw: Awaitable[None], wait: float = UFS_CLIENT_WAIT) -> None:
         try:
-            async with asyncio.timeout(UFS_CLIENT_WAIT):
+            async with asyncio.timeout(wait):
                 await aw
         except TimeoutError as exc:
-            raise E.Timeout(
-                f"the under-store did not answer within {UFS_CLIENT_WAIT:.0f} s (the master keeps asking it)"
-            ) from exc
+            raise E.Timeout(f"the under-store did not answer within {wait:g} s (the master keeps asking it)") from exc
 
     def _new_through_outage(self, path: str, exc: E.PCacheError) -> bool:
         """Whether a call may create ``path`` although its store did not answer (see :meth:`_ready`):
@@ -358,7 +368,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         if len(request.ops) > MAX_BATCH:
             raise E.InvalidArgument(f"a batch holds at most {MAX_BATCH} ops, not {len(request.ops)}")
         failed: dict[int, E.PCacheError] = {}
-        for index, op in enumerate(request.ops):
+
+        async def ready(index: int, op: pb.BatchOp) -> None:
             kind = op.WhichOneof("op")
             path = getattr(op, kind).path if kind else ""
             try:
@@ -367,6 +378,10 @@ class MasterServicer(pb_grpc.MasterServicer):
                 raise
             except E.PCacheError as exc:
                 failed[index] = exc
+
+        ns, _ = self.m.leading()
+        if ns.binds.inodes():  # the ops' store lookups at once: a hung store costs the batch one wait, not one each
+            await asyncio.gather(*(ready(index, op) for index, op in enumerate(request.ops)))
         ns, blocks = self.m.leading()
         self._check(request.header, "Batch")
         scope = self._scope(ns)

@@ -255,8 +255,9 @@ class DataServer:
         (``release_space``), which this worker deletes, and the reservation is tried again, up to
         :data:`ROOM_TRIES` times. When nothing here is clean but other blocks are being written
         here (a warm-up's concurrent fetches hold room for their blocks until stored, and a
-        stored fetched block is clean), it waits for one of them to end first, at most
-        ``io_timeout`` seconds.
+        stored fetched block is clean), it waits for one of them to end first. All of it, the
+        wait for other writers making room included, within ``io_timeout`` seconds: a save
+        into a worker full of blocks not yet persisted fails in seconds, not minutes.
 
         Writers out of room make it one at a time: 32 concurrent fetches of a warm-up each had
         room made, and another's reservation took it before their own second try
@@ -270,12 +271,22 @@ class DataServer:
         except NoSpace:
             if self.release_space is None:
                 raise
-        async with self._making_room:
+        deadline = time.monotonic() + self.io_timeout
+        try:
+            async with asyncio.timeout(self.io_timeout):
+                await self._making_room.acquire()
+        except TimeoutError as exc:
+            raise NoSpace(
+                f"block {block_id}: no room here (other writers were making room for {self.io_timeout:g} s)"
+            ) from exc
+        try:
             for _ in range(ROOM_TRIES):
                 try:  # room another writer made meanwhile, or this one's last eviction
                     return await asyncio.to_thread(self.store.begin_write, block_id, length)
                 except NoSpace:
                     pass
+                if time.monotonic() >= deadline:
+                    break
                 try:
                     evict = await self.release_space(block_id, length)
                 except PCacheError as exc:
@@ -285,15 +296,16 @@ class DataServer:
                     await self.delete(victim)
                 if evict:
                     logger.info("block %d: evicted %d clean blocks to make room", block_id, len(evict))
-                elif not await self._a_write_ends():
+                elif not await self._a_write_ends(deadline):
                     break
             return await asyncio.to_thread(self.store.begin_write, block_id, length)
+        finally:
+            self._making_room.release()
 
-    async def _a_write_ends(self) -> bool:
+    async def _a_write_ends(self, deadline: float) -> bool:
         """Wait until a block being written here is stored or given up (its room taken or back),
-        at most ``io_timeout`` seconds; False at once when none is being written."""
+        until ``deadline`` (``time.monotonic()``); False at once when none is being written."""
         held = self.store.reserved_bytes
-        deadline = time.monotonic() + self.io_timeout
         while held and time.monotonic() < deadline:
             await asyncio.sleep(ROOM_POLL)
             if self.store.reserved_bytes < held:

@@ -1328,11 +1328,19 @@ def test_a_write_back_bind_takes_new_files_while_its_store_hangs(admin: Client, 
         proxy.delay = 30.0  # the store takes connections and answers nothing
         started = time.monotonic()
         admin.mkdir("/hang/step-2")
+        first = time.monotonic() - started
+        assert first < 10  # within the client's deadline
+        started = time.monotonic()
         admin.write_file("/hang/step-2/shard", b"during")
         admin.write_file("/hang/step-2/.metadata", b"meta")
         admin.mkdir("/hang/run-9/step-3", parents=True)  # a new run: the levels between are new too
         admin.write_file("/hang/run-9/step-3/shard", b"new run")
-        assert time.monotonic() - started < 5 * 10  # each within its deadline, none past it
+        # the store known not to answer: the next new names wait a second for it, not 8 s each
+        assert time.monotonic() - started < 4 * 3, f"first {first:.1f} s"
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:  # a save's ranks at once: one batch, one wait
+            started = time.monotonic()
+            list(pool.map(lambda i: admin.write_file(f"/hang/step-2/rank{i}", b"r%d" % i), range(8)))
+        assert time.monotonic() - started < 6
         assert admin.read_file("/hang/step-2/shard") == b"during"
         t0 = time.monotonic()
         with pytest.raises(E.Timeout, match="under-store did not answer"):
@@ -1344,4 +1352,5 @@ def test_a_write_back_bind_takes_new_files_while_its_store_hangs(admin: Client, 
     assert s3.get_object(Bucket=bucket, Key="ck/step-2/shard")["Body"].read() == b"during"
     assert s3.get_object(Bucket=bucket, Key="ck/step-2/.metadata")["Body"].read() == b"meta"
     assert s3.get_object(Bucket=bucket, Key="ck/run-9/step-3/shard")["Body"].read() == b"new run"
+    assert s3.get_object(Bucket=bucket, Key="ck/step-2/rank7")["Body"].read() == b"r7"
     admin.unbind("/hang")

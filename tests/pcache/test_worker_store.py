@@ -250,3 +250,44 @@ def test_a_worker_runs_a_bounded_number_of_fetches_and_reports_each_block_once_a
     assert sorted(b for r in reports for b in r) == sorted(set(ids) - {ids[5]})
     again = asyncio.run(ds.fetch_many(items[:2]))
     assert [o.length for o in again] == [0, 0] and len(gets) == 63  # here now: nothing fetched
+
+
+def test_writers_out_of_room_fail_within_io_timeout_not_one_after_another(tmp_path: Path) -> None:
+    """A worker full of blocks nothing can evict (a save's dirty blocks, a stalled writer's
+    reservation): each writer out of room gives up within ``io_timeout`` of asking, waits for the
+    others' room-making included. They made room one at a time, each waiting up to
+    ``io_timeout`` for another write to end: 8 blocks of a save queued 8 waits (84 s to NoSpace)."""
+    import asyncio
+    import time
+
+    from pcache.worker.dataserver import DataServer
+
+    asked: list[int] = []
+
+    async def release_space(block_id: int, nbytes: int) -> list[int]:
+        asked.append(block_id)
+        return []  # nothing here is clean
+
+    async def noop(block_id: int) -> None:
+        return None
+
+    store = DiskBlockStore(str(tmp_path), capacity_bytes=8 * MiB, reserve_bytes=0)
+    ds = DataServer("w1", store, MemoryTier(0), io_timeout=1.0, on_corrupt=noop, release_space=release_space)
+    stalled = store.begin_write(1, 6 * MiB)  # a writer that stopped sending: its room stays held
+
+    async def one(block_id: int) -> float:
+        start = time.monotonic()
+        with pytest.raises(E.NoSpace):
+            await ds.begin_write(block_id, 4 * MiB)
+        return time.monotonic() - start
+
+    async def run() -> list[float]:
+        return await asyncio.gather(*(one(b) for b in range(10, 16)))
+
+    took = asyncio.run(run())
+    assert max(took) < 2.5, took  # one io_timeout each (and a poll), not six in a row
+    assert 10 in asked  # the first one asked the master for room before giving up
+    stalled.abort()
+    assert store.reserved_bytes == 0
+    w = store.begin_write(20, 4 * MiB)  # the room is back: a write fits again
+    w.abort()
