@@ -15,6 +15,7 @@ from its record instead of applying it twice.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import time
@@ -82,6 +83,10 @@ class MasterClient:
         self._inflight = 0  # Stat/Create/Batch calls on the wire
         self._slots: asyncio.Semaphore | None = None  # MAX_CALLS_IN_FLIGHT (made on the client's loop)
         self._queued: list[tuple[pb.BatchOp, asyncio.Future]] = []
+        # (deadline on the loop's clock, future, method, budget) of the queued callers, oldest first:
+        # one timer for all of them (:meth:`_expire`), not one per call
+        self._deadlines: collections.deque[tuple[float, asyncio.Future, str, float]] = collections.deque()
+        self._watchdog: asyncio.TimerHandle | None = None
         self._batching = True
         self._batch_layouts = True  # a master of the release before takes no layouts in a Batch
         self._flush_soon = False  # a flush is scheduled for the next loop turn
@@ -238,6 +243,9 @@ class MasterClient:
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
                 pass
             self._drop_stream(index)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for channel in self.channels:
             await channel.close()
 
@@ -304,22 +312,41 @@ class MasterClient:
                 self._inflight -= 1
                 if self._queued:  # callers waited for this one: its caller's next call joins them
                     self._flush_later()
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
         self._queued.append((op, future))
         # A caller queued behind a call that fails over waits for it, then for its own batch: each
-        # may take the whole failover budget. Its own deadline counts from its call.
+        # may take the whole failover budget. Its own deadline counts from its call. The caller
+        # awaits the future itself, not ``wait_for``: it resumes in the very turn its batch is
+        # answered (``wait_for`` woke it two turns later, after the next flush had gone: its next
+        # call then went out alone, and every other round trip carried one op).
         budget = self.cfg.failover_timeout if len(self.addresses) > 1 else self.cfg.rpc_timeout
-        try:
-            # ``asyncio.timeout``, not ``wait_for``: the caller resumes in the very turn its batch
-            # is answered (``wait_for`` wakes it two turns later, after the next flush has gone:
-            # its next call then went out alone, and every other round trip carried one op).
-            async with asyncio.timeout(budget + 1.0):
-                return await future
-        except TimeoutError as exc:
-            last = self._last_error
-            raise E.Unavailable(
-                f"no master answered {name} within {budget + 1.0:.0f} s" + (f" (last: {last})" if last else "")
-            ) from exc
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1].done():
+            deadlines.popleft()
+        deadlines.append((loop.time() + budget + 1.0, future, name, budget))
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(deadlines[0][0], self._expire)
+        return await future
+
+    def _expire(self) -> None:
+        """Fail the queued callers whose deadline passed (Unavailable, naming the last failure),
+        and set the timer for the next one."""
+        self._watchdog = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
+            _, future, name, budget = deadlines.popleft()
+            if not future.done():
+                last = self._last_error
+                future.set_exception(
+                    E.Unavailable(
+                        f"no master answered {name} within {budget + 1.0:.0f} s" + (f" (last: {last})" if last else "")
+                    )
+                )
+        if deadlines:
+            self._watchdog = loop.call_at(deadlines[0][0], self._expire)
 
     def _flush(self) -> None:
         if self._inflight or not self._queued:

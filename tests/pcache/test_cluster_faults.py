@@ -257,7 +257,8 @@ def test_the_batch_stream_rides_a_master_restart_and_never_hangs_on_a_stopped_on
     """A client's stats and creates go on one long-lived ``BatchStream``. The stream of a master
     killed and restarted is dead: the client's next create still succeeds (a message that never
     left goes the ordinary way); a SIGSTOPped master gives a Timeout within the call deadline,
-    never a hang; once it runs again, so does the client, on a new stream."""
+    never a hang, and calls queued behind the one on the wire fail at their own deadline; once it
+    runs again, so does the client, on a new stream."""
     cluster = make_cluster(workers=1)
     with Client(ClientConfig(master=cluster.master_address, rpc_timeout=2.0, metadata_ttl=0.0)) as pc:
         pc.write_file("/before", b"b" * 10)
@@ -281,6 +282,16 @@ def test_the_batch_stream_rides_a_master_restart_and_never_hangs_on_a_stopped_on
                 with pytest.raises((E.Timeout, E.Unavailable)):
                     call()
                 assert time.monotonic() - start < 12  # the deadline (2 s), the resend's, gRPC's retries
+
+            async def stopped() -> list[BaseException | int]:
+                return await asyncio.gather(*(pc.aio.stat("/before") for _ in range(16)), return_exceptions=True)
+
+            start = time.monotonic()
+            errors = pc._run(stopped())
+            assert time.monotonic() - start < 12
+            assert all(isinstance(e, (E.Timeout, E.Unavailable)) for e in errors), errors
+            # the 15 queued behind the first call, each failed at its own deadline (rpc_timeout + 1 s)
+            assert sum("no master answered Stat within 3 s" in str(e) for e in errors) == 15, errors
         finally:
             os.kill(cluster.master.pid, signal.SIGCONT)
         wait_for(lambda: pc.exists("/before"), 20, "the master to answer again")
