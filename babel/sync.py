@@ -648,6 +648,7 @@ class _Planning:
         self.counts: dict[str, int] = {"copy": 0, "skip": 0, "delete": 0, "copy_bytes": 0}
         self.checkers = asyncio.Semaphore(job.opts.checkers)
         self.pending: set[asyncio.Task] = set()
+        self._paths = _keys_are_paths(job.dst)
 
     async def pair(self, src: ObjectInfo | None, dst: ObjectInfo | None) -> None:
         """Plan one key: ``(src, dst)``, ``(src, None)`` or ``(None, dst)``."""
@@ -666,9 +667,14 @@ class _Planning:
             else:
                 await self.record(src, dst, Decision("skip", "directory marker"))
             return
-        if _keys_are_paths(job.dst) and (reason := self._path_problem(src.key)):  # known so: no probe per job
-            self._fail(src.key, reason)
-            return
+        if self._paths:  # known so: no probe per job
+            if reason := self._path_problem(src.key):
+                self._fail(src.key, reason)
+                return
+            if dst is not None:
+                # a file there already (copied by an earlier run): a key under it is impossible
+                # too, and is checked before a HEAD decides this one (a copy's plan replaces this)
+                job.journal.put("p", src.key, {"a": "skip", "r": "at the destination"})
         if (
             dst is not None
             and dst.size == src.size
@@ -697,7 +703,7 @@ class _Planning:
         """Why a destination that keeps keys as file paths cannot store ``key`` ("" when it can):
         a segment longer than a file name may be, or a file of this job where a directory of the
         path must be (``both`` and ``both/child.txt``; keys come in order, so the file was planned
-        first). rclone's ``serve s3`` answered both with 500 InternalError, retried for a minute."""
+        first, or found at the destination by an earlier run's copy). rclone's ``serve s3`` answered both with 500 InternalError, retried for a minute."""
         parts = key.split("/")
         long = next((p for p in parts if len(p.encode("utf-8", "surrogateescape")) > NAME_MAX), None)
         if long is not None:

@@ -236,6 +236,14 @@ def test_keys_a_path_keyed_store_cannot_hold_fail_at_once_by_name(tmp_path: Path
     assert set(errors) == {"both/child.txt", long}
     assert "'both' is a file of this job" in errors["both/child.txt"] and "904 bytes" in errors[long]
     assert contents(rclone_uri) == {"both": b"file", "ok/x": b"x"}
+    # the next run skips `both` (copied): it is a file of the job all the same (before: 60
+    # retries of a 500 InternalError, 51 s, "TransientError" for `both/child.txt`)
+    started = time.monotonic()
+    again = sync(s3_uri, rclone_uri, tmp_path / "st2")
+    assert time.monotonic() - started < 20
+    assert again["state"] == "partial" and again["retries"] == 0 and again["skipped"] == 2
+    errors = {e["key"]: e["error"] for e in again["errors"]}
+    assert set(errors) == {"both/child.txt", long} and "'both' is a file of this job" in errors["both/child.txt"]
 
 
 def test_mtimes_are_carried_across_hops_and_resyncs_copy_nothing(tmp_path: Path, s3_uri: str, rclone_uri: str) -> None:
