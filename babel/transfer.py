@@ -36,7 +36,7 @@ from babel.checksum import crc32c, crc64ecma, crc64ecma_combine
 from babel.checksum import crc32c_combine as combine32
 from babel.errors import BabelError, NoSuchUpload
 from babel.retry import ATTEMPTS, with_retries
-from objstore.base import META_CRC32C, META_MTIME, META_SRC_ETAG, MiB, ObjectInfo, ObjectStore, PartInfo
+from objstore.base import META_CRC32C, META_MTIME, META_SRC_ETAG, MiB, ObjectInfo, ObjectStore, PartInfo, object_uri
 
 logger = logging.getLogger(__name__)
 
@@ -264,8 +264,12 @@ class Transferer:
                         data, source = await getter(info.key)
                     else:
                         data = await self.src.get(info.key)
-                    if len(data) != info.size:
-                        raise ChecksumMismatch(f"source returned {len(data)} bytes, listed {info.size}")
+                    if len(data) != info.size:  # rewritten since it was listed: tries again would read the same
+                        raise SourceChanged(
+                            f"changed since it was listed ({info.size} bytes listed, {len(data)} read); nothing"
+                            " was published: run the sync again",
+                            uri=object_uri(self.src.uri, info.key),
+                        )
                     await self._throttle(len(data))
                     crc = crc32c(data)
                     self._sending(info.key, len(data))
@@ -382,7 +386,7 @@ class Transferer:
                 raise SourceChanged(
                     f"changed while it was copied (size {info.size} -> {now.size}, mtime {info.mtime} -> "
                     f"{now.mtime}); nothing was published: run the sync again",
-                    uri=f"{self.src.uri}/{info.key}",
+                    uri=object_uri(self.src.uri, info.key),
                 )
             parts = [PartInfo(n, done[n]["size"], done[n]["etag"]) for n in range(1, count + 1)]
             try:

@@ -450,6 +450,31 @@ def test_uris_are_taken_literally_and_overlaps_refused(tmp_path: Path, moto_endp
     assert r.returncode == 3 and "--dry-run" in r.stderr
 
 
+def test_a_small_object_rewritten_since_it_was_listed_fails_at_once_as_changed(tmp_path: Path) -> None:
+    """The listing said 10 bytes, the GET returned 12: the source was rewritten. It was a
+    ChecksumMismatch, retried with backoff (every try reads the same new bytes) and named
+    "source returned 12 bytes, listed 10"; it is SourceChanged at once, nothing published."""
+    from babel import open_store
+    from babel.transfer import SourceChanged, Transferer
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.txt").write_bytes(b"0123456789")
+
+    async def go() -> None:
+        src, dst = open_store(f"file://{tmp_path}/src/"), open_store(f"file://{tmp_path}/dst")
+        listed = await src.head("f.txt")
+        (tmp_path / "src" / "f.txt").write_bytes(b"0123456789ab")
+        xfer = Transferer(src, dst)
+        started = time.monotonic()
+        with pytest.raises(SourceChanged, match="10 bytes listed, 12 read") as info:
+            await xfer.copy(listed)
+        assert time.monotonic() - started < 1 and xfer.stats.retries == 0
+        assert f"file://{tmp_path}/src/f.txt" in str(info.value)  # one slash between store and key
+        assert not (tmp_path / "dst" / "f.txt").exists()
+
+    asyncio.run(go())
+
+
 def test_resume_after_the_source_changed_publishes_nothing_mixed(tmp_path: Path, new_bucket, s3) -> None:
     src = tmp_path / "src"
     src.mkdir()
