@@ -101,8 +101,16 @@ _COUNTS = (
 )  # fmt: skip
 
 
-class JobSpecMismatch(BabelError):
-    """A shared job of that name exists with another source, destination or options."""
+class JobSpecMismatch(BabelError, ValueError):
+    """A shared job of that name exists with another source, destination or options (a usage error)."""
+
+
+class BadJobName(BabelError, ValueError):
+    """A shared job's name with characters it may not have (a usage error)."""
+
+
+class NoSuchJob(BabelError, ValueError):
+    """No shared job of that name to join (a usage error: submit it with SRC and DST)."""
 
 
 def parse_etcd(endpoint: str) -> tuple[str, int]:
@@ -128,10 +136,10 @@ def check_job_name(name: str) -> str:
     local journal names).
 
     Raises:
-        BabelError: anything else.
+        BadJobName: anything else.
     """
     if not _JOB_NAME.match(name or ""):
-        raise BabelError(f"a shared job's name is letters, digits, '.', '_' and '-' (at most 128), got {name!r}")
+        raise BadJobName(f"a shared job's name is letters, digits, '.', '_' and '-' (at most 128), got {name!r}")
     return name
 
 

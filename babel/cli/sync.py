@@ -159,7 +159,7 @@ def _given_options(allowed: tuple[str, ...]) -> list[str]:
 def _shared(src, dst, etcd, job, state_dir, options, shard_keys, chunk_keys, lease_ttl, as_json) -> int:
     """``babel sync --etcd HOST:PORT --job NAME [SRC DST]``: take part in a shared job until it ends."""
     from babel.errors import BabelError
-    from babel.scaleout import SharedJob
+    from babel.scaleout import NoSuchJob, SharedJob
 
     if not etcd or not job:
         raise click.UsageError("a shared job needs both --etcd HOST:PORT and --job NAME")
@@ -184,8 +184,10 @@ def _shared(src, dst, etcd, job, state_dir, options, shard_keys, chunk_keys, lea
     try:
         report, mine, member = run_async(main())
     except FileNotFoundError as exc:
-        raise click.ClickException(f"{exc} at {etcd}: give SRC and DST to submit it") from exc
+        raise NoSuchJob(f"{exc} at {etcd}: give SRC and DST to submit it") from exc
     except BabelError as exc:
+        if isinstance(exc, ValueError):  # a bad name, another job's settings: exit 3, as a bad flag
+            raise
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         click.echo(f"babel: interrupted; the other processes of job {job} take over its shards, or give the same "

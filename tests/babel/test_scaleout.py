@@ -319,12 +319,12 @@ def test_shared_job_mistakes_are_one_line_each(tmp_path: Path, etcd: Etcd, moto_
     assert babel("sync", f"file://{src}", f"file://{tmp_path}/d1", "--etcd", ep, "--job", "j1",
                  "--lease-ttl", TTL).returncode == 0  # fmt: skip
     other = babel("sync", f"file://{src}", f"file://{tmp_path}/d2", "--etcd", ep, "--job", "j1")
-    assert other.returncode != 0 and f"exists with other settings (dst: 'file://{tmp_path}/d1' there" in other.stderr
+    assert other.returncode == 3 and f"exists with other settings (dst: 'file://{tmp_path}/d1' there" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
     nojob = babel("sync", "--etcd", ep, "--job", "nope")
-    assert nojob.returncode != 0 and "no shared job 'nope'" in nojob.stderr
+    assert nojob.returncode == 3 and "no shared job 'nope'" in nojob.stderr
     bad = babel("sync", f"file://{src}", f"file://{tmp_path}/d3", "--etcd", ep, "--job", "a/b")
-    assert bad.returncode != 0 and "name is letters" in bad.stderr
+    assert bad.returncode == 3 and "name is letters" in bad.stderr
     dry = babel("sync", f"file://{src}", f"file://{tmp_path}/d3", "--etcd", ep, "--job", "j3", "--dry-run")
     assert dry.returncode == 3 and "--dry-run does not go with --etcd" in dry.stderr
     half = babel("sync", f"file://{src}", f"file://{tmp_path}/d3", "--job", "j3")
