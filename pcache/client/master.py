@@ -159,6 +159,8 @@ class MasterClient:
             except _Moved as moved:
                 tried += 1
                 self.current = moved.index
+            except (E.StoreUnavailable, E.StoreTimeout):
+                raise  # the under-store's failure, said by a live leader: every master would say the same
             except FAILOVER_ERRORS + (E.Timeout,) as exc:
                 self._last_error = exc
                 if isinstance(exc, E.Timeout) and name not in MUTATIONS and name not in _IDEMPOTENT:

@@ -197,6 +197,16 @@ class Timeout(PCacheError, TimeoutError):
     retryable = True
 
 
+class StoreUnavailable(Unavailable):
+    """The under-store (object storage) behind a bound path refused or failed a request: the
+    master or worker that says so is up (a client does not fail over to another master)."""
+
+
+class StoreTimeout(Timeout):
+    """The under-store behind a bound path did not answer in time (the master or worker that
+    says so is up: a client does not fail over to another master)."""
+
+
 class CorruptBlock(PCacheError):
     """A block replica failed its CRC32C check."""
 
@@ -246,6 +256,8 @@ ERRORS_BY_NAME: dict[str, type[PCacheError]] = {
         Unavailable,
         NotLeader,
         Timeout,
+        StoreUnavailable,
+        StoreTimeout,
         CorruptBlock,
         StaleEpoch,
         ProtocolError,

@@ -50,6 +50,9 @@ STATUS_BY_ERROR: dict[type[E.PCacheError], grpc.StatusCode] = {
     E.Unavailable: grpc.StatusCode.UNAVAILABLE,
     E.NotLeader: grpc.StatusCode.FAILED_PRECONDITION,  # not UNAVAILABLE: gRPC would retry the same master
     E.Timeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    # the store's failure, said by a live master: not statuses gRPC retries or clients fail over on
+    E.StoreUnavailable: grpc.StatusCode.FAILED_PRECONDITION,
+    E.StoreTimeout: grpc.StatusCode.FAILED_PRECONDITION,
     E.CorruptBlock: grpc.StatusCode.DATA_LOSS,
     E.StaleEpoch: grpc.StatusCode.ABORTED,
     E.ProtocolError: grpc.StatusCode.INTERNAL,

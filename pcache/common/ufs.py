@@ -63,8 +63,8 @@ def translate(exc: BaseException, uri: str) -> E.PCacheError:
     if isinstance(exc, S.BadURI):
         return E.InvalidArgument(f"under-store: {exc}")
     if isinstance(exc, TimeoutError):
-        return E.Timeout(f"under-store {uri} did not answer in time")
-    return E.Unavailable(f"under-store {uri}: {exc}")
+        return E.StoreTimeout(f"under-store {uri} did not answer in time")
+    return E.StoreUnavailable(f"under-store {uri}: {exc}")
 
 
 async def call(aw: Awaitable[T], uri: str, timeout: float) -> T:
@@ -123,7 +123,7 @@ async def _connect_endpoint(uri: str, timeout: float) -> None:
         return  # slow, not wrong: the listing decides
     except OSError as exc:
         why = "refuses connections" if isinstance(exc, ConnectionRefusedError) else f"cannot be reached: {exc}"
-        raise E.Unavailable(f"under-store {uri}: endpoint {parts.hostname}:{port} {why}") from exc
+        raise E.StoreUnavailable(f"under-store {uri}: endpoint {parts.hostname}:{port} {why}") from exc
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()

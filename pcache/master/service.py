@@ -46,9 +46,9 @@ logger = logging.getLogger(__name__)
 # seconds a client's call waits for the under-store (below clients' 10 s rpc_timeout: the caller
 # hears the store's failure, not its own deadline blaming the master)
 UFS_CLIENT_WAIT = 8.0
-# once a write-back bind's store left a new name unanswered, the next new names there wait this
-# long (seconds) for it, for OUTAGE_MEMORY seconds: a checkpoint's files during an outage are not
-# 8 s each; a store back answers a lookup well within it
+# once a bind's store left a call unanswered, for OUTAGE_MEMORY seconds the paths the cache knows
+# there are answered without it, and other names wait this long (seconds) for it: a checkpoint's
+# files or a dataset's reads during an outage are not 8 s each; a store back answers well within it
 UFS_OUTAGE_WAIT = 1.0
 OUTAGE_MEMORY = 30.0
 
@@ -109,7 +109,8 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     def __init__(self, master: MasterServer) -> None:
         self.m = master
-        self._unanswered: dict[str, float] = {}  # write-back bind path -> when its store last did not answer
+        self._unanswered: dict[str, float] = {}  # bind path -> when its store last did not answer
+        self._warned: dict[str, float] = {}  # bind path -> when its outage was last logged
 
     def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
         """Refuse a caller whose token may not call ``method`` (:data:`MASTER_SCOPES`).
@@ -163,13 +164,21 @@ class MasterServicer(pb_grpc.MasterServicer):
         directory is bound. The store is waited for at most :data:`UFS_CLIENT_WAIT` seconds, so
         the caller hears the store's failure, not its own deadline blaming the master.
 
+        A store that does not answer (refuses, fails, times out) does not stop what the cache
+        already knows (stale-if-error, as HTTP caches do): a path this master knows is answered
+        as known, so cached files still open and read (their blocks are keyed by the version
+        listed, never mixed with a newer one). For :data:`OUTAGE_MEMORY` seconds after such a
+        failure the bind's known paths are answered without asking the store, and other names
+        wait at most :data:`UFS_OUTAGE_WAIT` seconds for it.
+
         ``new``: the paths among them the call may create. Under a write-back bind whose store
         does not answer, a name this master does not know, in a directory it knows, is taken for
         a new one (its upload replaces whatever the store may hold under that key, as a write
         there would): checkpoints go on being written through a store outage.
 
         Raises:
-            Timeout, Unavailable, NotFound, PermissionDenied: the store's answer.
+            StoreTimeout, StoreUnavailable, NotFound, PermissionDenied: the store's answer, for
+                a name only the store knows.
         """
         ns, _ = self.m.leading()
         if not ns.binds.inodes():
@@ -179,21 +188,51 @@ class MasterServicer(pb_grpc.MasterServicer):
             if not path:
                 continue
             inside = scope.inside(path)
-            bind = ns.binds.covering(inside) if path in new else None
+            bind = ns.binds.covering(inside)
             wait = UFS_CLIENT_WAIT
-            if bind is not None and time.monotonic() - self._unanswered.get(bind.path, -OUTAGE_MEMORY) < OUTAGE_MEMORY:
+            if bind is not None and self._store_down(bind.path):
+                if self._known(inside):
+                    continue
                 wait = UFS_OUTAGE_WAIT
             try:
                 await self._store_wait(self.m.ufs.ready(inside), wait)
-            except (E.Unavailable, E.Timeout) as exc:
-                if path not in new or not self._new_through_outage(inside, exc):
-                    _outside(exc, scope)
-                    raise
+            except (E.StoreUnavailable, E.StoreTimeout) as exc:
                 if bind is not None:
                     self._unanswered[bind.path] = time.monotonic()
+                if path in new and self._new_through_outage(inside, exc):
+                    continue
+                if self._known(inside):
+                    self._warn_outage(bind, exc)
+                    continue
+                _outside(exc, scope)
+                raise
             except E.PCacheError as exc:
                 _outside(exc, scope)
                 raise
+
+    def _store_down(self, bind_path: str) -> bool:
+        """Whether the store of the bind at ``bind_path`` failed to answer in the last :data:`OUTAGE_MEMORY` s."""
+        return time.monotonic() - self._unanswered.get(bind_path, -OUTAGE_MEMORY) < OUTAGE_MEMORY
+
+    def _known(self, path: str) -> bool:
+        """Whether ``path`` names something this master knows (answered as known while its store is down)."""
+        ns, _ = self.m.leading()
+        try:
+            node = ns.resolve(path)
+        except E.NotLeader:
+            raise
+        except E.PCacheError:
+            return False
+        return node.type != pb.DIRECTORY or node.listed > 0 or ns.ufs_level(node) is None
+
+    def _warn_outage(self, bind: pb.Bind | None, exc: E.PCacheError) -> None:
+        """One log line per bind and :data:`OUTAGE_MEMORY` seconds while its store is down."""
+        if bind is None:
+            return
+        now = time.monotonic()
+        if now - self._warned.get(bind.path, -OUTAGE_MEMORY) >= OUTAGE_MEMORY:
+            self._warned[bind.path] = now
+            logger.warning("%s: under-store did not answer (%s); answering what the cache knows", bind.path, exc)
 
     @staticmethod
     async def _store_wait(aw: Awaitable[None], wait: float = UFS_CLIENT_WAIT) -> None:
@@ -201,7 +240,9 @@ class MasterServicer(pb_grpc.MasterServicer):
             async with asyncio.timeout(wait):
                 await aw
         except TimeoutError as exc:
-            raise E.Timeout(f"the under-store did not answer within {wait:g} s (the master keeps asking it)") from exc
+            raise E.StoreTimeout(
+                f"the under-store did not answer within {wait:g} s (the master keeps asking it)"
+            ) from exc
 
     def _new_through_outage(self, path: str, exc: E.PCacheError) -> bool:
         """Whether a call may create ``path`` although its store did not answer (see :meth:`_ready`):
@@ -229,20 +270,33 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def _listing_ready(self, request: pb.ListDirRequest) -> None:
         """Before a page of a bound directory: the path up to date, and the store listed at least
-        past that page (:meth:`UnderStores.page_ready`), within :data:`UFS_CLIENT_WAIT` seconds."""
+        past that page (:meth:`UnderStores.page_ready`), within :data:`UFS_CLIENT_WAIT` seconds;
+        a directory listed before is answered as known while its store does not answer (see :meth:`_ready`)."""
         ns, _ = self.m.leading()
         if not ns.binds.inodes():
             return
-        path = self._scope(ns).inside(request.path)
-        await self._store_wait(self.m.ufs.ready(path))
-        ns, _ = self.m.leading()
+        scope = self._scope(ns)
+        path = scope.inside(request.path)
+        bind = ns.binds.covering(path)
+        if bind is not None and self._store_down(bind.path) and self._known(path):
+            return  # the store is down: the listing the cache has (see _ready)
         try:
-            node = ns.resolve(path)
-        except E.PCacheError:
-            return  # the listing itself says why
-        if node.type == pb.DIRECTORY:
-            limit = min(request.limit or self.m.cfg.listdir_limit, self.m.cfg.listdir_limit)
-            await self._store_wait(self.m.ufs.page_ready(node, request.start_after, limit))
+            await self._store_wait(self.m.ufs.ready(path))
+            ns, _ = self.m.leading()
+            try:
+                node = ns.resolve(path)
+            except E.PCacheError:
+                return  # the listing itself says why
+            if node.type == pb.DIRECTORY:
+                limit = min(request.limit or self.m.cfg.listdir_limit, self.m.cfg.listdir_limit)
+                await self._store_wait(self.m.ufs.page_ready(node, request.start_after, limit))
+        except (E.StoreUnavailable, E.StoreTimeout) as exc:
+            if bind is not None:
+                self._unanswered[bind.path] = time.monotonic()
+            if not self._known(path):  # never listed: only the store can answer
+                _outside(exc, scope)
+                raise
+            self._warn_outage(bind, exc)
 
     async def _read(self, header: pb.RequestHeader, method: str, apply: Apply[R]) -> R:
         ns, blocks = self.m.leading()
@@ -888,7 +942,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         self._check(request.header, "RefreshPath")
         scope = self._scope(ns)
         try:
-            await self.m.ufs.refresh(scope.inside(request.path))
+            await self._store_wait(self.m.ufs.refresh(scope.inside(request.path)))
         except E.PCacheError as exc:
             _outside(exc, scope)
             raise

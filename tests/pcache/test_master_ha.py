@@ -620,3 +620,45 @@ def test_a_deposed_leaders_late_delete_leaves_the_object_its_successor_wrote(mak
         time.sleep(max(0.0, 10.0 - (time.monotonic() - held_since)) + 1.0)  # the held DELETE lands
         assert pc.stat("/default/wb/x.bin").persist == "done"
     assert _object(s3, bucket, "k/x.bin") == b"version 2, written after"
+
+
+def test_the_stores_failure_is_the_leaders_answer_and_cached_files_read_through_it(make_ha, moto_endpoint: str) -> None:
+    """Replayed from an operator (a pair, the client given both masters): a bind to an endpoint
+    that refuses connections took 30 s and ended "this master is a follower" (the client took
+    the store's Unavailable for the leader's own and went round the masters until its failover
+    deadline), and with the store hanging, `ls`, `refresh` and `persist` took 31-37 s. And files
+    read into the cache before the store went down did not read any more. The store's failure is
+    now the leader's answer (no failover), and what the cache knows is answered while the store
+    does not answer."""
+    from babel.testing.s3proxy import S3Proxy
+    from babel.testing.servers import free_port
+    from tests.conftest import create_bucket
+    from tests.pcache.test_binds import _s3
+
+    bucket = create_bucket(moto_endpoint)
+    body = os.urandom(3 << 20)
+    _s3(moto_endpoint).put_object(Bucket=bucket, Key="ds/a.bin", Body=body)
+    cluster = make_ha(workers=1)
+    with S3Proxy(moto_endpoint) as proxy, client_of(cluster, token=cluster.admin_token) as pc:
+        started = time.monotonic()
+        with pytest.raises(E.StoreUnavailable, match="refuses connections"):
+            pc.bind("/default/bad", f"s3://{bucket}/x/?endpoint_url=http://127.0.0.1:{free_port()}")
+        assert time.monotonic() - started < 5
+        pc.bind("/default/ds", f"s3://{bucket}/ds/?endpoint_url={proxy.endpoint}", meta_ttl=1)
+        assert pc.read_file("/default/ds/a.bin") == body  # cached now
+        assert [e.name for e in pc.listdir("/default/ds")] == ["a.bin"]  # listed
+        time.sleep(1.2)  # past the TTL: the next open checks the object with the store
+        proxy.delay = 30.0  # the store takes connections and answers nothing
+        started = time.monotonic()
+        with pytest.raises(E.StoreTimeout, match="under-store did not answer"):
+            pc.stat("/default/ds/never-listed")  # only the store knows: its failure, said once
+        assert time.monotonic() - started < 10
+        started = time.monotonic()
+        assert pc.read_file("/default/ds/a.bin") == body  # the cached version, while the store is down
+        assert [e.name for e in pc.listdir("/default/ds")] == ["a.bin"]
+        with pytest.raises(E.StoreTimeout):
+            pc.refresh("/default/ds")  # asks the store itself: its failure, at once, not a failover
+        assert time.monotonic() - started < 12
+        assert pc.aio.master.failovers == 0
+        proxy.delay = 0.0
+    cluster.wait_in_sync()
