@@ -42,8 +42,18 @@ def admin_client(ctx: click.Context) -> Client:
 
 
 def _size(text: str | None) -> int:
-    """Bytes of a quota option (binary units: 10T, 500GiB); 0 for none."""
-    return 0 if text in (None, "", "0", "none") else parse_size(text)  # type: ignore[arg-type]
+    """Bytes of a quota option (binary units: 10T, 500GiB); 0 for none.
+
+    Raises:
+        InvalidArgument: not a size, or a negative one.
+    """
+    if text in (None, "", "0", "none"):
+        return 0
+    assert text is not None
+    size = parse_size(text)
+    if size < 0:
+        raise InvalidArgument(f"a byte quota cannot be negative: {text!r} (0 or none: no limit)")
+    return size
 
 
 def _count(text: str | None) -> int:

@@ -706,9 +706,15 @@ class PCacheClient:
         raise SymlinkLoop("too many levels of symbolic links", path=path)
 
     async def write_block(
-        self, inode: int, data: bytes | bytearray, crc: int, chunk_crcs: list[int] | None = None
+        self,
+        inode: int,
+        data: bytes | bytearray,
+        crc: int,
+        chunk_crcs: list[int] | None = None,
+        on_allocated: Callable[[int], None] | None = None,
     ) -> tuple[int, list[str], list[pb.WorkerAddr], str]:
-        """Allocate a block for ``inode`` and store ``data`` on its pipeline.
+        """Allocate a block for ``inode`` and store ``data`` on its pipeline; ``on_allocated``
+        hears of every allocation as it is made (a caller cancelled meanwhile can give it back).
 
         Retries on another worker when the first target is dead, stalled or
         full, and waits up to ``client.nospace_wait`` seconds when every worker
@@ -727,11 +733,17 @@ class PCacheClient:
             reraise=True,
         ):
             with attempt:  # deletions free space within seconds: a full cluster is waited for a little
-                return await self._write_block_once(inode, data, crc, chunk_crcs, give_up_at)
+                return await self._write_block_once(inode, data, crc, chunk_crcs, give_up_at, on_allocated)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _write_block_once(
-        self, inode: int, data: bytes | bytearray, crc: int, chunk_crcs: list[int] | None, give_up_at: float
+        self,
+        inode: int,
+        data: bytes | bytearray,
+        crc: int,
+        chunk_crcs: list[int] | None,
+        give_up_at: float,
+        on_allocated: Callable[[int], None] | None = None,
     ) -> tuple[int, list[str], list[pb.WorkerAddr], str]:
         """One allocation after another until a pipeline stores the block: up to 6 workers, but
         no other one after a worker out of room once ``give_up_at`` (``time.monotonic()``) passed
@@ -742,6 +754,8 @@ class PCacheClient:
             # workers that stalled or failed for this client lately are left out of the pipeline
             # (the master falls back to them only if nobody else has room)
             loc = await self._allocate(inode, len(data), exclude)
+            if on_allocated is not None:
+                on_allocated(loc.block_id)
             try:
                 stored = await self.data.write(list(loc.replicas), loc.block_id, data, crc, loc.token, chunk_crcs)
             except WRITE_RETRY_ERRORS as exc:

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -105,10 +105,16 @@ class FileService(Protocol):
         ...
 
     async def write_block(
-        self, inode: int, data: bytes | bytearray, crc: int, chunk_crcs: list[int] | None = None
+        self,
+        inode: int,
+        data: bytes | bytearray,
+        crc: int,
+        chunk_crcs: list[int] | None = None,
+        on_allocated: Callable[[int], None] | None = None,
     ) -> tuple[int, list[str], list[pb.WorkerAddr], str]:
         """Allocate and store a new block: (block id, replicas that stored it, their addresses,
-        the block token that reads it there)."""
+        the block token that reads it there); ``on_allocated(block_id)`` hears of each
+        allocation as it is made."""
         ...
 
     async def open_stream(self, inode: int, length: int) -> BlockStream | None:
@@ -822,8 +828,11 @@ class PCacheFile:
 
     async def _store(self, slot: Slot, data: bytearray) -> None:
         crcs, crc = await asyncio.to_thread(chunk_crcs, data) if len(data) > (1 << 20) else chunk_crcs(data)
-        block_id, stored, locations, token = await self.service.write_block(self.inode, data, crc, crcs)
-        self._allocated.add(block_id)
+        # each allocation is known to the handle from the moment it exists: a close that fails
+        # or is cancelled while this block is on its way gives it back too (AbandonBlocks)
+        block_id, stored, locations, token = await self.service.write_block(
+            self.inode, data, crc, crcs, self._allocated.add
+        )
         slot.block_id, slot.length, slot.crc = block_id, len(data), crc
         slot.replicas, slot.locations, slot.token = stored, locations, token
 
@@ -960,6 +969,7 @@ class PCacheFile:
                 async with self._gate.exclusive():
                     await self._fsync_locked(closing=True)  # the close: write-back uploads this version
         except BaseException:
+            await self._stop_pending()  # a block still on its way allocates nothing after the abandon
             await self._abandon(self._allocated)
             await self._discard_if_created()
             raise
@@ -975,9 +985,19 @@ class PCacheFile:
                 self._pop_unit(key)
             self.hot = None
         if self._error is not None:
+            await self._stop_pending()
             await self._abandon(self._allocated)
             await self._discard_if_created()
             raise self._error
+
+    async def _stop_pending(self) -> None:
+        """Cancel the blocks still being stored and wait for them to end (best effort)."""
+        pending = [s.pending for s in self.slots if s.pending is not None and not s.pending.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait(pending, timeout=5.0)
 
     async def abort(self) -> None:
         """Drop the handle without committing: the file keeps its last committed content (a file

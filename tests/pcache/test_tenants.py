@@ -339,6 +339,29 @@ def test_writers_racing_past_the_byte_quota_never_pass_it(cluster: LocalCluster,
         pc.write_file("/again", b"a" * BLOCK, block_size=BLOCK)  # the quota is free again
 
 
+def test_a_write_past_the_byte_quota_gives_every_allocation_back(
+    cluster: LocalCluster, admin: Client, tmp_path
+) -> None:
+    """Replayed from an operator: `pcache put` of 70 MiB into a 64 MiB quota failed as it
+    should, but left a block's reservation behind for 10 minutes (the first block, still on its
+    way to its workers when the next one was refused, was cancelled and never given back), and
+    a write that fit the quota was refused meanwhile. Every allocation is given back."""
+    block = 32 << 20
+    admin.create_tenant("tr", quota_bytes=2 * block)
+    token = admin.issue_token("tr")
+    local = tmp_path / "big.bin"
+    local.write_bytes(os.urandom(2 * block + (6 << 20)))
+    with _client(cluster, token) as pc:
+        with pytest.raises(E.QuotaExceeded):
+            pc.put(str(local), "/big.bin")
+        usage = {t.name: t for t in admin.tenants()}["tr"]
+        assert (usage.used_bytes, usage.reserved_bytes) == (0, 0)
+        assert not pc.exists("/big.bin")
+        data = os.urandom(block + (1 << 20))
+        pc.write_file("/fits", data, block_size=block)  # the whole quota is there for it
+        assert pc.read_file("/fits") == data
+
+
 def test_tenant_cli(cluster: LocalCluster, tmp_path) -> None:
     """`pcache tenant` as an operator uses it: the admin token from a file, the tenant's token
     written 0600, quotas in units, usage in the listing, and a refused caller exits non-zero."""
@@ -363,6 +386,10 @@ def test_tenant_cli(cluster: LocalCluster, tmp_path) -> None:
     listed = pcache("tenant", "list", "--json")
     entry = next(t for t in __import__("json").loads(listed.stdout) if t["name"] == "cli-t")
     assert (entry["quota_bytes"], entry["quota_inodes"], entry["used_inodes"]) == (str(1 << 30), "2000", "1")
+    # a negative quota: one line, exit 3 (a traceback, "ValueError: Value out of range", before)
+    for bad, said in ((["--bytes", "-5"], "cannot be negative"), (["--inodes", "-5"], "not an inode count")):
+        negative = pcache("tenant", "quota", "cli-t", *bad)
+        assert negative.returncode == 3 and said in negative.stderr and "Traceback" not in negative.stderr
     assert pcache("tenant", "quota", "cli-t", "--inodes", "1").returncode == 0
     refused = pcache("mkdir", "/second", token_file=str(token_file))
     assert refused.returncode != 0 and "inodes" in refused.stderr
