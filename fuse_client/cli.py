@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from fuse_client.mount import MountOptions, mount, spawn_daemon
+from fuse_client.mount import MountOptions, mount, prepare_mountpoint, spawn_daemon
 from pcache.common.cli import EXIT_OK, pcache_error_exit, run_cli
 from pcache.common.config import load_config
 from pcache.common.logs import setup_logging
@@ -85,6 +85,9 @@ def main_command(
         cfg.rpc_timeout = cfg.io_timeout = timeout
         cfg.connect_timeout = min(cfg.connect_timeout, timeout)
     if daemon:
+        # checked here first: a mount already live there would pass the wait for "mounted"
+        # while the background process refuses it (another tenant's mount reported as this one)
+        prepare_mountpoint(mountpoint)
         argv = [a for a in sys.argv[1:] if a != "--daemon"]
         pid = spawn_daemon(argv, mountpoint, log_file)
         click.echo(f"mounted {cfg.master} at {mountpoint} (pid {pid})")

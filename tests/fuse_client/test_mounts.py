@@ -331,3 +331,20 @@ def test_a_mount_that_exits_at_start_says_why_from_its_log(tmp_path: Path) -> No
         )
     with pytest.raises(PCacheError, match=r"exited with 2: pcache-mount: malformed token \(log: .*mount.log\)"):
         wait_mounted(str(tmp_path / "mnt"), 10, proc, str(log))
+
+
+def test_a_daemon_mount_over_a_live_mount_is_refused_not_reported_mounted(mounted_cluster) -> None:
+    """Replayed from an operator: `pcache-mount --daemon` on a directory another tenant's mount
+    was serving printed "mounted ... (pid N)" and exit 0; the background process had refused it,
+    and the directory still showed the other tenant's files (writes meant for one tenant would
+    have gone to the other's namespace)."""
+    cluster, mount = mounted_cluster
+    started = time.monotonic()
+    out = subprocess.run(
+        ["pcache-mount", str(mount.path), "--master", cluster.master_address, "--daemon"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode != 0 and "mounted" not in out.stdout
+    assert f"{mount.path} is already mounted" in out.stderr
+    assert time.monotonic() - started < 15
+    assert os.listdir(mount.path) is not None  # the first mount serves on
