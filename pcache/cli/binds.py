@@ -4,6 +4,7 @@ under-store (wiring only)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import click
@@ -90,8 +91,14 @@ def unbind_cmd(ctx: click.Context, path: str, force: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def binds_cmd(ctx: click.Context, as_json: bool) -> None:
-    """The bound directories, their stores, modes and metadata TTLs."""
-    with admin_client(ctx) as pc:
+    """The bound directories, their stores, modes and metadata TTLs (a tenant's token: its own)."""
+    from pcache.client import Client
+    from pcache.common.credentials import TOKEN_ENV, TOKEN_FILE_ENV
+
+    # a token the caller named ($PCACHE_TOKEN[_FILE]) is the one asked with: a tenant's lists
+    # its own binds, even on a host whose cluster directory holds the admin token
+    named = os.environ.get(TOKEN_ENV) or os.environ.get(TOKEN_FILE_ENV)
+    with Client(master=resolve_master(ctx)) if named else admin_client(ctx) as pc:
         binds = pc.binds()
     if as_json:
         click.echo(json.dumps([MessageToDict(b, preserving_proto_field_name=True) for b in binds], indent=2))

@@ -377,6 +377,11 @@ def test_the_cli_binds_lists_and_unbinds_and_never_prints_a_secret(cluster: Loca
     entry = next(b for b in listed if b["path"] == "/cli-ds")
     assert (entry["uri"], entry["mode"], entry["meta_ttl"]) == (uri, "ro", -1.0)
     assert "/cli-ds" in pcache("binds").stdout
+    # a token the caller names is the one asked with, the admin token file beside it or not
+    # (the default tenant's: /cli-ds is not under its root; it listed every tenant's binds)
+    as_tenant = subprocess.run([sys.executable, "-m", "pcache", "--master", cluster.master_address, "binds"],
+                               env={**env, "PCACHE_TOKEN": cluster.token}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert as_tenant.returncode == 0 and "/cli-ds" not in as_tenant.stdout, as_tenant.stdout + as_tenant.stderr
     _s3(moto_endpoint).put_object(Bucket=bucket, Key="ds/a/x.bin", Body=os.urandom(BOUND_BLOCK + 5))
     _s3(moto_endpoint).put_object(Bucket=bucket, Key="ds/y.txt", Body=b"y")
     env["PCACHE_TOKEN"] = cluster.admin_token
