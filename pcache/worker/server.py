@@ -317,6 +317,8 @@ class WorkerServer:
                 for cmd in self.accept_commands(link, reply):
                     self._spawn(self.run_command(cmd))
             except PermissionDenied as exc:  # wrong credential: say so at every try, it will not heal alone
+                if self._reload_token():
+                    continue  # a token minted again (a key rotation): tried at once
                 logger.error("master %s refuses this worker: %s (worker.token_file)", link.address, exc)
                 link.reachable = link.leader = False
                 registered = False
@@ -328,6 +330,24 @@ class WorkerServer:
             else:
                 link.reachable = True
             await asyncio.sleep(self.heartbeat_interval)
+
+    def _reload_token(self) -> bool:
+        """Read ``worker.token_file`` again after a master refused the token: True when it holds
+        another one now (``pcache keys rotate`` twice revokes the old one; the operator mints a
+        new token into the file in between, and the running worker takes it, as the masters
+        take a changed key file)."""
+        if not self.cfg.token_file:
+            return False
+        try:
+            token = worker_token(self.cfg)
+        except InvalidArgument as exc:
+            logger.error("%s", exc)
+            return False
+        if token == self.token:
+            return False
+        self.token = token
+        logger.info("worker.token_file %s holds a new token: using it", self.cfg.token_file)
+        return True
 
     def accept_commands(self, link: MasterLink, reply: pb.HeartbeatResponse) -> list[pb.WorkerCommand]:
         """The commands of a heartbeat reply this worker may run: only a leader's, and only when its

@@ -21,6 +21,7 @@ from pcache.common.errors import PCacheError
 from pcache.local import LocalCluster
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
+from pcache.testing.faults import wait_for
 
 
 def _methods(service: str) -> list[tuple[str, str, type, type]]:
@@ -336,6 +337,45 @@ def test_key_rotation_while_reads_and_writes_run(tmp_path) -> None:
                 break
             assert time.monotonic() < deadline, "the dropped key's token still works"
             time.sleep(0.1)
+
+
+def test_a_worker_takes_the_token_minted_into_its_file_when_a_rotation_revokes_its_old_one(tmp_path) -> None:
+    """Replayed from an operator: revocation as the guide says it (rotate, mint the workers' and
+    tenants' tokens again into their files, rotate again) left every worker refused ("invalid
+    token", workers 0/3 alive, every block missing) until each was restarted by hand: a worker
+    read worker.token_file only at start. A refused worker now reads it again."""
+    from pcache.common.credentials import ClusterKeys
+
+    args = ["--master.replication_check_interval=0.2", "--master.dead_after=3", "--master.heartbeat_interval=0.5"]
+    with LocalCluster(str(tmp_path / "c"), workers=1, master_args=args) as c:
+        run = [sys.executable, "-m", "pcache", "keys"]
+        subprocess.run([*run, "rotate", str(c.keys_file)], check=True, capture_output=True, timeout=30)
+        for name, scope, tenant in (("worker.token", "worker", "workers"), ("token", "tenant", "default")):
+            minted = subprocess.run(
+                [*run, "token", "--keys-file", str(c.keys_file), "--scope", scope, "--tenant", tenant],
+                check=True, capture_output=True, text=True, timeout=30,
+            ).stdout.strip()  # fmt: skip
+            (c.secrets / name).write_text(minted + "\n")
+        current = ClusterKeys.load(str(c.keys_file)).tokens.current
+        subprocess.run([*run, "rotate", str(c.keys_file)], check=True, capture_output=True, timeout=30)
+        token = (c.secrets / "token").read_text().strip()
+        assert token.split(".")[1] == current
+
+        def alive() -> bool:
+            try:
+                with Client(ClientConfig(master=c.master_address, token=token, rpc_timeout=2)) as pc:
+                    workers = pc.status().workers
+                    return len(workers) == 1 and workers[0].alive
+            except PCacheError:
+                return False
+
+        time.sleep(4)  # past dead_after: a refused worker would show dead by now
+        wait_for(alive, 20, "the worker to heartbeat with its new token")
+        with Client(ClientConfig(master=c.master_address, token=token)) as pc:
+            pc.write_file("/after-rotation", b"r" * 5000)  # a block stored: the worker takes writes
+            assert pc.read_file("/after-rotation") == b"r" * 5000
+        log = next(c.root.glob("**/worker-0*.log")).read_text()
+        assert "holds a new token: using it" in log
 
 
 def test_a_standalone_master_takes_no_log_entries_even_from_a_key_holder(cluster: LocalCluster) -> None:
