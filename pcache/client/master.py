@@ -212,8 +212,11 @@ class MasterClient:
         return reply
 
     def _next_master(self, index: int, exc: E.PCacheError) -> int:
-        """The master to try after ``index`` failed with ``exc``: the leader it named, else the next."""
+        """The master to try after ``index`` failed with ``exc``: the leader it named (learned
+        when the client's list leaves it out: a pair restarted on other ports), else the next."""
         hint = getattr(exc, "leader", "")
+        if hint and hint not in self.addresses and isinstance(exc, E.NotLeader):
+            self._learn(hint)
         if hint in self.addresses and hint != self.addresses[index]:
             return self.addresses.index(hint)
         return (index + 1) % len(self.addresses)

@@ -662,3 +662,24 @@ def test_the_stores_failure_is_the_leaders_answer_and_cached_files_read_through_
         assert pc.aio.master.failovers == 0
         proxy.delay = 0.0
     cluster.wait_in_sync()
+
+
+def test_a_client_follows_the_leader_its_master_list_leaves_out(make_ha) -> None:
+    """Replayed from an operator: a pair restarted on other ports; a client given the follower
+    and an address nobody answers any more failed every call after 30 s, although the follower
+    named the leader in each refusal. It follows the named leader, as a client given one
+    address does."""
+    from pcache.common.process import free_port
+
+    cluster = make_ha(workers=1)
+    leader = cluster.leader()
+    follower = follower_of(cluster, leader)
+    with client_of(cluster, token=cluster.token) as pc:
+        pc.mkdir("/default/known", parents=True)
+    stale = f"127.0.0.1:{free_port()}"
+    with Client(ClientConfig(master=f"{follower.address},{stale}", token=cluster.token)) as pc:
+        started = time.monotonic()
+        pc.mkdir("/default/followed")
+        assert time.monotonic() - started < 5
+        assert pc.stat("/default/known").kind == "dir"
+        assert leader.address in pc.aio.master.addresses
