@@ -23,7 +23,9 @@ def status(ctx: click.Context, as_json: bool) -> int:
 
     master = resolve_master(ctx)
     many = "," in master
-    with Client(ClientConfig(master=master, failover_timeout=5.0 if many else 0.0)) as pc:
+    # one address that is a follower: the leader it names answers (a health check pointed at one
+    # master of a pair alerted, exit 2, whenever that master was the follower)
+    with Client(ClientConfig(master=master, failover_timeout=5.0)) as pc:
         try:
             st = pc.status()
         except Unavailable:

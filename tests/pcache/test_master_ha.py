@@ -683,3 +683,10 @@ def test_a_client_follows_the_leader_its_master_list_leaves_out(make_ha) -> None
         assert time.monotonic() - started < 5
         assert pc.stat("/default/known").kind == "dir"
         assert leader.address in pc.aio.master.addresses
+    # `pcache status` pointed at the follower alone answers with the leader's view (it exited 2,
+    # "master unreachable", whenever a health check's one address was the follower)
+    status = subprocess.run(
+        [sys.executable, "-m", "pcache", "--master", follower.address, "status"],
+        env={**os.environ, "PCACHE_TOKEN": cluster.admin_token}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert status.returncode == 0 and f"leader {leader.address}" in status.stdout, status.stdout + status.stderr
