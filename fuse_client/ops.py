@@ -250,6 +250,11 @@ class PCacheOperations(mfusepy.Operations):
             atime=None if atime == UTIME_OMIT else atime / 1e9,
             mtime=None if mtime == UTIME_OMIT else mtime / 1e9,
         )
+        writer = self._writer_of(path)
+        if writer is not None and mtime != UTIME_OMIT:
+            # set on a file this mount writes (tar, cp -p: write, futimens, close): its close
+            # commits this time, not the close's (it did, and every extracted file was "now")
+            writer.keep_mtime(mtime / 1e9)
         return 0
 
     # ----------------------------------------------------------- xattrs --

@@ -204,6 +204,9 @@ class PCacheFile:
         # writes, or another writer's fsync did and left the file pending (see _fsync_locked)
         self._close_owed = self.writable and layout.inode.persist == pb.PERSIST_PENDING and not self.created
         self._mtime = layout.inode.mtime  # of the last commit this handle knows (kept by a bare close)
+        # a modification time set while this handle writes (utimens on the open file: tar, cp -p):
+        # the commit keeps it, until a later write makes it now again (see set_mtime)
+        self.mtime_set: float | None = None
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
         self._budget = service.read_budget
@@ -677,6 +680,7 @@ class PCacheFile:
             pos += n
             self.size = max(self.size, pos)
             self.dirty = True
+            self.mtime_set = None
             if off + n == self.block_size:
                 await self._start_flush(idx)
         return total
@@ -879,6 +883,7 @@ class PCacheFile:
             self.size = size
             await self._pad_slots()
             self.dirty = True
+            self.mtime_set = None
             self.replace = True  # a truncation is not merged with other writers' blocks
             self._last_unit = None
         return size
@@ -922,7 +927,8 @@ class PCacheFile:
             blocks,
             View(self.version, self.base_blocks, self.replace),
             closing=closing,
-            mtime=self._mtime if not self.dirty else 0.0,  # a close with nothing new keeps the mtime
+            # a close with nothing new keeps the mtime; one set since the last write stays set
+            mtime=self.mtime_set if self.mtime_set is not None else self._mtime if not self.dirty else 0.0,
         )
         # a write-back file committed by an fsync is queued for upload by its writer's close:
         # that close is owed to the master even when nothing is left to write

@@ -466,6 +466,12 @@ class File(io.RawIOBase):
         """The inode version this handle's view starts from (its open, last commit or refresh)."""
         return self._f.version
 
+    def keep_mtime(self, mtime: float) -> None:
+        """Commit ``mtime`` (seconds since the epoch) as the modification time at this writer's
+        next commit, unless it writes again first (``futimens`` on an open file, as ``tar`` and
+        ``cp -p`` do before their close)."""
+        self._f.mtime_set = mtime
+
     def moved(self, path: str) -> None:
         """The file was renamed to ``path`` while open (its handle keeps working)."""
         self.name = self._f.path = path

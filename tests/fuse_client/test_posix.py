@@ -229,3 +229,36 @@ def test_hard_links_through_the_mount(mnt: Path) -> None:
     # git and cp -al rely on links
     sh("cp -al sub sub-linked", mnt)
     assert (mnt / "sub-linked" / "b.txt").stat().st_ino == b.stat().st_ino
+
+
+def test_a_modification_time_set_on_an_open_file_survives_its_close(mnt: Path, tmp_path: Path) -> None:
+    """Replayed from a user: `tar xf`, `cp -a`, `cp -p` and `install -p` write, set the times
+    on the open file (futimens), then close; the close committed "now" over the time set, so
+    every extracted file was new (rsync -a re-sent them all, find -newer matched them). A write
+    after the futimens makes it now again, as on a local disk."""
+    fd = os.open(mnt / "set-then-close", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"x" * 100)
+    os.utime(fd, (1_000_000_000, 1_000_000_000))
+    os.close(fd)
+    time.sleep(1.0)  # past the mount's attribute cache (0.5 s): what the master keeps
+    assert os.stat(mnt / "set-then-close").st_mtime == 1_000_000_000
+    fd = os.open(mnt / "set-then-write", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"y")
+    os.utime(fd, (1_000_000_000, 1_000_000_000))
+    os.write(fd, b"z")  # written after: the close's time
+    os.close(fd)
+    assert os.stat(mnt / "set-then-write").st_mtime > time.time() - 60
+    src = tmp_path / "tree"
+    (src / "d").mkdir(parents=True)
+    for name in ("a.txt", "d/b.bin"):
+        (src / name).write_bytes(os.urandom(3000))
+        os.utime(src / name, (1_600_000_000, 1_600_000_000))
+    sh(f"tar cf {tmp_path}/t.tar -C {src} .", tmp_path)
+    (mnt / "x").mkdir()
+    sh(f"tar xf {tmp_path}/t.tar -C {mnt}/x", mnt)
+    sh(f"cp -a {src} {mnt}/copied", mnt)
+    time.sleep(1.0)
+    for top in ("x", "copied"):
+        for name in ("a.txt", "d/b.bin"):
+            assert os.stat(mnt / top / name).st_mtime == 1_600_000_000, (top, name)
+            assert (mnt / top / name).read_bytes() == (src / name).read_bytes()
