@@ -596,6 +596,21 @@ class PCacheOperations(mfusepy.Operations):
         return 0
 
     def destroy(self, path: str) -> None:
+        """The mount ends with files still open: its process was stopped (SIGTERM, Ctrl-C), not
+        unmounted (an unmount waits for the last close). Their writers will never close here: a
+        rewrite of an existing file is dropped, its last committed content kept (as after a
+        SIGKILL; it was committed half-written, over a whole checkpoint); other writes (a new
+        file, appends) are committed, as a close would."""
+        with self._lock:
+            rewriting = {id(f): f for f in self._handles.values() if f.writable() and f.rewrites()}
+        for f in rewriting.values():
+            logger.warning(
+                "%s: still being rewritten when the mount stopped: its last committed content is kept", f.name
+            )
+            try:
+                f.abort()
+            except PCacheError as exc:
+                logger.warning("%s: %s", f.name, exc)
         for fh in list(self._handles):
             try:
                 self.release(path, fh)

@@ -466,6 +466,12 @@ class File(io.RawIOBase):
         """The inode version this handle's view starts from (its open, last commit or refresh)."""
         return self._f.version
 
+    def rewrites(self) -> bool:
+        """Whether this writer replaces a file's committed content with bytes not yet committed
+        (it truncated an existing file: ``open(..., "wb")``, ``O_TRUNC``, ``truncate``)."""
+        f = self._f
+        return f.writable and not f.closed and f.dirty and f.replace and not f.created
+
     def keep_mtime(self, mtime: float) -> None:
         """Commit ``mtime`` (seconds since the epoch) as the modification time at this writer's
         next commit, unless it writes again first (``futimens`` on an open file, as ``tar`` and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -348,3 +349,33 @@ def test_a_daemon_mount_over_a_live_mount_is_refused_not_reported_mounted(mounte
     assert f"{mount.path} is already mounted" in out.stderr
     assert time.monotonic() - started < 15
     assert os.listdir(mount.path) is not None  # the first mount serves on
+
+
+def test_a_stopped_mount_keeps_the_old_content_of_a_file_it_was_rewriting(mounted_cluster, tmp_path: Path) -> None:
+    """Replayed from a user: SIGTERM to the mount (a pod's deletion stops its mount sidecar so)
+    while a complete 1 MB checkpoint was being rewritten committed the 400 kB written so far
+    over it; a SIGKILL kept the old one. A rewrite that never closed is dropped; a new file and
+    appends are committed, as a close would."""
+    cluster, _ = mounted_cluster
+    mount = Mount(cluster.master_address, tmp_path / "m").start()
+    fds: list[int] = []
+    try:
+        (mount.path / "stop").mkdir()
+        old = os.urandom(1 << 20)
+        (mount.path / "stop" / "ckpt.pt").write_bytes(old)
+        fds.append(os.open(mount.path / "stop" / "ckpt.pt", os.O_WRONLY | os.O_TRUNC))
+        os.write(fds[-1], os.urandom(400_000))
+        fds.append(os.open(mount.path / "stop" / "new.log", os.O_WRONLY | os.O_CREAT, 0o644))
+        os.write(fds[-1], b"a line\n")
+        assert mount.proc is not None
+        mount.proc.send_signal(signal.SIGTERM)
+        mount.proc.wait(30)
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        mount.stop()
+    with Client(master=cluster.master_address) as pc:
+        assert pc.read_file("/stop/ckpt.pt") == old
+        assert pc.read_file("/stop/new.log") == b"a line\n"
+    assert "still being rewritten when the mount stopped" in mount.log.read_text()
