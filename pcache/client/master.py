@@ -453,9 +453,11 @@ class MasterClient:
             raise err from exc
         except TimeoutError as exc:
             self._drop_stream(index)
-            if _resendable(request):
+            if _resendable(request) and len(self.addresses) > 1:  # the others are asked who leads
                 raise _NoStream from exc
-            raise E.Timeout(f"master {address} did not answer a batch within {wait:.0f} s") from exc
+            # one master that did not answer within the whole deadline: sent again, the same
+            # wait again (`--timeout 3` failed after 6 s)
+            raise E.Timeout(f"master {address} did not answer a batch within {wait:g} s") from exc
         finally:
             self._stream_busy = False
         if reply is grpc.aio.EOF or (reply.epoch and reply.epoch < self.epoch):
