@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 
 import click
 
@@ -49,7 +51,11 @@ from pcache.common.logs import setup_logging
     help="Requests served at once (libfuse >= 3.12; libfuse's own default is 10).",
 )
 @click.option("--daemon", is_flag=True, help="Mount in the background and return once mounted.")
-@click.option("--log-file", type=click.Path(dir_okay=False), help="Log here (daemon mode).")
+@click.option(
+    "--log-file",
+    type=click.Path(dir_okay=False),
+    help="Log here (daemon mode; default: a new /tmp/pcache-mount-*.log, named when mounted).",
+)
 @click.option("--debug", is_flag=True, help="libfuse debug output.")
 @click.pass_context
 def main_command(
@@ -89,8 +95,12 @@ def main_command(
         # while the background process refuses it (another tenant's mount reported as this one)
         prepare_mountpoint(mountpoint)
         argv = [a for a in sys.argv[1:] if a != "--daemon"]
+        made = log_file is None
+        if made:  # its output somewhere: a mount that fails at start says why, not only its exit code
+            fd, log_file = tempfile.mkstemp(prefix="pcache-mount-", suffix=".log")
+            os.close(fd)
         pid = spawn_daemon(argv, mountpoint, log_file)
-        click.echo(f"mounted {cfg.master} at {mountpoint} (pid {pid})")
+        click.echo(f"mounted {cfg.master} at {mountpoint} (pid {pid}" + (f", log {log_file}" if made else "") + ")")
         return
     setup_logging("DEBUG" if debug else "INFO")
     opts = MountOptions(

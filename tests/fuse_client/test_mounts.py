@@ -349,6 +349,12 @@ def test_a_daemon_mount_over_a_live_mount_is_refused_not_reported_mounted(mounte
     assert f"{mount.path} is already mounted" in out.stderr
     assert time.monotonic() - started < 15
     assert os.listdir(mount.path) is not None  # the first mount serves on
+    # without --log-file a mount that fails at start said only "mount process exited with 2"
+    fresh = mount.path.parent / "daemon-fails"
+    fresh.mkdir(exist_ok=True)
+    out = subprocess.run(["pcache-mount", str(fresh), "--master", "127.0.0.1:1", "--daemon"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode != 0 and "Connection refused" in out.stderr and "pcache-mount-" in out.stderr, out.stderr
 
 
 def test_a_stopped_mount_keeps_the_old_content_of_a_file_it_was_rewriting(mounted_cluster, tmp_path: Path) -> None:
