@@ -30,7 +30,9 @@ def fsck(ctx: click.Context, path: str, dest: str | None, as_json: bool) -> int:
     with Client(master=resolve_master(ctx)) as pc:
         report = pc.fsck(path)
         result = pc.salvage(path, dest) if dest else None
-    damaged = [d for d in report.damaged if d.state in ("corrupt", "missing")]
+        damaged = [d for d in report.damaged if d.state in ("corrupt", "missing")]
+        # `pcache status` counts every tenant's damaged files; a tenant's token checks its own
+        elsewhere = pc.status().damaged_files - len({d.path for d in damaged}) if path in ("", "/") else 0
     if as_json:
         out = MessageToDict(report, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
         if result is not None:
@@ -52,6 +54,12 @@ def fsck(ctx: click.Context, path: str, dest: str | None, as_json: bool) -> int:
             f"{report.files} files, {report.blocks} blocks: {len(damaged)} damaged blocks in {files} files,"
             f" {len(report.damaged) - len(damaged)} under-replicated"
         )
+        if elsewhere > 0:
+            click.echo(
+                f"note: {elsewhere} more damaged files in the cluster are not under what this token sees"
+                " (pcache status counts every tenant's): run fsck with the admin token to name them"
+                " ($PCACHE_TOKEN_FILE=CLUSTER_DIR/secrets/admin.token)"
+            )
         if result is not None:
             click.echo(
                 f"salvaged {path} -> {dest}: {result.size - result.lost_bytes} of {result.size} bytes;"
