@@ -209,6 +209,11 @@ class BlockManager:
             self._command(worker_id, pb.WorkerCommand(kind=pb.WorkerCommand.DELETE, block_id=block_id))
             return
         self.ns.set_block_crc(block_id, crc)
+        state = self.registry.workers.get(worker_id)
+        if state is not None:  # evicted a moment ago and still there (pcache free, then load): kept
+            state.commands = [
+                c for c in state.commands if not (c.kind == pb.WorkerCommand.DELETE and c.block_id == block_id)
+            ]
         self._add_replica(worker_id, block_id)
         self._check(block_id)
         self._cached(block_id, length)

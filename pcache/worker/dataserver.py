@@ -486,8 +486,11 @@ class DataServer:
                 running = self._start_fetch(block_id, report=True, checked=True)
                 mine.add(block_id)
             waits[block_id] = running
-        done = await asyncio.gather(*(asyncio.shield(w) for w in waits.values()), return_exceptions=True)
-        outcome = dict(zip(waits, done, strict=True))
+        already = [items[i].block_id for i, is_here in zip(allowed, here, strict=True) if is_here]
+        done = await asyncio.gather(
+            *(asyncio.shield(w) for w in waits.values()), self._report_present(already), return_exceptions=True
+        )
+        outcome = dict(zip(waits, done[: len(waits)], strict=True))
         claimed: set[int] = set()
         for index in allowed:
             block_id = items[index].block_id
@@ -544,6 +547,19 @@ class DataServer:
             except PCacheError as exc:  # served anyway; the master learns of it from the next block report
                 logger.warning("cannot report fetched block %d: %s", block_id, exc)
         return len(data), crc
+
+    async def _report_present(self, block_ids: list[int]) -> None:
+        """Tell the master of blocks a warm-up asked for that are stored here already: a block
+        ``pcache free`` just evicted is still here until its DELETE arrives, and the master,
+        told, keeps it (the DELETE is dropped) instead of counting it cached while it goes."""
+        if self.on_fetched is None:
+            return
+        for block_id in block_ids:
+            try:
+                info = await asyncio.to_thread(self.store.info, block_id)
+                await self.on_fetched(block_id, info.length, info.crc32c)
+            except PCacheError as exc:  # deleted meanwhile, or the master unreachable: as before
+                logger.debug("block %d: not reported as here: %s", block_id, exc)
 
     async def read_range(self, block_id: int, offset: int, length: int):
         """Verified bytes ``offset .. offset+length`` of a block, via the memory tier: (bytes, info).
