@@ -216,8 +216,16 @@ def persist_cmd(ctx: click.Context, path: str, wait: bool, timeout: float) -> in
 
     with Client(master=resolve_master(ctx)) as pc:
         if wait:
+            started = time.monotonic()
+
+            def waiting(pending: list) -> None:  # a line every 10 s: silence looked like a hang
+                first = pending[0]
+                why = f"; its last attempt failed: {first.persist_error}" if first.persist_error else ""
+                click.echo(f"waited {time.monotonic() - started:.0f} s: {len(pending)} files not in their store yet"
+                           f" ({first.path}{why})", err=True)  # fmt: skip
+
             try:
-                count = pc.wait_persisted(path, timeout=timeout)
+                count = pc.wait_persisted(path, timeout=timeout, on_wait=waiting)
             except (Timeout, Unavailable) as exc:
                 click.echo(f"pcache: {exc}", err=True)
                 return EXIT_PARTIAL

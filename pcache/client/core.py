@@ -52,6 +52,7 @@ from pcache.proto import pcache_pb2 as pb
 logger = logging.getLogger(__name__)
 
 WRITE_RETRY_ERRORS = (Unavailable, Timeout, NoSpace)
+WAIT_REPORT_EVERY = 10.0  # seconds between two reports of a wait_persisted still waiting
 STREAM_RETRY_SECONDS = 30.0  # after a block placed on another host, writes buffer this long before trying again
 VERDICT_SECONDS = 2.0  # how often a client with suspects asks the master which workers are dead
 METADATA_CACHE_ENTRIES = 100_000
@@ -566,9 +567,18 @@ class PCacheClient:
         """
         return await free(self, path)
 
-    async def wait_persisted(self, path: str, *, timeout: float = 600.0, poll: float = 0.2) -> int:
+    async def wait_persisted(
+        self,
+        path: str,
+        *,
+        timeout: float = 600.0,
+        poll: float = 0.2,
+        on_wait: Callable[[list[FileStat]], None] | None = None,
+    ) -> int:
         """Block until every file at or under ``path`` in a write-back bind is in its store
-        (``pcache persist --wait``); returns how many files were looked at.
+        (``pcache persist --wait``); returns how many files were looked at. ``on_wait`` hears the
+        files still pending every :data:`WAIT_REPORT_EVERY` seconds (their ``persist_error``:
+        why the last attempt failed, while it is retried).
 
         Raises:
             Unavailable: a file's upload keeps failing (``persist: failed``, its error named).
@@ -577,6 +587,7 @@ class PCacheClient:
         deadline = time.monotonic() + timeout
         waiting = [s async for s in self.files_under(path)]
         count = len(waiting)
+        report_at = time.monotonic() + WAIT_REPORT_EVERY
         while True:
             failed = [s for s in waiting if s.persist == "failed"]
             if failed:
@@ -588,6 +599,9 @@ class PCacheClient:
                 raise Timeout(
                     f"{len(waiting)} files under {path} not persisted after {timeout:g} s ({waiting[0].path} ...)"
                 )
+            if on_wait is not None and time.monotonic() >= report_at:
+                on_wait(waiting)
+                report_at = time.monotonic() + WAIT_REPORT_EVERY
             await asyncio.sleep(poll)
             fresh = []
             for st in waiting:

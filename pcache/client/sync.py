@@ -12,7 +12,7 @@ import asyncio
 import io
 import os
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from pcache.client.core import FileStat, PCacheClient
@@ -226,9 +226,11 @@ class Client:
 
         return self._run(collect())
 
-    def wait_persisted(self, path: str, *, timeout: float = 600.0) -> int:
+    def wait_persisted(
+        self, path: str, *, timeout: float = 600.0, on_wait: Callable[[list[FileStat]], None] | None = None
+    ) -> int:
         """See :meth:`PCacheClient.wait_persisted`."""
-        return self._run(self.aio.wait_persisted(path, timeout=timeout))
+        return self._run(self.aio.wait_persisted(path, timeout=timeout, on_wait=on_wait))
 
     def issue_token(self, name: str, ttl: float = 0.0) -> str:
         return self._run(self.aio.issue_token(name, ttl))

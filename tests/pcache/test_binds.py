@@ -1318,7 +1318,9 @@ def test_an_upload_that_cannot_be_aborted_is_kept_until_it_is_and_none_is_left_o
     admin.unbind("/mpu")
 
 
-def test_a_write_back_bind_takes_new_files_while_its_store_hangs(admin: Client, moto_endpoint: str) -> None:
+def test_a_write_back_bind_takes_new_files_while_its_store_hangs(
+    admin: Client, moto_endpoint: str, monkeypatch
+) -> None:
     """A checkpoint written while the store does not answer: once the bind's listing is older
     than its TTL, every new name was first looked up in the store, so ``mkdir`` and ``create``
     failed after the client's own 10 s deadline ("deadline_exceeded (master ...)") and torch DCP
@@ -1353,6 +1355,14 @@ def test_a_write_back_bind_takes_new_files_while_its_store_hangs(admin: Client, 
             list(pool.map(lambda i: admin.write_file(f"/hang/step-2/rank{i}", b"r%d" % i), range(8)))
         assert time.monotonic() - started < 6
         assert admin.read_file("/hang/step-2/shard") == b"during"
+        # a wait for persistence says what it waits for while it waits (`persist --wait` was silent)
+        from pcache.client import core
+
+        monkeypatch.setattr(core, "WAIT_REPORT_EVERY", 0.5)
+        reports: list[list] = []
+        with pytest.raises(E.Timeout):
+            admin.wait_persisted("/hang/step-2", timeout=2.0, on_wait=reports.append)
+        assert reports and "/hang/step-2/shard" in {st.path for st in reports[-1]}
         t0 = time.monotonic()
         with pytest.raises(E.Timeout, match="under-store did not answer"):
             admin.stat("/hang/never-seen")  # a lookup only the store can answer: its failure, not the master's
