@@ -98,8 +98,13 @@ def check_uri(uri: str) -> None:
         plain = False
     options = parse_qsl(parts.query, keep_blank_values=True)
     for name, value in options:
-        if "@" in value or (name == "endpoint_url" and not _ENDPOINT.fullmatch(value)):
+        if "@" in value:
             plain = False
+        elif name == "endpoint_url" and not _ENDPOINT.fullmatch(value):
+            # said apart (without the value): a missing http:// was taken for a credential
+            raise E.InvalidArgument(
+                "endpoint_url is http://HOST[:PORT] or https://HOST[:PORT] (with its scheme, no user information)"
+            )
         if name == "profile" and not _NAME.fullmatch(value):
             plain = False
     if not plain:

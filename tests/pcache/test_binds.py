@@ -263,6 +263,7 @@ def test_a_uri_carrying_credentials_is_refused_without_echoing_them(ns: Namespac
         ("s3:///no-bucket", "need a bucket"),
         ("s3://b/p?acl=x", "unknown option 'acl'"),
         ("file://host/x", "no host"),
+        ("s3://b/p?endpoint_url=127.0.0.1:5000", "endpoint_url is http://HOST[:PORT] or https://"),  # was "credentials"
     ],
 )
 def test_a_uri_no_backend_takes_is_refused(ns: Namespace, uri: str, words: str) -> None:
