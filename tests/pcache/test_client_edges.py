@@ -23,9 +23,9 @@ def count_block_writes(client: Client) -> list[int]:
     calls: list[int] = []
     original = client.aio.write_block
 
-    async def counting(inode, data, crc, chunk_crcs=None):
+    async def counting(inode, data, crc, chunk_crcs=None, on_allocated=None):
         calls.append(len(data))
-        return await original(inode, data, crc, chunk_crcs)
+        return await original(inode, data, crc, chunk_crcs, on_allocated)
 
     client.aio.write_block = counting
     return calls
