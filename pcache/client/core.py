@@ -40,6 +40,7 @@ from pcache.common.errors import (
     NotFound,
     NotSupported,
     PCacheError,
+    QuotaExceeded,
     SymlinkLoop,
     Timeout,
     Unavailable,
@@ -803,7 +804,7 @@ class PCacheClient:
         refuse the id).
 
         Raises:
-            QuotaExceeded: no room for the block in the tenant's quota. Unavailable, Timeout: the master.
+            Unavailable, Timeout: the master.
         """
         if time.monotonic() < self._stream_off_until:
             return None
@@ -811,6 +812,11 @@ class PCacheClient:
             loc = await self._allocate(inode, length, [])
         except NoSpace:
             return None  # the buffered block waits for room when it is stored (nospace_wait)
+        except QuotaExceeded:
+            # a whole block does not fit the quota; the file may end before the block does, and a
+            # buffered block is allocated at its own length when stored (a 40 MiB file needed
+            # 64 MiB of quota: its second block was reserved whole)
+            return None
         targets = list(loc.replicas)
         if not (targets and self.data.can_short_circuit(targets[0])):
             # no worker on this host (or it is full or suspect): buffer for a while, so that a

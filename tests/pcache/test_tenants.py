@@ -362,6 +362,25 @@ def test_a_write_past_the_byte_quota_gives_every_allocation_back(
         assert pc.read_file("/fits") == data
 
 
+def test_a_file_that_fits_the_quota_is_not_refused_for_the_block_it_ends_in(
+    cluster: LocalCluster, admin: Client
+) -> None:
+    """Replayed from an operator: a 40 MiB file (32 MiB blocks) in a 48 MiB quota failed with
+    EDQUOT: its second block, streamed to the local worker, was reserved whole (64 MiB). A
+    block the quota cannot take whole is buffered, and reserved at its own length."""
+    block = 32 << 20
+    admin.create_tenant("ts", quota_bytes=48 << 20)
+    token = admin.issue_token("ts")
+    data = os.urandom(40 << 20)
+    with _client(cluster, token) as pc:
+        with pc.open("/forty", "wb", block_size=block) as f:
+            for off in range(0, len(data), 1 << 20):  # as a writer streams it
+                f.write(data[off : off + (1 << 20)])
+        assert pc.read_file("/forty") == data
+    usage = {t.name: t for t in admin.tenants()}["ts"]
+    assert (usage.used_bytes, usage.reserved_bytes) == (len(data), 0)
+
+
 def test_tenant_cli(cluster: LocalCluster, tmp_path) -> None:
     """`pcache tenant` as an operator uses it: the admin token from a file, the tenant's token
     written 0600, quotas in units, usage in the listing, and a refused caller exits non-zero."""
