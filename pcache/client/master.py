@@ -131,6 +131,33 @@ class MasterClient:
         return pb.RequestHeader(epoch=self.epoch, client_id=self.client_id)
 
     async def _call(self, name: str, request):
+        try:
+            return await self._routed(name, request)
+        except E.PermissionDenied:
+            if not self._reload_token():
+                raise
+            return await self._routed(name, request)  # refused, so not applied: once more, with the new one
+
+    def _reload_token(self) -> bool:
+        """Find the token again after a refusal, when the config named none (it came from
+        ``$PCACHE_TOKEN_FILE`` or the tokens file): True when it is another one now. A key
+        rotation's revocation (the guide: mint again into the files, rotate again) left every
+        mount refused until remounted."""
+        if self.cfg.token:
+            return False
+        try:
+            token = find_token(self.cfg.master)
+        except E.InvalidArgument:
+            return False
+        if not token or token == self.token:
+            return False
+        logger.info("the client's token was refused, and its file holds another one now: using it")
+        self.token = token
+        for index in list(self._streams):  # opened with the old one
+            self._drop_stream(index)
+        return True
+
+    async def _routed(self, name: str, request):
         if name in MUTATIONS and not request.header.request_id:
             # one id for every try: gRPC's own retry of a call answered UNAVAILABLE (one master),
             # the next master's (several), each gets the stored answer of a mutation applied before

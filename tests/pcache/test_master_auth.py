@@ -339,15 +339,23 @@ def test_key_rotation_while_reads_and_writes_run(tmp_path) -> None:
             time.sleep(0.1)
 
 
-def test_a_worker_takes_the_token_minted_into_its_file_when_a_rotation_revokes_its_old_one(tmp_path) -> None:
+def test_a_worker_takes_the_token_minted_into_its_file_when_a_rotation_revokes_its_old_one(
+    tmp_path, monkeypatch
+) -> None:
     """Replayed from an operator: revocation as the guide says it (rotate, mint the workers' and
     tenants' tokens again into their files, rotate again) left every worker refused ("invalid
     token", workers 0/3 alive, every block missing) until each was restarted by hand: a worker
-    read worker.token_file only at start. A refused worker now reads it again."""
+    read worker.token_file only at start; and every mount, until remounted. A refused worker,
+    and a client whose token came from $PCACHE_TOKEN_FILE, read the file again."""
     from pcache.common.credentials import ClusterKeys
 
     args = ["--master.replication_check_interval=0.2", "--master.dead_after=3", "--master.heartbeat_interval=0.5"]
     with LocalCluster(str(tmp_path / "c"), workers=1, master_args=args) as c:
+        token_file = tmp_path / "tenant.token"
+        token_file.write_text(c.token)
+        monkeypatch.setenv("PCACHE_TOKEN_FILE", str(token_file))
+        mounted = Client(ClientConfig(master=c.master_address))  # a mount's client: its token from the file
+        mounted.mkdir("/before")
         run = [sys.executable, "-m", "pcache", "keys"]
         subprocess.run([*run, "rotate", str(c.keys_file)], check=True, capture_output=True, timeout=30)
         for name, scope, tenant in (("worker.token", "worker", "workers"), ("token", "tenant", "default")):
@@ -360,6 +368,7 @@ def test_a_worker_takes_the_token_minted_into_its_file_when_a_rotation_revokes_i
         subprocess.run([*run, "rotate", str(c.keys_file)], check=True, capture_output=True, timeout=30)
         token = (c.secrets / "token").read_text().strip()
         assert token.split(".")[1] == current
+        token_file.write_text(token)
 
         def alive() -> bool:
             try:
@@ -376,6 +385,11 @@ def test_a_worker_takes_the_token_minted_into_its_file_when_a_rotation_revokes_i
             assert pc.read_file("/after-rotation") == b"r" * 5000
         log = next(c.root.glob("**/worker-0*.log")).read_text()
         assert "holds a new token: using it" in log
+        try:
+            assert mounted.stat("/before").kind == "dir"  # the old token refused, the file's new one taken
+            mounted.mkdir("/after")
+        finally:
+            mounted.close()
 
 
 def test_a_standalone_master_takes_no_log_entries_even_from_a_key_holder(cluster: LocalCluster) -> None:
