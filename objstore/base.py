@@ -34,9 +34,11 @@ GiB = 1 << 30
 
 
 def object_uri(store_uri: str, key: str) -> str:
-    """The URI naming object ``key`` of the store at ``store_uri`` (one ``/`` between them),
-    for messages."""
-    return f"{store_uri.rstrip('/')}/{key}"
+    """The URI naming object ``key`` of the store at ``store_uri`` (one ``/`` between them, and
+    the key before the store's options: ``s3://b/p/KEY?endpoint_url=...``, not after the last
+    option's value, where it read as part of it), for messages."""
+    base, sep, query = store_uri.partition("?")
+    return f"{base.rstrip('/')}/{key}" + (f"?{query}" if sep else "")
 
 
 @dataclass(frozen=True, slots=True)
