@@ -856,3 +856,15 @@ def test_a_named_credentials_file_signs_instead_of_the_environment(tmp_path: Pat
     assert asyncio.run(signer(f"s3://b/p/?{endpoint}")) == "FROM_THE_ENVIRONMENT"  # no file named: the chain
     with pytest.raises(AccessDenied, match="not a file on this host"):
         asyncio.run(signer(f"s3://b/p/?{endpoint}&credentials_file={tmp_path}/missing.ini"))
+
+
+def test_an_objects_uri_in_messages_keeps_the_key_in_the_path() -> None:
+    """The key went after the store's options, and read as part of the last one's value
+    (``...&credentials_file=/etc/creds/KEY``)."""
+    from objstore.base import object_uri
+
+    assert object_uri("s3://b/p/?endpoint_url=http://h:1&credentials_file=/c", "d/k") == (
+        "s3://b/p/d/k?endpoint_url=http://h:1&credentials_file=/c"
+    )
+    assert object_uri("file:///data/x/", "k") == "file:///data/x/k"
+    assert object_uri("s3://b", "k") == "s3://b/k"
