@@ -142,6 +142,12 @@ async def _get_file(client: PCacheClient, remote: str, local: str) -> int:
                     total += len(buf)
         os.chmod(tmp, st.mode & 0o7777)
         os.replace(tmp, local)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if exc.filename == tmp:  # the caller named `local`: the temporary name is this copy's own
+            raise OSError(exc.errno, exc.strerror, local) from exc
+        raise
     except BaseException:  # an error or Ctrl-C leaves no half-copied file behind
         with contextlib.suppress(OSError):
             os.unlink(tmp)

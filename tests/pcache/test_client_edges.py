@@ -200,6 +200,11 @@ def test_cli_cat_into_head_succeeds_and_an_interrupted_get_leaves_nothing(
         if out.exists():  # the signal landed after the rename: then the copy is whole
             assert out.read_bytes() == data
             out.unlink()
+    # a destination it cannot write names the destination, not the copy's temporary file
+    nowhere = tmp_path / "no-such-dir" / "x.bin"
+    refused = subprocess.run([*cmd, "get", "/big-cli.bin", str(nowhere)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and str(nowhere) in refused.stderr, refused.stderr
+    assert ".pcache-part" not in refused.stderr
 
 
 def test_replication_above_the_worker_count_is_not_reported_forever(make_cluster) -> None:
