@@ -463,8 +463,10 @@ def configure(
         text = item[2:] if item.startswith("--") else item
         key, sep, value = text.partition("=")
         section, dot, name = key.partition(".")
-        if not sep or not dot or section not in sections:
+        if not sep or not dot:
             raise InvalidArgument(f"bad override {key!r}: expected --section.key=value")
+        if section not in sections:  # the form was right: say what is wrong with it
+            raise InvalidArgument(f"unknown config section {section!r} in --{key} (sections: {', '.join(sections)})")
         if (section, name) in SECRET_KEYS:
             raise InvalidArgument(
                 f"--{key} is not taken on a command line (every local user can read it with ps): put it in"

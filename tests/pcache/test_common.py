@@ -225,6 +225,12 @@ def test_bad_overrides(override: str) -> None:
         load_config(overrides=[override])
 
 
+def test_a_misspelt_section_is_named_with_the_sections_there_are() -> None:
+    """`--mastr.x=1` was told "expected --section.key=value", the form it had."""
+    with pytest.raises(E.InvalidArgument, match="unknown config section 'mastr' in --mastr.x .*master, worker"):
+        load_config(overrides=["--mastr.x=1"])
+
+
 @pytest.mark.parametrize(
     "toml",
     [
