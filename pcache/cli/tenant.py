@@ -160,11 +160,18 @@ def quota(ctx: click.Context, name: str, quota_bytes: str | None, quota_inodes: 
 @tenant_cmd.command("token")
 @click.argument("name")
 @click.option("--ttl", type=click.FloatRange(min=0), default=0, help="Seconds valid; 0: no expiry.")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None,
+              help="Write it here (0600, replaced whole) instead of printing it.")  # fmt: skip
 @click.pass_context
-def token(ctx: click.Context, name: str, ttl: float) -> None:
+def token(ctx: click.Context, name: str, ttl: float, token_file: str | None) -> None:
     """Print a new token of tenant NAME (a secret: hand it over as a file or a Secret)."""
     with admin_client(ctx) as pc:
-        click.echo(pc.issue_token(name, ttl))
+        minted = pc.issue_token(name, ttl)
+    if token_file:  # `> file` leaves it 0644 under a usual umask
+        write_secret(Path(token_file), minted + "\n")
+        click.echo(f"token of tenant {name} written to {token_file}", err=True)
+    else:
+        click.echo(minted)
 
 
 @tenant_cmd.command("delete")

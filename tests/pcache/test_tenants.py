@@ -402,6 +402,11 @@ def test_tenant_cli(cluster: LocalCluster, tmp_path) -> None:
     assert made.returncode == 0, made.stderr
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert pcache("mkdir", "/inside", token_file=str(token_file)).returncode == 0
+    # another token into a file, 0600 (`pcache tenant token NAME > file` leaves it 0644)
+    second = tmp_path / "second.token"
+    minted = pcache("tenant", "token", "cli-t", "--token-file", str(second))
+    assert minted.returncode == 0 and minted.stdout == "" and stat.S_IMODE(second.stat().st_mode) == 0o600
+    assert pcache("stat", "/inside", token_file=str(second)).returncode == 0
     listed = pcache("tenant", "list", "--json")
     entry = next(t for t in __import__("json").loads(listed.stdout) if t["name"] == "cli-t")
     assert (entry["quota_bytes"], entry["quota_inodes"], entry["used_inodes"]) == (str(1 << 30), "2000", "1")
