@@ -301,6 +301,8 @@ EXPECTED = {
     "Unavailable": (errno.EIO, (ConnectionError,), True),
     "NotLeader": (errno.EIO, (ConnectionError,), True),
     "Timeout": (errno.ETIMEDOUT, (TimeoutError,), True),
+    "StoreUnavailable": (errno.EIO, (ConnectionError,), True),
+    "StoreTimeout": (errno.ETIMEDOUT, (TimeoutError,), True),
     "CorruptBlock": (errno.EIO, (OSError,), True),
     "StaleEpoch": (errno.ESTALE, (OSError,), True),
     "ProtocolError": (errno.EPROTO, (OSError,), False),
