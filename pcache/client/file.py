@@ -72,6 +72,10 @@ class Slot:
     pending: asyncio.Task | None = None
     fresh: bool = False  # the buffered data is a new block's, written from its start (no old content)
     stream: BlockStream | None = None  # being written straight into its file on this host's worker
+    # set once its buffered block's flush has its allocation (or ended without one): a stream of
+    # a later block allocates after it (a stream allocated first took the quota an earlier,
+    # already full block needed)
+    allocated: asyncio.Event | None = None
 
 
 class View(NamedTuple):
@@ -205,7 +209,7 @@ class PCacheFile:
         self._close_owed = self.writable and layout.inode.persist == pb.PERSIST_PENDING and not self.created
         self._mtime = layout.inode.mtime  # of the last commit this handle knows (kept by a bare close)
         # a modification time set while this handle writes (utimens on the open file: tar, cp -p):
-        # the commit keeps it, until a later write makes it now again (see set_mtime)
+        # the commit keeps it, until a later write makes it now again (File.keep_mtime)
         self.mtime_set: float | None = None
         self._units: OrderedDict[tuple[int, int], asyncio.Task] = OrderedDict()
         self._last_unit: tuple[int, int] | None = None
@@ -717,6 +721,9 @@ class PCacheFile:
     # length and cannot be revoked, so an allocation is never shortened or released early.
 
     async def _start_stream(self, idx: int) -> None:
+        for earlier in self.slots[:idx]:  # allocated in the file's order (see Slot.allocated)
+            if earlier.allocated is not None:
+                await earlier.allocated.wait()
         async with self._slot_lock:
             slot = self.slots[idx]
             data = slot.data
@@ -821,8 +828,10 @@ class PCacheFile:
             self._flush_slots.release()
             raise
         slot.data = None
+        slot.allocated = allocated = asyncio.Event()
         slot.pending = asyncio.ensure_future(self._store(slot, data))
         slot.pending.add_done_callback(functools.partial(self._flush_done, granted))
+        slot.pending.add_done_callback(lambda _: allocated.set())
 
     def _flush_done(self, granted: int, task: asyncio.Task) -> None:
         self._flush_slots.release()
@@ -832,11 +841,15 @@ class PCacheFile:
 
     async def _store(self, slot: Slot, data: bytearray) -> None:
         crcs, crc = await asyncio.to_thread(chunk_crcs, data) if len(data) > (1 << 20) else chunk_crcs(data)
+
         # each allocation is known to the handle from the moment it exists: a close that fails
         # or is cancelled while this block is on its way gives it back too (AbandonBlocks)
-        block_id, stored, locations, token = await self.service.write_block(
-            self.inode, data, crc, crcs, self._allocated.add
-        )
+        def allocated(block_id: int) -> None:
+            self._allocated.add(block_id)
+            if slot.allocated is not None:
+                slot.allocated.set()
+
+        block_id, stored, locations, token = await self.service.write_block(self.inode, data, crc, crcs, allocated)
         slot.block_id, slot.length, slot.crc = block_id, len(data), crc
         slot.replicas, slot.locations, slot.token = stored, locations, token
 
@@ -1001,9 +1014,8 @@ class PCacheFile:
         pending = [s.pending for s in self.slots if s.pending is not None and not s.pending.done()]
         for task in pending:
             task.cancel()
-        if pending:
-            with contextlib.suppress(BaseException):
-                await asyncio.wait(pending, timeout=5.0)
+        if pending:  # their own errors stay in them (asyncio.wait raises none); a cancel of this close does
+            await asyncio.wait(pending, timeout=5.0)
 
     async def abort(self) -> None:
         """Drop the handle without committing: the file keeps its last committed content (a file

@@ -554,12 +554,16 @@ class DataServer:
         told, keeps it (the DELETE is dropped) instead of counting it cached while it goes."""
         if self.on_fetched is None:
             return
-        for block_id in block_ids:
+        on_fetched = self.on_fetched
+
+        async def one(block_id: int) -> None:
             try:
                 info = await asyncio.to_thread(self.store.info, block_id)
-                await self.on_fetched(block_id, info.length, info.crc32c)
+                await on_fetched(block_id, info.length, info.crc32c)
             except PCacheError as exc:  # deleted meanwhile, or the master unreachable: as before
                 logger.debug("block %d: not reported as here: %s", block_id, exc)
+
+        await asyncio.gather(*(one(b) for b in block_ids))  # at once: their reports travel together
 
     async def read_range(self, block_id: int, offset: int, length: int):
         """Verified bytes ``offset .. offset+length`` of a block, via the memory tier: (bytes, info).

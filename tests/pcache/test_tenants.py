@@ -369,15 +369,15 @@ def test_a_file_that_fits_the_quota_is_not_refused_for_the_block_it_ends_in(
     EDQUOT: its second block, streamed to the local worker, was reserved whole (64 MiB). A
     block the quota cannot take whole is buffered, and reserved at its own length."""
     block = 32 << 20
-    admin.create_tenant("ts", quota_bytes=48 << 20)
-    token = admin.issue_token("ts")
+    admin.create_tenant("tfit", quota_bytes=48 << 20)
+    token = admin.issue_token("tfit")
     data = os.urandom(40 << 20)
     with _client(cluster, token) as pc:
         with pc.open("/forty", "wb", block_size=block) as f:
             for off in range(0, len(data), 1 << 20):  # as a writer streams it
                 f.write(data[off : off + (1 << 20)])
         assert pc.read_file("/forty") == data
-    usage = {t.name: t for t in admin.tenants()}["ts"]
+    usage = {t.name: t for t in admin.tenants()}["tfit"]
     assert (usage.used_bytes, usage.reserved_bytes) == (len(data), 0)
 
 
