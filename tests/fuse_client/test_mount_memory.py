@@ -19,7 +19,10 @@ from tests.fuse_client.conftest import Mount
 MiB = 1 << 20
 JOBS, FILES, SIZE = 20, 40, 2 * MiB
 BUDGET = 128 * MiB
-SLACK = 128 * MiB  # requests in flight (one per FUSE thread), the allocator's free lists
+# requests in flight (one per FUSE thread: 64 since --max-threads), the allocator's free lists:
+# the growth measured +209..+265 MiB on 2 busy cores (at this commit and the one before the
+# change that raised the threads alike; CI once +265 against a 256 MiB bound); unbounded: +1,624
+SLACK = 192 * MiB
 
 JOB = """
 import hashlib, os, sys
