@@ -191,13 +191,17 @@ class Namespace:
 
     # ---------------------------------------------------------- mutations --
 
-    def _new_inode(self, parent: pb.Inode, kind: pb.FileType, mode: int, **fields) -> pb.Inode:
-        """A fresh inode in ``parent``: of its tenant, within the tenant's inode quota.
+    def _new_inode(self, parent: pb.Inode, kind: pb.FileType, mode: int, *, listed: bool = False, **fields) -> pb.Inode:
+        """A fresh inode in ``parent``: of its tenant, within the tenant's inode quota, unless it is
+        ``listed`` from an under-store (cache of the store an admin bound, as its blocks are: not
+        counted, so a tenant at its quota still lists its datasets, and a dataset listed does
+        not use up the quota its checkpoints need).
 
         Raises:
             QuotaExceeded: the tenant has used its inode quota.
         """
-        self.tenants.check_inodes(parent.tenant)
+        if not listed:
+            self.tenants.check_inodes(parent.tenant)
         now = time.time()
         return pb.Inode(
             id=self._inodes.take(),
@@ -659,7 +663,7 @@ class Namespace:
         deltas: dict[str, list[int]] = {}
         tenant_of = {v.id: v.tenant for v in victims}
         for victim in victims:
-            if victim.id not in roots:  # a root is not counted
+            if victim.id not in roots and not victim.bind:  # a root, an entry listed from a store: not counted
                 add(deltas, victim.tenant, inodes=-names[victim.id])
         for ino, child_names in names.items():
             if ino not in tenant_of:  # a linked file that keeps names outside the tree: these go
@@ -996,7 +1000,7 @@ class Namespace:
             blocks dropped (their replicas must be deleted).
 
         Raises:
-            NotFound: the directory is gone. QuotaExceeded: the tenant's inode quota.
+            NotFound: the directory is gone.
         """
         parent = self._get_inode(dir_id)
         level = self.ufs_level(parent)
@@ -1027,11 +1031,16 @@ class Namespace:
                 continue
             kind = pb.DIRECTORY if is_dir else pb.REGULAR
             if is_dir:
-                node = self._new_inode(parent, kind, 0o755)
+                node = self._new_inode(parent, kind, 0o755, listed=True)
                 parent.subdirs += 1
             else:
                 node = self._new_inode(
-                    parent, kind, mode, block_size=self.default_block_size, replication=self.default_replication
+                    parent,
+                    kind,
+                    mode,
+                    listed=True,
+                    block_size=self.default_block_size,
+                    replication=self.default_replication,
                 )
             node.bind, node.ufs_key, node.seen, node.parent = (
                 bind.inode,
@@ -1043,8 +1052,7 @@ class Namespace:
                 node.size, node.etag, node.mtime = size, etag, mtime or now
             puts += [(_ikey(node.id), node.SerializeToString()), (_dkey(dir_id, name), U64.pack(node.id))]
             made += 1
-        if made:
-            puts += self.tenants.charge({parent.tenant: [made, 0]})
+        if made:  # listed entries are not charged (_new_inode)
             puts.append((_ikey(dir_id), self._touch(parent, now)))
         if puts or deletes:
             self.store.write(puts, deletes)

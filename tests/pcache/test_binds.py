@@ -521,16 +521,26 @@ def test_a_short_ttl_sees_upstream_changes_by_itself_and_a_failed_listing_is_nev
 def test_a_tenant_reads_the_listing_of_a_bind_in_its_root_and_refresh_takes_its_view(
     cluster: LocalCluster, admin: Client, moto_endpoint: str
 ) -> None:
+    """What a store lists is cache of a store an admin bound, as its blocks are: not counted
+    against the tenant's inode quota (a tenant at its quota could not list its dataset; a large
+    dataset listed used up the quota its checkpoints needed)."""
     bucket = create_bucket(moto_endpoint)
-    _s3(moto_endpoint).put_object(Bucket=bucket, Key="k/f", Body=b"ff")
-    admin.create_tenant("lt")
-    admin.bind("/lt/data", f"s3://{bucket}/?endpoint_url={moto_endpoint}")
+    for key in ("k/f", "k/g", "h"):
+        _s3(moto_endpoint).put_object(Bucket=bucket, Key=key, Body=b"ff")
+    admin.create_tenant("lt", quota_inodes=2)
+    admin.bind("/lt/data", f"s3://{bucket}/?endpoint_url={moto_endpoint}")  # "data": one inode
     with Client(ClientConfig(master=cluster.master_address, token=admin.issue_token("lt"))) as tenant:
-        assert _names(tenant, "/data") == {"k"} and tenant.stat("/data/k/f").size == 2
+        tenant.write_file("/mine", b"m")  # the second: at its quota
+        assert _names(tenant, "/data") == {"k", "h"} and tenant.stat("/data/k/f").size == 2
+        assert _names(tenant, "/data/k") == {"f", "g"} and tenant.read_file("/data/k/g") == b"ff"
         assert tenant.refresh("/data/k").is_dir
         with pytest.raises(E.InvalidArgument):
             tenant.refresh("/")  # its root is not listed from a store
-        assert tenant.status().tenants[0].used_inodes == 3  # data, k, f: the cache's metadata counts
+        assert tenant.status().tenants[0].used_inodes == 2  # data and mine
+        with pytest.raises(E.QuotaExceeded):
+            tenant.write_file("/more", b"y")
+        admin.unbind("/lt/data")  # its listed entries go uncounted, as they came
+        assert tenant.status().tenants[0].used_inodes == 1
 
 
 def test_a_file_tree_bound_without_etags_tells_versions_apart_by_size_and_mtime(admin: Client, tmp_path: Path) -> None:
