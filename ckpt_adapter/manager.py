@@ -9,6 +9,11 @@ only ever considers complete checkpoints; incomplete ones (a crash mid-save)
 are reported by :meth:`CheckpointManager.list` and removed by the next garbage
 collection.
 
+"Newest" means the last *committed* (the ``.metadata``'s time in the master), not the highest
+step, as Megatron-LM's ``latest_checkpointed_iteration.txt`` names the last save: a run rolled
+back to step 10 (a loss spike) that then saves 11, 12 resumes from 12 after a crash, not from the
+abandoned step 20, and keep-last keeps 11 and 12, not 20.
+
 Async mode: ``save`` copies every tensor into a staging buffer in shared host
 memory (allocated once per tensor and reused, so memory stays flat across
 saves), then returns; a background thread persists the staged copy with its
@@ -34,13 +39,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from ckpt_adapter.planner import NodeAwareSavePlanner, gather_nodes
 from ckpt_adapter.storage import METADATA, PCacheStorageReader, PCacheStorageWriter
 from ckpt_adapter.uri import client_for, join_uri, split_uri
-from pcache.common.errors import InvalidArgument, NotFound, Timeout
+from pcache.common.errors import InvalidArgument, NotFound, PCacheError, Timeout, from_name
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +55,17 @@ STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """One checkpoint directory under the manager's root."""
+    """One checkpoint directory under the manager's root.
+
+    ``committed``: when its ``.metadata`` was written (seconds since the epoch, the master's
+    clock; 0.0 when incomplete); ``modified``: the directory's last change (seconds).
+    """
 
     step: int
     uri: str
     complete: bool
+    committed: float = 0.0
+    modified: float = 0.0
 
 
 class _Stager:
@@ -154,7 +166,11 @@ class CheckpointManager:
         return join_uri(self.root, f"step-{step:08d}")
 
     def list(self) -> list[CheckpointInfo]:
-        """Every checkpoint directory under the root, oldest first, complete or not."""
+        """Every checkpoint directory under the root, by step, complete or not.
+
+        Raises:
+            PCacheError: the listing failed (Unavailable, StoreTimeout ...).
+        """
         out = []
         try:
             entries = self.client.listdir(self.root_path)
@@ -164,9 +180,20 @@ class CheckpointManager:
             match = STEP_DIR.match(entry.name)
             if not match or not entry.is_dir:
                 continue
-            complete = self.client.exists(f"{entry.path}/{METADATA}")
-            out.append(CheckpointInfo(int(match.group(1)), join_uri(self.root, entry.name), complete))
+            try:
+                committed = self.client.stat(f"{entry.path}/{METADATA}").mtime
+            except NotFound:
+                committed = 0.0
+            out.append(
+                CheckpointInfo(
+                    int(match.group(1)), join_uri(self.root, entry.name), committed > 0, committed, entry.mtime
+                )
+            )
         return sorted(out, key=lambda c: c.step)
+
+    def committed(self) -> list[CheckpointInfo]:
+        """The complete checkpoints, in the order they were committed (the last: the newest)."""
+        return sorted((c for c in self.list() if c.complete), key=lambda c: (c.committed, c.step))
 
     # ------------------------------------------------------------- state --
 
@@ -182,7 +209,10 @@ class CheckpointManager:
         waits for the persist. Returns whether a checkpoint was started.
 
         Raises:
-            PCacheError: the previous async persist failed (surfaced here), or a sync save failed.
+            PCacheError: a sync save failed, or the previous async persist did (surfaced here, its
+                step named): the error of the rank that failed (``QuotaExceeded``, ``NoSpace``,
+                ``Unavailable`` ...), whichever rank raises. RuntimeError: a failure that is not
+                PCache's (torch's, the planner's), with its cause.
         """
         if not force and step % self.interval != 0:
             return False
@@ -206,7 +236,7 @@ class CheckpointManager:
         if isinstance(planner, NodeAwareSavePlanner):
             planner.use_nodes(self.nodes)
         self._agree("save", step)
-        with self._bounded("save", step):
+        with self._unwrapped("save", step), self._bounded("save", step):
             dcp.save(state, storage_writer=writer, planner=planner, process_group=self._pg)
         logger.info("checkpoint step %d committed at %s", step, uri)
         if self._rank == 0:
@@ -236,10 +266,44 @@ class CheckpointManager:
             yield
         except RuntimeError as exc:  # gloo: a timed-out or broken collective (DistBackendError too)
             raise Timeout(
-                f"checkpoint {what} of step {step} on rank {self._rank}: not every rank took part within"
-                f" {self.collective_timeout:.0f} s (collective_timeout). Every rank must call {what}() for the"
-                f" same step; a rank that skipped it, died or hangs leaves the others waiting ({exc})"
+                f"checkpoint {what} of step {step} on rank {self._rank}: a collective failed (a rank's"
+                f" connection closed, or not every rank took part within {self.collective_timeout:.0f} s,"
+                f" collective_timeout). Every rank must call {what}() for the same step; a rank that"
+                f" skipped it, died or hangs fails the others ({exc})"
             ) from exc
+
+    @contextlib.contextmanager
+    def _unwrapped(self, what: str, step: int) -> Iterator[None]:
+        """torch's ``CheckpointException`` (a ``BaseException``: ``except Exception`` missed it)
+        as the failing rank's own error, this rank's first, with the step named (outside
+        :meth:`_bounded`, which takes a gloo collective's own ``RuntimeError``)."""
+        try:
+            yield
+        except CheckpointException as exc:
+            failures = exc.failures
+            rank = self._rank if self._rank in failures else min(failures, default=-1)
+            cause = failures[rank][0] if rank in failures else exc
+            where = f"checkpoint {what} of step {step} failed on rank {rank}"
+            if isinstance(cause, PCacheError):
+                error = from_name(type(cause).__name__, f"{where}: {cause.message}", path=cause.filename)
+            else:
+                error = RuntimeError(f"{where}: {cause!r}")
+            raise error from cause
+
+    def _agree_load(self, step: int, error: PCacheError | None) -> tuple[int, tuple[int, str, str] | None]:
+        """Rank 0's step to load, and the first rank's listing error (rank, error name, message).
+
+        Raises:
+            Timeout: a rank did not join.
+        """
+        mine = (step, None if error is None else (self._rank, type(error).__name__, str(error)))
+        if self._pg is None:
+            return mine
+        views: list[Any] = [None] * dist.get_world_size(self._pg)
+        with self._bounded("load", step):
+            dist.all_gather_object(views, mine, group=self._pg)
+        failed = next((view[1] for view in views if view[1] is not None), None)
+        return int(views[0][0]), failed
 
     def wait(self) -> None:
         """Block until a pending async persist is done; re-raise its error."""
@@ -248,12 +312,14 @@ class CheckpointManager:
             pending.result()
 
     def collect_garbage(self, keep_step: int | None = None) -> list[int]:
-        """Remove checkpoints beyond the newest ``keep_last`` complete ones, and incomplete
-        ones older than the newest complete checkpoint; returns the removed steps."""
+        """Remove checkpoints beyond the ``keep_last`` last committed ones, and incomplete ones
+        last changed before the last commit (a save that died: one root has one save at a time);
+        returns the removed steps. Keeping ``keep_last`` takes room for one more while a save
+        runs: a quota or a cluster must hold ``keep_last + 1`` checkpoints."""
         infos = self.list()
-        complete = [c for c in infos if c.complete]
-        newest = complete[-1].step if complete else -1
-        doomed = [c for c in infos if not c.complete and c.step < newest and c.step != keep_step]
+        complete = sorted((c for c in infos if c.complete), key=lambda c: (c.committed, c.step))
+        newest = complete[-1].committed if complete else 0.0
+        doomed = [c for c in infos if not c.complete and c.modified < newest and c.step != keep_step]
         if self.keep_last > 0:
             doomed += complete[: -self.keep_last]
         for info in doomed:
@@ -268,33 +334,43 @@ class CheckpointManager:
     # -------------------------------------------------------------- load --
 
     def load(self, step: int = -1) -> bool:
-        """Restore the states from checkpoint ``step`` (-1: the newest complete one).
+        """Restore the states from checkpoint ``step`` (-1: the last committed complete one).
+
+        Every rank comes to the same outcome: rank 0's choice is loaded (a commit may land
+        between two ranks' listings), and a rank that cannot list the root fails them all.
 
         Returns:
             False when there is no complete checkpoint to load (a fresh start).
 
         Raises:
             FileNotFoundError: ``step`` was asked for explicitly and is not complete.
+            PCacheError: a rank could not list the checkpoints (Unavailable, StoreTimeout ...):
+                its error, on every rank.
         """
         self.wait()
-        complete = [c for c in self.list() if c.complete]
-        if step < 0:
-            if not complete:
-                return False
-            info = complete[-1]
-        else:
-            matches = [c for c in complete if c.step == step]
-            if not matches:
+        complete: list[CheckpointInfo] = []
+        error: PCacheError | None = None
+        try:
+            complete = self.committed()
+        except PCacheError as exc:
+            error = exc
+        mine = step if step >= 0 else (complete[-1].step if complete else -1)  # -1: nothing to load
+        chosen, failed = self._agree_load(mine, error)
+        if failed is not None:
+            rank, name, message = failed
+            if error is not None:
+                raise error
+            raise from_name(name, f"checkpoint load: rank {rank} could not list {self.root}: {message}")
+        if chosen < 0:
+            return False
+        matches = [c for c in complete if c.step == chosen]
+        if not matches:
+            if step >= 0:
                 raise NotFound(f"no complete checkpoint for step {step}", path=self.uri_of(step))
-            info = matches[0]
-        chosen = self._agree("load", info.step)  # rank 0's choice: a commit landing between two ranks' listings
-        if chosen != info.step:
-            matches = [c for c in complete if c.step == chosen]
-            if not matches:
-                raise NotFound(f"rank 0 loads step {chosen}, which is not complete here", path=self.uri_of(chosen))
-            info = matches[0]
+            raise NotFound(f"rank 0 loads step {chosen}, which is not complete here", path=self.uri_of(chosen))
+        info = matches[0]
         state = self._state_dict()
-        with self._bounded("load", info.step):
+        with self._unwrapped("load", info.step), self._bounded("load", info.step):
             dcp.load(state, storage_reader=PCacheStorageReader(info.uri), process_group=self._pg)
         for name, obj in self.states.items():
             if isinstance(obj, Stateful):

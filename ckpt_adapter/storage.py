@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, _FileSystemWriter
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from ckpt_adapter.uri import SCHEME, client_for, join_uri, split_uri
 from pcache.common.checkpoint import COMMIT_MARKER
@@ -35,23 +37,36 @@ STREAM_BUFFER = 4 << 20
 
 
 class PCacheFileSystem(FileSystemBase):
-    """torch's checkpoint file-system interface over ``pcache://`` URIs."""
+    """torch's checkpoint file-system interface over ``pcache://`` URIs.
+
+    ``failures`` keeps every error a stream ended with (torch's writer threads beyond the first
+    drop theirs: :meth:`PCacheStorageWriter.write_data` raises them).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: list[BaseException] = []  # list.append is atomic: written from torch's threads
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         master, p = split_uri(path)
-        raw = client_for(master).open(p, mode)
+        try:
+            raw = client_for(master).open(p, mode)
+        except BaseException as exc:
+            self.failures.append(exc)
+            raise
         # buffered: pickle and torch.save issue many small reads and writes
         stream = io.BufferedWriter(raw, STREAM_BUFFER) if raw.writable() else io.BufferedReader(raw, STREAM_BUFFER)
         try:
             yield stream
-        except BaseException:
+            stream.close()  # flush, then close the PCache file: the shard is committed
+        except BaseException as exc:
+            self.failures.append(exc)
             if raw.writable():
                 raw.abort()  # a failed shard commits nothing
             else:
                 raw.close()
             raise
-        stream.close()  # flush, then close the PCache file: the shard is committed
 
     def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
         return join_uri(os.fspath(path), suffix)
@@ -136,6 +151,33 @@ class PCacheStorageWriter(_FileSystemWriter):
     def _decommit(self, metadata_path: Any) -> None:
         if self.overwrite and self.fs.exists(metadata_path):
             self.fs.rm_file(metadata_path)
+
+    def write_data(self, plan: Any, planner: Any) -> Future[list[WriteResult]]:
+        """torch's ``write_data``, failing when any planned item was not written.
+
+        torch's writer threads beyond the first (``thread_count > 1``) end silently on an error
+        (torch 2.x ``_write_files_from_queue``): their shards were missing from a checkpoint
+        whose ``.metadata`` was then committed over them, and keep-last removed the good one
+        before it. Here every planned item must have its result.
+
+        Raises:
+            the first error a shard's stream ended with (``QuotaExceeded``, ``NoSpace`` ...), or
+            RuntimeError when items are missing with no such error.
+        """
+        self.fs.failures.clear()
+        results = super().write_data(plan, planner).wait()
+        written = {result.index for result in results}
+        missing = [item.index.fqn for item in plan.items if item.index not in written]
+        if missing:
+            if self.fs.failures:
+                raise self.fs.failures[0]
+            raise RuntimeError(
+                f"{len(missing)} of the {len(plan.items)} items planned for this rank were not written"
+                f" (first: {missing[0]}), with no error from their writer thread"
+            )
+        done: Future[list[WriteResult]] = Future()
+        done.set_result(results)
+        return done
 
     def finish(self, metadata: Any, results: Any) -> None:
         super().finish(metadata, results)

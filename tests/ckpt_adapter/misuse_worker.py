@@ -3,6 +3,8 @@
 Usage: python -m tests.ckpt_adapter.misuse_worker SCENARIO ROOT_URI RANK PORT
 SCENARIO ``alone``: rank 0 saves, rank 1 waits in a training barrier on the default group.
 SCENARIO ``dead``: both save; rank 1 exits (as if killed) before it does.
+SCENARIO ``unlisted``: both load; rank 1's listing fails as a write-back bind's store that does
+not answer makes it fail (StoreTimeout), rank 0's finds nothing to load.
 Prints one JSON line: the rank, seconds its call took, and the error it raised (if any).
 """
 
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ckpt_adapter import CheckpointManager
+from pcache.common.errors import StoreTimeout
 
 
 def main() -> int:
@@ -27,7 +30,18 @@ def main() -> int:
     started = time.monotonic()
     if scenario == "dead" and rank == 1:
         os._exit(0)  # gone without a word, as a SIGKILLed rank
-    if rank == 0:
+    if scenario == "unlisted":
+        if rank == 1:
+
+            def unlisted() -> list:
+                raise StoreTimeout("the under-store did not answer within 8 s")
+
+            mgr.committed = unlisted  # type: ignore[method-assign]
+        try:
+            result["loaded"] = mgr.load()
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            result["error"] = f"{type(exc).__name__}: {exc}"
+    elif rank == 0:
         try:
             mgr.save(1, force=True)
         except Exception as exc:  # noqa: BLE001 - reported to the test

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import torch
 
 from ckpt_adapter import CheckpointManager, load, save
+from ckpt_adapter.storage import PCacheFileSystem
 from pcache.client import Client
+from pcache.common.errors import QuotaExceeded
 from pcache.common.process import free_port
 from tests.ckpt_adapter.dist_worker import expected
 from tests.ckpt_adapter.test_dcp import REPO, run_ranks
@@ -160,3 +164,101 @@ def test_a_save_not_every_rank_joins_fails_in_bounded_time_naming_the_cause(shar
         assert json.loads(outs[1][0].strip().splitlines()[-1])["rank"] == 1  # its barrier completed
     with Client(master=shared_cluster.master_address) as pc:  # nothing was committed
         assert not pc.exists(f"/ckpt/misuse-{scenario}/step-00000001/.metadata")
+
+
+def test_ranks_whose_listings_differ_come_to_one_outcome(shared_cluster) -> None:
+    """Rank 1 cannot list the root (its store does not answer), rank 0 finds nothing: rank 0
+    decided on a fresh start and died in the training's next collective, while rank 1 failed."""
+    root = f"pcache://{shared_cluster.master_address}/ckpt/misuse-unlisted"
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.ckpt_adapter.misuse_worker", "unlisted", root, str(r), str(port)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert [r.get("loaded") for r in ranks] == [None, None], outs
+    assert ranks[0]["error"].startswith("StoreTimeout: checkpoint load: rank 1 could not list"), ranks[0]
+    assert ranks[1]["error"].startswith("StoreTimeout: the under-store did not answer"), ranks[1]
+
+
+class _Quota:
+    """Fails the shard streams torch opens on its writer threads beyond the first, as a full
+    quota fails them (torch 2.x drops those threads' errors)."""
+
+    def __init__(self, monkeypatch) -> None:
+        real = PCacheFileSystem.create_stream
+        self.failed = 0
+
+        @contextlib.contextmanager
+        def create_stream(fs, path, mode):
+            if threading.current_thread() is not threading.main_thread() and str(path).endswith(".distcp"):
+                self.failed += 1
+                exc = QuotaExceeded("tenant 'team' has used 40 MiB of its 40 MiB (pcache tenant quota)")
+                getattr(fs, "failures", []).append(exc)  # as the real stream records it
+                raise exc
+            with real(fs, path, mode) as stream:
+                yield stream
+
+        monkeypatch.setattr(PCacheFileSystem, "create_stream", create_stream)
+
+
+def test_a_shard_failing_on_a_writer_thread_fails_the_save_and_keeps_the_last_good_checkpoint(
+    shared_cluster, monkeypatch
+) -> None:
+    root = f"pcache://{shared_cluster.master_address}/ckpt/threads"
+    state = {"a": torch.randn(1 << 20), "b": torch.randn(1 << 19), "c": torch.randn(1 << 18)}
+    mgr = CheckpointManager(root, {"model": state}, keep_last=1, thread_count=2)
+    mgr.save(1, force=True)
+    quota = _Quota(monkeypatch)
+    with pytest.raises(QuotaExceeded) as err:  # a PCacheError, not torch's CheckpointException
+        mgr.save(2, force=True)
+    assert quota.failed and "checkpoint save of step 2 failed on rank 0" in str(err.value)
+    monkeypatch.undo()
+    assert [(c.step, c.complete) for c in mgr.list()] == [(1, True), (2, False)]
+    check = {"model": {k: torch.zeros_like(v) for k, v in state.items()}}
+    assert CheckpointManager(root, check).load() and all(torch.equal(check["model"][k], state[k]) for k in state)
+    mgr.close()
+
+
+def test_an_async_save_that_failed_is_raised_by_the_next_call_naming_its_step(shared_cluster, monkeypatch) -> None:
+    root = f"pcache://{shared_cluster.master_address}/ckpt/async-fail"
+    mgr = CheckpointManager(root, {"model": {"w": torch.randn(1 << 18)}}, async_mode=True, thread_count=2)
+    quota = _Quota(monkeypatch)
+    mgr.save(3, force=True)  # returns once staged
+    with pytest.raises(QuotaExceeded) as err:
+        mgr.save(4, force=True)
+    assert quota.failed and "checkpoint save of step 3 failed" in str(err.value)
+    monkeypatch.undo()
+    mgr.save(5, force=True)
+    mgr.close()
+    assert [(c.step, c.complete) for c in mgr.list()] == [(5, True)]  # the failed one was collected
+
+
+def test_after_a_rollback_the_last_saves_are_kept_and_loaded_not_the_abandoned_steps(shared_cluster) -> None:
+    """A run rolled back to step 10 (a loss spike) saves 11, 12, 13: keep-last kept only the
+    newest of them beside the abandoned 20, and a restart resumed from 20."""
+    root = f"pcache://{shared_cluster.master_address}/ckpt/rollback"
+    counter = Counter()
+    mgr = CheckpointManager(root, {"c": counter}, keep_last=2)
+    for step in (10, 20):
+        counter.n = step
+        mgr.save(step, force=True)
+    assert mgr.load(10) and counter.n == 10
+    for step in (11, 12, 13):
+        counter.n = step
+        mgr.save(step, force=True)
+    mgr.close()
+    assert [c.step for c in mgr.list()] == [12, 13]
+    assert [c.step for c in mgr.committed()] == [12, 13]
+    counter.n = -1
+    restart = CheckpointManager(root, {"c": counter})
+    assert restart.load() and restart.loaded_step == 13 and counter.n == 13
+    restart.close()
