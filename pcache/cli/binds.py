@@ -218,9 +218,12 @@ def persist_cmd(ctx: click.Context, path: str, wait: bool, timeout: float) -> in
         if wait:
             started = time.monotonic()
 
+            unclosed = pc.unclosed_check()
+
             def waiting(pending: list) -> None:  # a line every 10 s: silence looked like a hang
                 first = pending[0]
                 why = f"; its last attempt failed: {first.persist_error}" if first.persist_error else ""
+                why = "; not closed by its writer yet: uploaded once it is" if unclosed(first) else why
                 click.echo(f"waited {time.monotonic() - started:.0f} s: {len(pending)} files not in their store yet"
                            f" ({first.path}{why})", err=True)  # fmt: skip
 
@@ -235,14 +238,21 @@ def persist_cmd(ctx: click.Context, path: str, wait: bool, timeout: float) -> in
                 click.echo(f"{count} files under {path} are in their store")
             return EXIT_OK
         counts: dict[str, int] = {}
-        failed = []
+        failed, open_ = [], []
+        unclosed = pc.unclosed_check()
         for st in pc.walk_files(path):
-            counts[st.persist or "not write-back"] = counts.get(st.persist or "not write-back", 0) + 1
+            state = "not closed" if unclosed(st) else st.persist or ("in the store" if st.listed else "not write-back")
+            counts[state] = counts.get(state, 0) + 1
             if st.persist == "failed":
                 failed.append(st)
+            elif state == "not closed":
+                open_.append(st)
     click.echo("  ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no files")
     for st in failed[:20]:
         click.echo(f"  {st.path}: {st.persist_error}", err=True)
+    for st in open_[:20]:
+        click.echo(f"  {st.path}: not closed by its writer yet (uploaded once it is; a writer that died leaves it so)",
+                   err=True)  # fmt: skip
     return EXIT_PARTIAL if failed else EXIT_OK
 
 

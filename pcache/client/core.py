@@ -101,6 +101,7 @@ class FileStat:
     persist: str = ""  # under a write-back bind: "pending", "done" or "failed" ("" elsewhere)
     persist_error: str = ""  # the last failed upload's error
     nlink: int = 1  # names of a file (hard links); a directory's 2 + its subdirectories
+    listed: bool = False  # listed from a bound under-store (its content is the store's object)
 
     @property
     def is_dir(self) -> bool:
@@ -135,6 +136,7 @@ class FileStat:
             etag=node.etag,
             persist=PERSIST_NAMES.get(node.persist, ""),
             persist_error=node.persist_error,
+            listed=bool(node.bind),
         )
 
 
@@ -577,28 +579,33 @@ class PCacheClient:
         on_wait: Callable[[list[FileStat]], None] | None = None,
     ) -> int:
         """Block until every file at or under ``path`` in a write-back bind is in its store
-        (``pcache persist --wait``); returns how many files were looked at. ``on_wait`` hears the
-        files still pending every :data:`WAIT_REPORT_EVERY` seconds (their ``persist_error``:
-        why the last attempt failed, while it is retried).
+        (``pcache persist --wait``); returns how many files were looked at. A file there that its
+        writer has not closed yet (:meth:`unclosed`) is waited for too: it is uploaded once closed.
+        ``on_wait`` hears the files still pending every :data:`WAIT_REPORT_EVERY` seconds (their
+        ``persist_error``: why the last attempt failed, while it is retried).
 
         Raises:
             Unavailable: a file's upload keeps failing (``persist: failed``, its error named).
-            Timeout: still pending after ``timeout`` seconds. NotFound: no such path.
+            Timeout: still pending after ``timeout`` seconds (a file never closed: named so).
+            NotFound: no such path.
         """
         deadline = time.monotonic() + timeout
         waiting = [s async for s in self.files_under(path)]
         count = len(waiting)
+        unclosed = await self.unclosed_check()
         report_at = time.monotonic() + WAIT_REPORT_EVERY
         while True:
             failed = [s for s in waiting if s.persist == "failed"]
             if failed:
                 raise Unavailable(f"write-back of {failed[0].path} keeps failing: {failed[0].persist_error}")
-            waiting = [s for s in waiting if s.persist == "pending"]
+            waiting = [s for s in waiting if s.persist == "pending" or unclosed(s)]
             if not waiting:
                 return count
             if time.monotonic() > deadline:
+                first = waiting[0]
+                why = " (not closed by its writer: uploaded once it is)" if unclosed(first) else ""
                 raise Timeout(
-                    f"{len(waiting)} files under {path} not persisted after {timeout:g} s ({waiting[0].path} ...)"
+                    f"{len(waiting)} files under {path} not persisted after {timeout:g} s ({first.path}{why} ...)"
                 )
             if on_wait is not None and time.monotonic() >= report_at:
                 on_wait(waiting)
@@ -610,6 +617,17 @@ class PCacheClient:
                 with contextlib.suppress(NotFound):  # deleted meanwhile: nothing to wait for
                     fresh.append(await self.stat(st.path))
             waiting = fresh
+
+    async def unclosed_check(self) -> Callable[[FileStat], bool]:
+        """A test of whether a file is under a write-back bind and its writer has not closed it
+        yet (no write-back state, not listed from the store): nothing is uploaded until it is
+        (a writer that died leaves it so)."""
+        roots = [b.path.rstrip("/") + "/" for b in await self.binds() if b.mode == "writeback"]
+
+        def unclosed(st: FileStat) -> bool:
+            return not st.persist and not st.listed and any(st.path.startswith(root) for root in roots)
+
+        return unclosed
 
     async def files_under(self, path: str) -> AsyncIterator[FileStat]:
         self.invalidate(path)

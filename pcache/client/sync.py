@@ -218,6 +218,11 @@ class Client:
     def free(self, path: str) -> pb.FreeReport:
         return self._run(self.aio.free(path))
 
+    def unclosed_check(self) -> Callable[[FileStat], bool]:
+        """Whether a file is under a write-back bind and not closed by its writer yet
+        (:meth:`PCacheClient.unclosed_check`)."""
+        return self._run(self.aio.unclosed_check())
+
     def walk_files(self, path: str) -> list[FileStat]:
         """Every regular file at or under ``path`` (with its write-back state)."""
 

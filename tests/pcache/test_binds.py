@@ -871,6 +871,28 @@ def _read_or_error(pc: Client, path: str) -> bytes | E.PCacheError:
         return exc
 
 
+def test_a_file_its_writer_has_not_closed_is_waited_for_and_named_never_counted_in_the_store(
+    cluster: LocalCluster, admin: Client, moto_endpoint: str
+) -> None:
+    """A rank killed during an async save left a 0-byte shard under a write-back bind: ``pcache
+    persist`` counted it "not write-back" and ``persist --wait`` said "3 files ... are in their
+    store" with 2 objects in the bucket."""
+    bucket = create_bucket(moto_endpoint)
+    admin.bind("/wb-open", f"s3://{bucket}/ck/?endpoint_url={moto_endpoint}", mode="writeback")
+    admin.write_file("/wb-open/done", b"closed")
+    writer = admin.open("/wb-open/shard", "wb")
+    writer.write(b"half")
+    env = {**os.environ, "PCACHE_TOKEN_FILE": str(cluster.secrets / "admin.token")}
+    cli = [sys.executable, "-m", "pcache", "--master", cluster.master_address, "persist", "/wb-open"]
+    shown = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
+    assert "not closed: 1" in shown.stdout and "/wb-open/shard: not closed by its writer" in shown.stderr, shown
+    with pytest.raises(E.Timeout, match="shard \\(not closed by its writer"):
+        admin.wait_persisted("/wb-open", timeout=1.5)
+    writer.close()
+    assert admin.wait_persisted("/wb-open", timeout=60) == 2
+    assert _s3(moto_endpoint).get_object(Bucket=bucket, Key="ck/shard")["Body"].read() == b"half"
+
+
 def test_under_a_writeback_bind_new_files_are_written_and_listed_objects_stay_as_the_store_has_them(
     admin: Client, moto_endpoint: str
 ) -> None:
