@@ -6,6 +6,7 @@ from __future__ import annotations
 from objstore.errors import (
     AccessDenied,
     BadURI,
+    Corrupt,
     NoSuchBucket,
     NoSuchKey,
     NoSuchUpload,
@@ -18,6 +19,7 @@ __all__ = [
     "AccessDenied",
     "BabelError",
     "BadURI",
+    "Corrupt",
     "NoSuchBucket",
     "NoSuchKey",
     "NoSuchUpload",

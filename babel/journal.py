@@ -228,9 +228,9 @@ class Journal:
 
 
 def list_jobs(state_dir: str) -> list[dict[str, Any]]:
-    """Every job's ``job.json`` under ``state_dir``, newest first: by the second in the job's id,
-    then by its ``created`` time (two jobs started within one second: the id's random part says
-    nothing about which came first)."""
+    """Every job's ``job.json`` under ``state_dir``, newest first: by its ``created`` time (the
+    ids of a shared job's chunks, ``NAME.SHARD.CHUNK``, say nothing of when; a job without one
+    last), then by id."""
     jobs = []
     try:
         names = os.listdir(state_dir)
@@ -242,7 +242,5 @@ def list_jobs(state_dir: str) -> list[dict[str, Any]]:
                 jobs.append(json.load(fh))
         except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
             continue
-    jobs.sort(
-        key=lambda job: (str(job.get("id", ""))[:15], job.get("created", 0.0), str(job.get("id", ""))), reverse=True
-    )
+    jobs.sort(key=lambda job: (float(job.get("created") or 0.0), str(job.get("id", ""))), reverse=True)
     return jobs

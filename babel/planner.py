@@ -10,8 +10,10 @@ part layout and not the bytes:
 * ``size_only``: **skip**;
 * ``ignore_times``: **copy**;
 * the destination was copied from an object store (:data:`META_SRC_ETAG`, the source object's
-  ETag then) and the source has an ETag: **skip** when they are equal, else copy (a copy of a copy
-  carries the first file's mtime, which the second store's LastModified never equals);
+  ETag then) and the source has an ETag of the same kind (:func:`comparable_etags`): **skip** when
+  they are equal, else copy (a copy of a copy carries the first file's mtime, which the second
+  store's LastModified never equals); ETags of two kinds (a replica in another region uploaded
+  whole, this one in parts) say nothing, and the rules below decide;
 * ``checksum`` and both sides carry Babel's CRC32C (:data:`META_CRC32C`): copy when they
   differ, else skip;
 * otherwise the source mtime Babel stored in the destination (:data:`META_MTIME`,
@@ -102,9 +104,33 @@ def stored_mtime(dst: ObjectInfo) -> float | None:
         return None
 
 
+_MULTIPART_ETAG = re.compile(r"[0-9a-fA-F]{32}-(\d+)")
+
+
+def comparable_etags(a: str, b: str) -> bool:
+    """Whether two ETags of one key can tell versions apart: both single-part (an MD5, or a
+    store's own kind), or both multipart with the same part count. A copy recorded from region
+    A's object (``…-10``, 10 parts) and the same bytes in region B (one PUT: an MD5) differ
+    while the bytes do not: syncing from either replica copied 80 MiB again each time."""
+    ma, mb = _MULTIPART_ETAG.fullmatch(a.strip('"')), _MULTIPART_ETAG.fullmatch(b.strip('"'))
+    if ma is None or mb is None:
+        return ma is None and mb is None
+    return ma.group(1) == mb.group(1)
+
+
 def needs_head(dst: ObjectInfo, *, size_only: bool = False) -> bool:
     """Whether a destination listing entry lacks the metadata :func:`decide` needs (S3: HEAD it)."""
     return not size_only and META_MTIME not in dst.metadata
+
+
+def needs_source_head(src: ObjectInfo, dst: ObjectInfo) -> bool:
+    """Whether :func:`decide` needs the source's own metadata (the mtime Babel carried into it,
+    S3: HEAD it): the copy was recorded from an ETag of another kind (another replica), so the
+    mtimes decide, and the source's listed LastModified is its upload's, not the file's."""
+    copied_from = dst.metadata.get(META_SRC_ETAG)
+    return bool(src.etag and copied_from and not comparable_etags(copied_from, src.etag)) and (
+        META_MTIME not in src.metadata
+    )
 
 
 def decide(
@@ -122,7 +148,7 @@ def decide(
     if size_only:
         return Decision("skip", "same size")
     copied_from = dst.metadata.get(META_SRC_ETAG)
-    if src.etag and copied_from:  # a copy made from an object store: did that object change?
+    if src.etag and copied_from and comparable_etags(copied_from, src.etag):  # did the object copied change?
         return Decision("skip", "same source ETag") if copied_from == src.etag else Decision("copy", "source ETag")
     if checksum and META_CRC32C in src.metadata and META_CRC32C in dst.metadata:
         same = src.metadata[META_CRC32C].lower() == dst.metadata[META_CRC32C].lower()
@@ -130,7 +156,8 @@ def decide(
     mtime = stored_mtime(dst)
     if mtime is None:
         return Decision("copy", "no source mtime at destination")
-    if abs(mtime - src.mtime) <= MODIFY_WINDOW:
+    carried = stored_mtime(src) if src.etag and dst.metadata.get(META_SRC_ETAG) else None  # a copy of a copy's
+    if abs(mtime - (carried if carried is not None else src.mtime)) <= MODIFY_WINDOW:
         return Decision("skip", "same size and mtime")
     return Decision("copy", "mtime")
 

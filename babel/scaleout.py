@@ -65,6 +65,7 @@ from babel.errors import BabelError
 from babel.journal import JobBusy, Journal
 from babel.lister import list_parallel_pages
 from babel.options import SyncOptions, options_from_dict
+from babel.retry import ATTEMPTS, with_retries
 from babel.sync import (
     MAX_REPORTED,
     Progress,
@@ -72,6 +73,7 @@ from babel.sync import (
     SyncReport,
     check_not_overlapping,
     check_reachable,
+    check_source_prefix,
     new_verification,
 )
 from babel.transfer import Bandwidth
@@ -243,6 +245,8 @@ async def cut_key_space(
         async for page in list_parallel_pages(store, concurrency=concurrency, page_size=page_size):
             pages.append((page[0].key, page[-1].key, len(page)))
             listed += len(page)
+        if not listed:
+            await check_source_prefix(store, lambda fn: with_retries(fn, attempts=ATTEMPTS))
     finally:
         await store.close()
     return cut_points(pages, shard_keys, chunk_keys), listed

@@ -32,8 +32,10 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
+import socket
 import ssl
 import time
 from collections.abc import (
@@ -51,15 +53,16 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from babel.backends import open_store
-from babel.errors import BabelError, BadURI, NoSuchBucket, NoSuchKey, NoSuchUpload, TransientError
+from babel.errors import BabelError, BadURI, Corrupt, NoSuchBucket, NoSuchKey, NoSuchUpload, TransientError
 from babel.journal import Journal, new_job_id
 from babel.lister import list_parallel_pages
 from babel.options import BadOption, SyncOptions, options_from_dict
-from babel.planner import Decision, decide, merge_join, needs_head
+from babel.planner import Decision, decide, merge_join, needs_head, needs_source_head
 from babel.retry import ATTEMPTS, with_retries
 from babel.transfer import Bandwidth, CopyResult, Transferer
 from babel.verify import VerifyResult, check_full, check_metadata, check_sample
 from objstore.base import META_CRC32C, ObjectInfo, ObjectStore
+from objstore.tree import check_key
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -610,6 +613,7 @@ class SyncJob:
         try:
             await asyncio.gather(check_reachable(self.src), check_reachable(self.dst))
             _check_destination(self.dst)
+            await check_source_prefix(self.src, self._retry)
             if self.opts.dry_run or self.journal.marked("listed"):
                 await self.list()
                 await self.plan()
@@ -635,6 +639,7 @@ class SyncJob:
 
 
 NAME_MAX = 255  # bytes of one file name on the file systems under path-keyed stores (Linux's NAME_MAX)
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # what rclone's default encoding (Ctl, Del) renames on disk
 
 
 class _Planning:
@@ -678,7 +683,7 @@ class _Planning:
         if (
             dst is not None
             and dst.size == src.size
-            and needs_head(dst, size_only=opts.size_only)
+            and (needs_head(dst, size_only=opts.size_only) or needs_source_head(src, dst))
             and not opts.size_only
             and not opts.ignore_times
         ):
@@ -703,7 +708,18 @@ class _Planning:
         """Why a destination that keeps keys as file paths cannot store ``key`` ("" when it can):
         a segment longer than a file name may be, or a file of this job where a directory of the
         path must be (``both`` and ``both/child.txt``; keys come in order, so the file was planned
-        first, or found at the destination by an earlier run's copy). rclone's ``serve s3`` answered both with 500 InternalError, retried for a minute."""
+        first, or found at the destination by an earlier run's copy). rclone's ``serve s3`` answered both with 500 InternalError, retried for a minute.
+        Also a key no file path can be (``x/../y``, ``a//b``: the dry run planned a copy the run
+        failed), and on an S3 server that keeps keys as files a control character (rclone's
+        encoding stores ``tab\tin.txt`` as ``tab␉in.txt``: copied again on every run, and
+        verify found it missing)."""
+        try:
+            check_key(key, self.job.dst.uri)
+        except BadURI as exc:
+            return f"{exc}: not copied"
+        if not _is_filesystem(self.job.dst) and CONTROL.search(key):
+            return (f"a control character ({CONTROL.search(key).group()!r}) in the key: {self.job.dst.uri} keeps keys as"  # type: ignore[union-attr]
+                    " file paths and stores it under another name (rclone's encoding): not copied")  # fmt: skip
         parts = key.split("/")
         long = next((p for p in parts if len(p.encode("utf-8", "surrogateescape")) > NAME_MAX), None)
         if long is not None:
@@ -723,11 +739,18 @@ class _Planning:
         return ""
 
     async def _head_then_decide(self, src: ObjectInfo, dst: ObjectInfo) -> None:
-        try:
-            async with self.checkers:
-                full = await self.job._retry(lambda: self.job.dst.head(dst.key))
-        except FileNotFoundError:
-            full = None  # deleted since it was listed
+        full: ObjectInfo | None = dst
+        async with self.checkers:
+            if needs_head(dst):
+                try:
+                    full = await self.job._retry(lambda: self.job.dst.head(dst.key))
+                except FileNotFoundError:
+                    full = None  # deleted since it was listed
+            if full is not None and needs_source_head(src, full):
+                try:  # the mtime Babel carried into the source object (a copy of a copy)
+                    src = await self.job._retry(lambda: self.job.src.head(src.key))
+                except FileNotFoundError:
+                    pass  # deleted since it was listed: its copy fails by name
         await self.record(src, full, self.job._decide(src, full))
 
     async def record(self, src: ObjectInfo | None, dst: ObjectInfo | None, decision: Decision) -> None:
@@ -914,24 +937,88 @@ def create_job(src_uri: str, dst_uri: str, options: SyncOptions | None, state_di
     return journal.job_id
 
 
+async def check_source_prefix(
+    src: ObjectStore, retry: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+) -> None:
+    """Refuse a bucket source whose prefix holds no object, as rclone fails such a path
+    ("directory not found") and as a missing directory of ``file://`` fails: a mistyped prefix,
+    or one object's key given as the prefix, listed nothing and the job was "ok", and with
+    ``--delete`` it emptied the destination. A bucket's root may be empty. ``retry`` runs each
+    request (throttling, transient errors).
+
+    Raises:
+        NoSuchKey: no object under the prefix (naming the object when the prefix is one).
+    """
+    base = getattr(src, "base", "")
+    if not base or getattr(src, "bucket", None) is None:
+        return
+    page = await retry(lambda: src.list_page("", max_keys=1))
+    if page.objects or page.prefixes:
+        return
+    name = base.rstrip("/").rsplit("/", 1)[-1]
+    parent = type(src)(src.uri, src.bucket, base.rstrip("/")[: -len(name)], dict(src.options))  # type: ignore[call-arg, attr-defined]
+    try:
+        found = await retry(lambda: parent.head(name))
+    except NoSuchKey:
+        found = None
+    finally:
+        await parent.close()
+    if found is not None:
+        raise NoSuchKey(
+            f"{base.rstrip('/')!r} is an object, not a prefix: sync the prefix it is in with --include '/{name}'",
+            uri=src.uri,
+        )
+    raise NoSuchKey(
+        f"no object under the prefix {base!r} (a mistyped prefix lists nothing: refused, as a missing"
+        " directory is, rather than copying nothing or, with --delete, emptying the destination)",
+        uri=src.uri,
+    )
+
+
 def check_not_overlapping(src_uri: str, dst_uri: str) -> None:
     """Open both URIs (BadURI first) and refuse a destination inside the source or the other way
     round: each run would copy the previous run's copy into itself."""
     src, dst = open_store(src_uri), open_store(dst_uri)
 
-    def place(store: ObjectStore) -> tuple[str, str] | None:
+    def place(store: ObjectStore) -> tuple[str, str, str, str] | None:
+        """(kind, endpoint, bucket, path prefix) of a store's keys."""
         root = getattr(store, "root", None)
         if store.uri.startswith("file:") and root:
-            return ("file", os.path.realpath(root).rstrip("/") + "/")
+            return ("file", "", "", os.path.realpath(root).rstrip("/") + "/")
+        if store.uri.startswith("pcache:") and root is not None:
+            return ("pcache", str(getattr(store, "master", "")), "", root.rstrip("/") + "/")
         bucket = getattr(store, "bucket", None)
         if bucket is not None:
-            where = f"{type(store).__name__}:{getattr(store, 'options', {}).get('endpoint_url')}:{bucket}"
-            return (where, getattr(store, "base", ""))
+            endpoint = getattr(store, "options", {}).get("endpoint_url") or ""
+            return (type(store).__name__, endpoint, bucket, getattr(store, "base", ""))
         return None
 
     a, b = place(src), place(dst)
-    if a and b and a[0] == b[0] and (a[1].startswith(b[1]) or b[1].startswith(a[1])):
+    if not (a and b and a[0] == b[0] and a[2] == b[2] and (a[3].startswith(b[3]) or b[3].startswith(a[3]))):
+        return
+    if a[1] == b[1] or _same_endpoint(a[1], b[1]):
         raise BadURI(f"source and destination overlap ({src_uri} and {dst_uri})", uri=dst_uri)
+
+
+def _same_endpoint(a: str, b: str) -> bool:
+    """Whether two spellings of endpoints (``http://localhost:9000`` and
+    ``http://127.0.0.1:9000``; PCache master lists ``host:port,host:port``) reach one server: a
+    port in common and an address both names resolve to. Resolved only here, for two URIs of one
+    bucket and prefix; a name that does not resolve is only equal to itself."""
+
+    def addresses(spec: str) -> set[tuple[str, int]]:
+        out: set[tuple[str, int]] = set()
+        for one in spec.split(","):
+            parsed = urlsplit(one if "//" in one else f"//{one}")
+            try:
+                port = parsed.port or {"https": 443, "http": 80}.get(parsed.scheme, 0)
+                infos = socket.getaddrinfo(parsed.hostname or "", port, type=socket.SOCK_STREAM)
+            except (OSError, ValueError, UnicodeError):
+                continue
+            out.update((str(info[4][0]), port) for info in infos)
+        return out
+
+    return bool(a and b and addresses(a) & addresses(b))
 
 
 async def run_sync(
@@ -1088,8 +1175,9 @@ async def run_verify(
                     elif options.verify == "full":
                         results.append(await check_full(job._checked(job.dst), key, src.size, None,
                                                         src=job._checked(job.src)))  # fmt: skip
-                except (BabelError, OSError) as exc:
-                    results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
+                except (BabelError, OSError) as exc:  # a store's own checksum failing is the content check's
+                    mode = options.verify if isinstance(exc, Corrupt) and options.verify != "none" else "metadata"
+                    results = [VerifyResult(key, mode, False, f"{type(exc).__name__}: {exc}", 0, 0)]
             for result in results:
                 _note_verify(report, result.mode, result)
             if not all(r.ok for r in results):

@@ -399,6 +399,8 @@ class Transferer:
         except BaseException:
             if not limits.resumable_uploads:
                 await self.abort(info.key, upload_id)
+                if self.journal is not None:
+                    self.journal.delete("u", info.key)
             raise
         crc = 0
         c64 = 0
@@ -427,8 +429,15 @@ class Transferer:
         return True
 
     def _save_upload(self, key: str, record: dict[str, Any], done: dict[int, dict[str, Any]]) -> None:
-        if self.journal is not None and self.dst.limits.resumable_uploads:
+        """Journal an upload (``u/KEY``): its parts, to resume it, or, where uploads do not outlive
+        their process (PCache's temporary file), its id alone, for the resume or ``babel clean``
+        to abort what a killed run left (a 0-byte ``.NAME.babel-TOKEN`` stayed in the directory)."""
+        if self.journal is None:
+            return
+        if self.dst.limits.resumable_uploads:
             self.journal.put("u", key, {**record, "parts": {str(n): p for n, p in done.items()}})
+        elif not done:
+            self.journal.put("u", key, {**record, "parts": {}})
 
     async def abort(self, key: str, upload_id: str) -> None:
         """Abort a multipart upload (best effort: one that stays is expired by the store's lifecycle rules)."""

@@ -77,6 +77,14 @@ class TransientError(StoreError, ConnectionError):
     retryable = True
 
 
+class Corrupt(TransientError):
+    """The bytes a store sent did not match the checksum it keeps for them (botocore's
+    ``FlexibleChecksumError`` on a whole GET): retried, as a transfer can damage them; one that
+    stays is damage at rest (``babel verify`` reports it as the content check's failure)."""
+
+    errno_code = _errno.EIO
+
+
 #: S3 error codes (and HTTP statuses) to the error each stands for (:mod:`objstore.s3`)
 ERRORS_BY_CODE: dict[str, type[StoreError]] = {
     "NoSuchBucket": NoSuchBucket,

@@ -92,6 +92,7 @@ from botocore.exceptions import (
     BotoCoreError,
     ClientError,
     EndpointConnectionError,
+    FlexibleChecksumError,
     NoCredentialsError,
     ParamValidationError,
 )
@@ -104,6 +105,7 @@ from objstore.errors import (
     ERRORS_BY_CODE,
     AccessDenied,
     BadURI,
+    Corrupt,
     NoSuchKey,
     NoSuchUpload,
     PreconditionFailed,
@@ -140,6 +142,8 @@ def translate(exc: Exception, uri: str) -> StoreError:
         return AccessDenied(f"no credentials ({exc}): set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or profile=", uri=uri)
     if isinstance(exc, ParamValidationError):  # e.g. metadata that is not ASCII: no retry can help
         return StoreError(f"{type(exc).__name__}: {exc}".strip(), uri=uri)
+    if isinstance(exc, FlexibleChecksumError):
+        return Corrupt(f"{type(exc).__name__}: {exc}", uri=uri)
     if isinstance(exc, EndpointConnectionError | BotoCoreError):
         return TransientError(f"{type(exc).__name__}: {exc}", uri=uri)
     return StoreError(f"{type(exc).__name__}: {exc}", uri=uri)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import posixpath
+import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -376,8 +377,12 @@ class PCacheStore:
         return self._info(key, node)
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Abort an upload of this process, or drop the temporary file of another's (a killed
+        run's, named by its journal: ``babel clean``, a resume)."""
         upload = self._uploads.get(upload_id)
         if upload is None or upload.key != key:
+            if re.fullmatch(r"[0-9a-f]{16}", upload_id):  # a token: no path in it
+                await self._discard(self._temp_path(key, upload_id))
             return
         async with upload.lock:
             if self._uploads.pop(upload_id, None) is upload:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 from typing import Any
 
 import click
@@ -58,8 +60,19 @@ def clean_cmd(jobs: tuple[str, ...], every: bool, dry_run: bool, state_dir: str 
             results.append({"job": jid, "error": f"running (pid {job.get('pid')}): not cleaned"})
             failed += 1
             continue
+        state = "interrupted" if job.get("state") == "running" else job.get("state")  # its process died
+        if job.get("kind") == "shared":  # a chunk of a shared job: its uploads are the shared job's (etcd)
+            if not dry_run:
+                try:
+                    shutil.rmtree(os.path.join(state_dir, jid))
+                except OSError as exc:
+                    results.append({"job": jid, "error": f"{type(exc).__name__}: {exc}"})
+                    failed += 1
+                    continue
+            results.append({"job": jid, "state": state, "chunk_of": job.get("shared", "?"), "dry_run": dry_run})
+            continue
         if dry_run:
-            results.append({"job": jid, "state": job.get("state"), "dst": job.get("dst"), "dry_run": True})
+            results.append({"job": jid, "state": state, "dst": job.get("dst"), "dry_run": True})
             continue
         try:
             done = asyncio.run(clean_job(state_dir, jid, temp_files=job.get("dst") not in busy))
@@ -74,6 +87,9 @@ def clean_cmd(jobs: tuple[str, ...], every: bool, dry_run: bool, state_dir: str 
         for r in results:
             if "error" in r:
                 click.echo(f"{r['job']}: {r['error']}", err=True)
+            elif "chunk_of" in r:
+                click.echo(f"{r['job']}: {'would forget' if r['dry_run'] else 'forgot'} this host's journal of a chunk"
+                           f" of shared job {r['chunk_of']} ({r['state']}; its uploads are the shared job's)")  # fmt: skip
             elif r.get("dry_run"):
                 click.echo(f"{r['job']}: would clean ({r['state']}, destination {r['dst']})")
             else:

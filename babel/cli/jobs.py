@@ -78,6 +78,15 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=200)
 
 
+SHARED_ALONE_WAIT = 30.0  # seconds a shared job may have no process before `babel wait` says it is interrupted
+
+
+def _shared_state(job: dict) -> str:
+    """A shared job's state as shown: ``running`` with no process alive is ``stalled`` (nothing
+    copies until a process joins: ``babel sync --etcd HOST:PORT --job NAME``)."""
+    return "stalled" if job["state"] == "running" and not job.get("members") else job["state"]
+
+
 def _etcd_call(etcd: str, fn, *args):
     """Run a coroutine function of :mod:`babel.scaleout`; its errors become one line."""
     import asyncio
@@ -112,7 +121,7 @@ def _shared_jobs(etcd: str, job_id: str | None, as_json: bool) -> int:
         for job in jobs:
             done = sum(s["state"] != "todo" for s in job["shards"])
             s = job["summary"]
-            table.add_row(job["id"], job["state"], f"{done}/{len(job['shards'])}" if job["cut"] else job["phase"],
+            table.add_row(job["id"], _shared_state(job), f"{done}/{len(job['shards'])}" if job["cut"] else job["phase"],
                           str(len(job["members"])), job["src"], job["dst"],
                           f"{s['copied']} ({human_bytes(s['copied_bytes'])})")  # fmt: skip
         _console().print(table)
@@ -122,7 +131,7 @@ def _shared_jobs(etcd: str, job_id: str | None, as_json: bool) -> int:
         click.echo(json.dumps(job, indent=1, sort_keys=True))
         return 0
     s = job["summary"]
-    click.echo(f"{job['id']}: {job['state']} ({job['phase']}), {len(job['members'])} processes, "
+    click.echo(f"{job['id']}: {_shared_state(job)} ({job['phase']}), {len(job['members'])} processes, "
                f"copied {s['copied']} ({human_bytes(s['copied_bytes'])}), failed {s['failed']}")  # fmt: skip
     if s.get("fatal"):
         click.echo(f"fatal: {s['fatal']}")
@@ -231,15 +240,29 @@ def _cancel_shared(etcd: str, job_id: str, forget: bool) -> int:
 @click.option("--daemon", "daemon_addr", metavar="ADDR", default=None, help="The job runs in `babel daemon` at ADDR.")
 @ETCD_OPTION
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 124, as timeout(1)).")
+@click.option(
+    "--orphan-after",
+    type=click.FloatRange(min=0),
+    default=SHARED_ALONE_WAIT,
+    show_default=True,
+    help="With --etcd: seconds a shared job may have no process before it counts as interrupted.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the finished job's job.json.")
 def wait_cmd(
-    job_id: str, state_dir: str | None, daemon_addr: str | None, etcd: str | None, timeout: float | None, as_json: bool
+    job_id: str,
+    state_dir: str | None,
+    daemon_addr: str | None,
+    etcd: str | None,
+    timeout: float | None,
+    orphan_after: float,
+    as_json: bool,
 ) -> int:
     """Block until a job has finished; exit 0 ok, 1 partial, 2 failed, canceled or interrupted
     (its process died), 124 when --timeout passed first (still running). With --etcd, a shared job (its state in
-    etcd: done when every shard is)."""
+    etcd: done when every shard is; interrupted once no process has held it for --orphan-after seconds)."""
     state_dir = state_dir or default_state_dir()
     deadline = None if timeout is None else time.monotonic() + timeout
+    alone_since: float | None = None  # a shared job: since when no process holds it
     while True:
         if etcd:
             from babel.scaleout import describe_job
@@ -250,6 +273,14 @@ def wait_cmd(
         state = doc.get("state", "created")  # made, not started yet
         if state in ("running", "queued") and not daemon_addr and not etcd and not process_alive(doc.get("pid")):
             state = "interrupted"
+        if etcd and state == "running" and not doc.get("members"):
+            alone_since = alone_since or time.monotonic()
+            if time.monotonic() - alone_since >= orphan_after:
+                click.echo(f"babel: no process has held shared job {job_id} for {orphan_after:g} s (they died):"
+                           f" babel sync --etcd {etcd} --job {job_id} goes on with it", err=True)  # fmt: skip
+                state = "interrupted"
+        else:
+            alone_since = None
         if state not in ("running", "queued", "created"):
             break
         if deadline is not None and time.monotonic() > deadline:

@@ -442,6 +442,40 @@ def test_forgetting_a_job_that_processes_still_work_on_is_refused_and_never_leav
     assert tree_contents(tmp_path / "dst2") == tree_contents(src)
 
 
+@REQUIRES_ETCD
+def test_a_shared_job_every_process_of_which_died_is_stalled_and_wait_says_interrupted(
+    tmp_path: Path, etcd: Etcd
+) -> None:
+    """Its processes killed, a shared job showed "running" and ``babel wait`` waited for ever;
+    their chunk journals here were "would clean (running ...)" and listed above newer jobs."""
+    src = _tree(tmp_path / "src", 60, 8 << 10)
+    proc = _start(f"file://{src}", f"file://{tmp_path}/dst", etcd, "orphan", tmp_path / "p",
+                  "--shard-keys", "20", "--chunk-keys", "10", "--bwlimit", "100K")  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "p").glob("orphan.*/job.json")):  # a chunk under way
+        assert time.monotonic() < deadline, (tmp_path / "p" / "stderr.log").read_text()
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    started = time.monotonic()
+    r = babel("wait", "orphan", "--etcd", etcd.endpoint, "--orphan-after", "1", "--timeout", "60")
+    assert r.returncode == 2 and "no process has held shared job orphan" in r.stderr, (r.stdout, r.stderr)
+    assert time.monotonic() - started < 30  # the lease, then a second
+    assert "stalled" in babel("jobs", "--etcd", etcd.endpoint).stdout
+    # this host's journal of the dead process's chunk, then a newer local job
+    later = babel("sync", f"file://{src}", f"file://{tmp_path}/dst3", "--state-dir", str(tmp_path / "p"), "--json")
+    assert later.returncode == 0, later.stderr
+    jobs = json.loads(babel("jobs", "--state-dir", str(tmp_path / "p"), "--json").stdout)
+    assert jobs[0]["id"] == json.loads(later.stdout)["job"] and jobs[1]["id"].startswith("orphan.")
+    dry = babel("clean", "--all", "--dry-run", "--state-dir", str(tmp_path / "p"))
+    assert "would forget this host's journal of a chunk of shared job orphan (interrupted" in dry.stdout, dry.stdout
+    done = babel("clean", "--all", "--state-dir", str(tmp_path / "p"))
+    assert done.returncode == 0 and "forgot" in done.stdout
+    assert [j["id"] for j in json.loads(babel("jobs", "--state-dir", str(tmp_path / "p"), "--json").stdout)] == [
+        jobs[0]["id"]
+    ]
+
+
 def _big_objects(tmp_path: Path, endpoint: str, n: int, size: int) -> tuple[Path, str, str]:
     """``n`` files of ``size`` random bytes in ``tmp_path/src``, and a fresh bucket: (src, bucket, dst URI)."""
     src = tmp_path / "src"

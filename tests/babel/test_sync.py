@@ -164,7 +164,7 @@ def test_keys_that_break_sync_tools(tmp_path: Path, new_bucket, s3) -> None:
 
 
 def test_empty_source_and_mass_delete_guard(tmp_path: Path, new_bucket, s3) -> None:
-    src_uri, _ = new_bucket()
+    src_uri, _ = new_bucket("")  # an empty bucket (an empty prefix is refused: a mistyped one lists nothing)
     dst_uri, dst_bucket = new_bucket()
     keys = [f"data/k{i:05d}" for i in range(1200)]
     for key in keys:
@@ -450,6 +450,46 @@ def test_uris_are_taken_literally_and_overlaps_refused(tmp_path: Path, moto_endp
     assert r.returncode == 3 and "--dry-run" in r.stderr
 
 
+def test_one_store_spelled_two_ways_is_an_overlap_and_never_loses_the_source(
+    tmp_path: Path, new_bucket, s3, moto_endpoint: str
+) -> None:
+    """``--delete`` from ``ov/sub`` into ``ov`` with the endpoint spelled ``127.0.0.1`` on one
+    side and ``localhost`` on the other passed the overlap check, and deleted the source."""
+    _, bucket = new_bucket("")
+    for key in ("ov/a", "ov/sub/c"):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    other = moto_endpoint.replace("127.0.0.1", "localhost")
+    assert other != moto_endpoint
+    r = babel("sync", f"s3://{bucket}/ov/sub?endpoint_url={moto_endpoint}", f"s3://{bucket}/ov?endpoint_url={other}",
+              "--delete", env={"BABEL_STATE_DIR": str(tmp_path / "state")})  # fmt: skip
+    assert r.returncode == 3 and "overlap" in r.stderr, r.stderr
+    assert sorted(bucket_contents(s3, bucket, "ov/")) == ["a", "sub/c"]
+
+
+def test_a_source_prefix_with_no_object_is_refused_not_synced_as_empty(
+    tmp_path: Path, new_bucket, s3, moto_endpoint: str
+) -> None:
+    """A mistyped prefix listed nothing, the job was "ok", and ``--delete`` emptied the
+    destination; an object's key given as the source copied nothing, exit 0."""
+    uri, bucket = new_bucket("ds")
+    s3.put_object(Bucket=bucket, Key="ds/shard-1.bin", Body=b"1")
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "keep").write_bytes(b"k")
+    env = {"BABEL_STATE_DIR": str(tmp_path / "state")}
+    typo = f"s3://{bucket}/ds-typo?endpoint_url={moto_endpoint}"
+    r = babel("sync", typo, f"file://{tmp_path}/dst", "--delete", env=env)
+    assert r.returncode == 2 and "NoSuchKey" in r.stderr and "no object under the prefix 'ds-typo/'" in r.stderr, r
+    assert (tmp_path / "dst" / "keep").read_bytes() == b"k"
+    one = f"s3://{bucket}/ds/shard-1.bin?endpoint_url={moto_endpoint}"
+    r = babel("sync", one, f"file://{tmp_path}/dst", env=env)
+    assert r.returncode == 2 and "'ds/shard-1.bin' is an object, not a prefix" in r.stderr, r.stderr
+    assert "--include '/shard-1.bin'" in r.stderr
+    r = babel("sync", uri, f"file://{tmp_path}/dst", "--include", "/shard-1.bin", env=env)
+    assert r.returncode == 0 and (tmp_path / "dst" / "shard-1.bin").read_bytes() == b"1", r.stderr
+    empty_uri, _ = new_bucket("")
+    assert sync(empty_uri, f"file://{tmp_path}/empty", tmp_path / "state")["state"] == "ok"  # an empty bucket is
+
+
 def test_a_small_object_rewritten_since_it_was_listed_fails_at_once_as_changed(tmp_path: Path) -> None:
     """The listing said 10 bytes, the GET returned 12: the source was rewritten. It was a
     ChecksumMismatch, retried with backoff (every try reads the same new bytes) and named
@@ -670,6 +710,39 @@ def test_clean_aborts_uploads_and_deletes_temp_files_of_abandoned_jobs(tmp_path:
         ".theirs.bin.babel-fedcba9876543210"  # another job's: never touched
     ]
     assert [j["id"] for j in json.loads(babel("jobs", "--json", env=env).stdout)] == [job]
+
+
+def test_a_killed_upload_into_pcache_leaves_no_temporary_file_after_clean_or_resume(
+    tmp_path: Path, shared_cluster
+) -> None:
+    """A ``pcache://`` upload lives in its process (a hidden ``.NAME.babel-TOKEN``): killed between
+    two parts, nothing in the journal named it, and neither ``babel clean`` nor the resume that
+    finished the job removed it (a 0-byte file left in a checkpoint directory)."""
+    from pcache.client import Client
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(big := os.urandom(24 << 20))
+    dir_ = f"/{tmp_path.name}/killed"
+    env = {"BABEL_STATE_DIR": str(tmp_path / "state")}
+    with Client(master=shared_cluster.master_address) as pc:
+
+        def temp_files(d: str) -> list[str]:
+            return [e.name for e in pc.listdir(d) if ".babel-" in e.name] if pc.exists(d) else []
+
+        for n, finish in enumerate(("clean", "resume")):
+            dst = f"pcache://{shared_cluster.master_address}{dir_}{n}"
+            job = _kill_while_copying([f"file://{src}", dst, "--part-size", "4M", "--multipart-threshold", "8M",
+                                       "--transfers", "1", "--bwlimit", "4M"], tmp_path / "state", after=2.5)  # fmt: skip
+            assert temp_files(f"{dir_}{n}"), "the killed upload's temporary file"
+            if finish == "clean":
+                r = babel("clean", job, env=env)
+                assert r.returncode == 0 and "1 upload aborted" in r.stdout, (r.stdout, r.stderr)
+            else:
+                r = babel("sync", "--resume", job, "--json", "--no-progress", env=env)
+                assert r.returncode == 0, r.stderr
+                assert pc.read_file(f"{dir_}{n}/big.bin") == big
+            assert temp_files(f"{dir_}{n}") == []
 
 
 def test_a_resumed_job_says_how_many_bytes_it_sent_again(tmp_path: Path, new_bucket, s3, moto_endpoint) -> None:

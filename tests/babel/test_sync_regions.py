@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -225,16 +226,23 @@ def test_keys_a_path_keyed_store_cannot_hold_fail_at_once_by_name(tmp_path: Path
     s3 = client_for(s3_uri)
     bucket = urlparse(s3_uri).netloc
     long = "L" * 904
-    objects = {"both": b"file", "both/child.txt": b"child", long: b"long", "ok/x": b"x"}
+    objects = {"both": b"file", "both/child.txt": b"child", long: b"long", "ok/x": b"x", "tab\tin.txt": b"t",
+               "x/../y": b"dots"}  # fmt: skip
     for key, body in objects.items():
         s3.put_object(Bucket=bucket, Key=f"data/{key}", Body=body)
+    # a dry run plans what the run does (it planned a copy of x/../y, which the run failed)
+    r = subprocess.run([sys.executable, "-m", "babel.cli.main", "sync", s3_uri, rclone_uri, "--dry-run", "--json",
+                        "--state-dir", str(tmp_path / "dry")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    plan = {step["key"]: step["action"] for step in json.loads(r.stdout)["plan"]}
+    assert plan["x/../y"] == plan["tab\tin.txt"] == plan[long] == "fail" and plan["ok/x"] == "copy", plan
     started = time.monotonic()
     report = sync(s3_uri, rclone_uri, tmp_path / "st")
     assert time.monotonic() - started < 20
     assert report["state"] == "partial" and report["retries"] == 0
     errors = {e["key"]: e["error"] for e in report["errors"]}
-    assert set(errors) == {"both/child.txt", long}
+    assert set(errors) == {"both/child.txt", long, "tab\tin.txt", "x/../y"}
     assert "'both' is a file of this job" in errors["both/child.txt"] and "904 bytes" in errors[long]
+    assert "control character ('\\t')" in errors["tab\tin.txt"] and "cannot be a file path" in errors["x/../y"]
     assert contents(rclone_uri) == {"both": b"file", "ok/x": b"x"}
     # the next run skips `both` (copied): it is a file of the job all the same (before: 60
     # retries of a 500 InternalError, 51 s, "TransientError" for `both/child.txt`)
@@ -243,7 +251,8 @@ def test_keys_a_path_keyed_store_cannot_hold_fail_at_once_by_name(tmp_path: Path
     assert time.monotonic() - started < 20
     assert again["state"] == "partial" and again["retries"] == 0 and again["skipped"] == 2
     errors = {e["key"]: e["error"] for e in again["errors"]}
-    assert set(errors) == {"both/child.txt", long} and "'both' is a file of this job" in errors["both/child.txt"]
+    assert set(errors) == {"both/child.txt", long, "tab\tin.txt", "x/../y"}
+    assert "'both' is a file of this job" in errors["both/child.txt"]
 
 
 def test_mtimes_are_carried_across_hops_and_resyncs_copy_nothing(tmp_path: Path, s3_uri: str, rclone_uri: str) -> None:
@@ -268,6 +277,11 @@ def test_mtimes_are_carried_across_hops_and_resyncs_copy_nothing(tmp_path: Path,
     for n, (a, b) in enumerate(hops):
         again = sync(a, b, tmp_path / f"again{n}", verify="full")
         assert again["state"] == "ok" and again["copied"] == 0 and again["skipped"] == len(files), (n, again)
+    # the other replica feeding the same copy: b.bin is multipart in moto (an ETag of 3 parts),
+    # whole in rclone (an MD5), the same bytes: it was copied again from whichever replica fed it
+    for a in (s3_uri, rclone_uri, s3_uri):
+        again = sync(a, out, tmp_path / f"other{a[:2]}{time.monotonic_ns()}", verify="full")
+        assert again["state"] == "ok" and again["copied"] == 0 and again["skipped"] == len(files), (a, again)
 
 
 def test_wrong_credentials_are_one_clear_line(tmp_path: Path, rclone_uri: str) -> None:

@@ -250,3 +250,49 @@ def test_an_object_read_in_one_piece_is_a_whole_get(rclone_uri: str) -> None:
             await store.close()
 
     run(go())
+
+
+def test_an_object_damaged_at_rest_is_the_content_checks_failure_not_a_busy_store(
+    tmp_path: Path, rclone_uri: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A byte flipped in rclone's file behind an object (same size, same mtime): the full check
+    names the damage (its CRC32C, or the store's own checksum failing a whole GET: ``Corrupt``),
+    never as the metadata check's failure of a busy store (a user saw "verification (metadata)
+    failed: TransientError: FlexibleChecksumError")."""
+    from babel.sync import SyncOptions, run_sync, run_verify
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.bin").write_bytes(os.urandom(100_000))
+    report = asyncio.run(
+        run_sync(f"file://{src}", rclone_uri, SyncOptions(verify="none"), state_dir=str(tmp_path / "s"))
+    )
+    assert report.state == "ok"
+    bucket = rclone_uri.removeprefix("s3://").split("/", 1)[0]
+    want = (src / "model.bin").read_bytes()
+    (on_disk,) = {p.resolve() for p in tmp_path_factory.getbasetemp().glob(f"rclone*/root/{bucket}/data/model.bin")
+                  if p.read_bytes() == want}  # fmt: skip
+    with open(on_disk, "r+b") as fh:
+        fh.seek(12345)
+        byte = fh.read(1)
+        fh.seek(12345)
+        fh.write(bytes([byte[0] ^ 0x40]))
+    checked = asyncio.run(
+        run_verify(f"file://{src}", rclone_uri, SyncOptions(verify="full"), state_dir=str(tmp_path / "v"))
+    )
+    failures = checked.verification["failures"]
+    assert checked.state == "partial" and len(failures) == 1, checked.to_dict()
+    assert failures[0]["check"] == "full" and failures[0]["detail"].startswith(("crc32c 0x", "Corrupt: ")), failures
+
+
+def test_a_stores_own_checksum_failing_is_corrupt_and_retried() -> None:
+    """botocore's FlexibleChecksumError (a whole GET whose bytes fail the checksum the store
+    sent) was a TransientError, reported by verify as its metadata check failing."""
+    from botocore.exceptions import FlexibleChecksumError
+
+    from babel.errors import Corrupt, TransientError
+    from objstore.s3 import translate
+
+    error = translate(FlexibleChecksumError(error_msg="Expected checksum x did not match y"), "s3://b/k")
+    assert isinstance(error, Corrupt) and isinstance(error, TransientError) and error.retryable
+    assert "did not match" in str(error)
