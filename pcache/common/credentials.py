@@ -188,17 +188,22 @@ def find_token(master: str) -> str:
     """The token a client of ``master`` sends when its config names none ("" if none is found).
 
     Raises:
-        InvalidArgument: ``$PCACHE_TOKEN_FILE`` names a file that cannot be read (the master
-            would only have said "no token").
+        InvalidArgument: ``$PCACHE_TOKEN_FILE`` names a file that cannot be read, or an empty
+            one (the master would only have said "no token").
     """
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV]
     if os.environ.get(TOKEN_FILE_ENV):
         path = os.environ[TOKEN_FILE_ENV]
         try:
-            return Path(path).read_text().strip()
+            token = Path(path).read_text().strip()
         except OSError as exc:
             raise InvalidArgument(f"${TOKEN_FILE_ENV}={path}: {exc.strerror or exc}") from exc
+        if not token:  # the master would say "no token: give ... $PCACHE_TOKEN_FILE", which was given
+            raise InvalidArgument(
+                f"${TOKEN_FILE_ENV}={path} is empty (pcache tenant token NAME --token-file writes one)"
+            )
+        return token
     try:
         tokens = json.loads(tokens_file().read_text())
     except (OSError, ValueError):

@@ -141,3 +141,22 @@ def test_the_worker_checker_denies_until_it_has_keys_and_caches_only_verified_to
     checker.set_keys(KeyRing.generate("b2").format())  # the master's keys changed: the grant is forgotten
     with pytest.raises(E.PermissionDenied):
         checker.check(token, 7, "r")
+
+
+def test_a_token_file_that_is_empty_or_missing_is_named_not_taken_for_no_token(tmp_path, monkeypatch) -> None:
+    """An empty $PCACHE_TOKEN_FILE was taken for no token at all: the master's answer told the
+    user to give $PCACHE_TOKEN_FILE, which they had."""
+    from pcache.common.credentials import find_token
+
+    monkeypatch.delenv("PCACHE_TOKEN", raising=False)
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    monkeypatch.setenv("PCACHE_TOKEN_FILE", str(empty))
+    with pytest.raises(E.InvalidArgument, match=f"PCACHE_TOKEN_FILE={empty} is empty"):
+        find_token("127.0.0.1:1")
+    monkeypatch.setenv("PCACHE_TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(E.InvalidArgument, match="No such file"):
+        find_token("127.0.0.1:1")
+    empty.write_text("tok-123\n")
+    monkeypatch.setenv("PCACHE_TOKEN_FILE", str(empty))
+    assert find_token("127.0.0.1:1") == "tok-123"
