@@ -103,10 +103,11 @@ def binds_cmd(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([MessageToDict(b, preserving_proto_field_name=True) for b in binds], indent=2))
         return
-    click.echo(f"{'path':<28} {'mode':<10} {'meta ttl':<10} {'bound':<20} uri")
+    # the tenant column: an admin's view shows namespace paths (/default/ckpt), a tenant's its own (/ckpt)
+    click.echo(f"{'path':<28} {'tenant':<12} {'mode':<10} {'meta ttl':<10} {'bound':<20} uri")
     for b in binds:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b.created))
-        click.echo(f"{b.path:<28} {b.mode:<10} {_ttl(b.meta_ttl):<10} {when:<20} {b.uri}")
+        click.echo(f"{b.path:<28} {b.tenant or '-':<12} {b.mode:<10} {_ttl(b.meta_ttl):<10} {when:<20} {b.uri}")
 
 
 @click.command("refresh", epilog=EXAMPLES)
