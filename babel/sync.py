@@ -613,6 +613,9 @@ class SyncJob:
         try:
             await asyncio.gather(check_reachable(self.src), check_reachable(self.dst))
             _check_destination(self.dst)
+            check = getattr(self.dst, "check_destination", None)  # PCache's: one RPC
+            if check is not None:
+                await check()
             await check_source_prefix(self.src, self._retry)
             if self.opts.dry_run or self.journal.marked("listed"):
                 await self.list()

@@ -222,6 +222,28 @@ class PCacheStore:
             out.append(self._info(rel + name, node) if node is not None and node.type == pb.REGULAR else None)
         return out
 
+    async def check_destination(self) -> None:
+        """Refuse a destination that is a file, or lies under one (every object failed alone,
+        NotADirectory each, where ``file://`` gave one fatal line).
+
+        Raises:
+            BabelError: it is a file.
+        """
+        where = self.root
+        while True:
+            try:
+                node = await self._c().master.stat(where)
+                break
+            except (NotFound, NotADirectory):  # not there, or under a file: look above
+                if where in ("/", ""):
+                    return
+                where = posixpath.dirname(where.rstrip("/")) or "/"
+            except PCacheError as exc:
+                raise translate(exc, self.uri) from exc
+        if node.type != pb.DIRECTORY:
+            what = "the destination is a file" if where == self.root else f"{where} (above the destination) is a file"
+            raise BabelError(f"{what}, not a directory: nothing can be copied into it", uri=self.uri)
+
     async def list_page(
         self, prefix: str = "", *, delimiter: str | None = None, start_after: str = "", max_keys: int = 1000
     ) -> ListPage:

@@ -61,7 +61,12 @@ from pcache.common.cli import EXIT_FATAL
     "--checksum", "-c", is_flag=True, help="Compare stored CRC32Cs instead of mtimes where both sides have one."
 )
 @click.option("--multipart-threshold", type=SIZE, default="64M", show_default=True, help="Multipart from this size.")
-@click.option("--part-size", type=SIZE, default=None, help="Fixed part size (default: chosen from the object size).")
+@click.option(
+    "--part-size",
+    type=SIZE,
+    default=None,
+    help="Part size (default: chosen from the object size); raised to the store's minimum where it has one (5 MiB on S3).",
+)
 @click.option("--memory", type=SIZE, default="512M", show_default=True, help="Object bytes held in memory at once.")
 @click.option(
     "--samples", type=click.IntRange(*SAMPLES), default=32, show_default=True, help="Sampled ranges per object."

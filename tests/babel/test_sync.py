@@ -745,6 +745,22 @@ def test_a_killed_upload_into_pcache_leaves_no_temporary_file_after_clean_or_res
             assert temp_files(f"{dir_}{n}") == []
 
 
+def test_a_pcache_destination_that_is_a_file_is_one_fatal_line(tmp_path: Path, shared_cluster) -> None:
+    """Each object failed NotADirectory on its own (partial, exit 1); file:// said it in one line."""
+    from pcache.client import Client
+
+    (tmp_path / "src" / "d").mkdir(parents=True)
+    for name in ("a", "b", "d/c"):
+        (tmp_path / "src" / name).write_bytes(b"x")
+    with Client(master=shared_cluster.master_address) as pc:
+        pc.write_file(f"/{tmp_path.name}-file", b"a file")
+    env = {"BABEL_STATE_DIR": str(tmp_path / "state")}
+    for dst, words in ((f"/{tmp_path.name}-file", "the destination is a file"),
+                       (f"/{tmp_path.name}-file/under", f"/{tmp_path.name}-file (above the destination) is a file")):  # fmt: skip
+        r = babel("sync", f"file://{tmp_path}/src", f"pcache://{shared_cluster.master_address}{dst}", env=env)
+        assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_a_resumed_job_says_how_many_bytes_it_sent_again(tmp_path: Path, new_bucket, s3, moto_endpoint) -> None:
     """Parts on their way when the job was killed are sent again by the resume: the report says
     how many bytes (here every part is slow to land, so the kill finds some in flight)."""
