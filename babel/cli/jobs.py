@@ -63,7 +63,8 @@ def jobs_cmd(
     for job in jobs:
         s = job.get("summary") or {}
         table.add_row(
-            job.get("id", "?"), job.get("kind", "sync"), job.get("state", "?"), job.get("phase", ""), job.get("src", ""), job.get("dst", ""),
+            job.get("id", "?"), job.get("kind", "sync") + (" (dry run)" if (job.get("options") or {}).get("dry_run") else ""),
+            job.get("state", "?"), job.get("phase", ""), job.get("src", ""), job.get("dst", ""),
             str(s.get("copied", "")), str(s.get("failed", "")),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.get("updated", 0))),
         )  # fmt: skip

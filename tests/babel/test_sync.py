@@ -191,6 +191,8 @@ def test_filters_and_dry_run(tmp_path: Path, new_bucket, s3) -> None:
     uri, bucket = new_bucket()
     report = sync(f"file://{src}", uri, tmp_path / "state", dry_run=True)
     assert report["copied"] == 5 and bucket_contents(s3, bucket) == {}
+    shown = babel("jobs", env={"BABEL_STATE_DIR": str(tmp_path / "state")}).stdout
+    assert "sync (dry run)" in shown  # it looked like a job that had copied 5 objects
     report = sync(f"file://{src}", uri, tmp_path / "state", exclude=("*.log",), include=("*.txt", "logs/**"))
     assert sorted(bucket_contents(s3, bucket)) == ["a.txt", "keep/z.txt", "logs/y.txt"]
 
