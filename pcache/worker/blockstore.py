@@ -225,10 +225,15 @@ class DiskBlockStore:
         self._infos: dict[int, BlockInfo] = {}
         self._size_queue: list[int] = []  # blocks whose file size :meth:`misfits` checks next
         self._buried: OrderedDict[int, float] = OrderedDict()  # block id -> monotonic time writes are refused until
+        # bytes counted in used_bytes, by block: a block is counted once and uncounted once, whatever
+        # the order of a delete, a reader's info() caching its record again, and forget() (a record
+        # cached again between a delete's pop and its unlink was forgotten later and subtracted
+        # twice: used_bytes went negative and the heartbeat, which sends it, failed for good)
+        self._counted: dict[int, int] = {}
         self.used_bytes = 0
         for block_id in self._scan():
             with contextlib.suppress(NotFound, CorruptBlock):
-                self.used_bytes += self.info(block_id).length
+                self._count(block_id, self.info(block_id).length)
         if capacity_bytes:
             self.capacity_bytes = capacity_bytes
         else:
@@ -356,8 +361,17 @@ class DiskBlockStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp_path)
         with self._lock:
-            self.used_bytes += info.length
+            self._count(info.block_id, info.length)
             self._infos[info.block_id] = info
+
+    def _count(self, block_id: int, length: int) -> None:
+        """Count a block's bytes in ``used_bytes`` (once; the caller holds the lock, or is __init__)."""
+        self.used_bytes += length - self._counted.get(block_id, 0)
+        self._counted[block_id] = length
+
+    def _uncount(self, block_id: int) -> None:
+        """Stop counting a block's bytes (once; the caller holds the lock)."""
+        self.used_bytes = max(0, self.used_bytes - self._counted.pop(block_id, 0))
 
     def has(self, block_id: int) -> bool:
         return block_id in self._infos or os.path.lexists(self.block_path(block_id))
@@ -432,18 +446,14 @@ class DiskBlockStore:
 
     def delete(self, block_id: int) -> bool:
         """Remove a block's file; False if it was not stored."""
-        info = self._infos.pop(block_id, None)
-        if info is None:
-            with contextlib.suppress(NotFound, CorruptBlock):
-                info = self.info(block_id)
-                self._infos.pop(block_id, None)
+        with self._lock:
+            self._infos.pop(block_id, None)
+            self._uncount(block_id)
         try:
             os.unlink(self.block_path(block_id))
         except FileNotFoundError:
             return False
-        if info is not None:
-            with self._lock:
-                self.used_bytes -= info.length
+        self._infos.pop(block_id, None)  # a reader's info() may have cached the record again meanwhile
         return True
 
     def block_ids(self) -> list[int]:
@@ -482,8 +492,7 @@ class DiskBlockStore:
         """Drop the record of a block whose file vanished behind the store's back; True if it had one."""
         with self._lock:
             info = self._infos.pop(block_id, None)
-            if info is not None:
-                self.used_bytes -= info.length
+            self._uncount(block_id)
         return info is not None
 
     def misfits(self, limit: int = 10_000) -> list[int]:

@@ -327,6 +327,9 @@ class WorkerServer:
                     logger.warning("master %s unreachable: %s", link.address, exc)
                 link.reachable = link.leader = False
                 registered = False
+            except Exception:  # a bug here must not end the heartbeats: the master would count a live worker dead
+                logger.exception("heartbeat to master %s failed; trying again", link.address)
+                registered = False
             else:
                 link.reachable = True
             await asyncio.sleep(self.heartbeat_interval)

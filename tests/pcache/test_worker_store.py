@@ -291,3 +291,31 @@ def test_writers_out_of_room_fail_within_io_timeout_not_one_after_another(tmp_pa
     assert store.reserved_bytes == 0
     w = store.begin_write(20, 4 * MiB)  # the room is back: a write fits again
     w.abort()
+
+
+def test_a_block_is_uncounted_once_whatever_reads_and_reports_race_its_delete(tmp_path: Path, monkeypatch) -> None:
+    """From a helper's drill: a reader's ``info()`` cached the record of a block again between its
+    delete's pop and unlink; the reader then found the file gone and ``forget()`` subtracted its
+    bytes a second time. used_bytes went negative, the heartbeat carrying it failed ("Value out of
+    range"), and the master counted the live worker dead for good."""
+    import pcache.worker.blockstore as blockstore
+
+    store = DiskBlockStore(str(tmp_path), capacity_bytes=64 * MiB, reserve_bytes=0)
+    put(store, 1, os.urandom(MiB + 3))
+    put(store, 2, other := os.urandom(2 * MiB))
+    real_unlink = os.unlink
+
+    def unlink_with_a_reader_between(path, *args, **kwargs):
+        if path == store.block_path(1):
+            store.info(1)  # a concurrent reader, just before the file goes
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(blockstore.os, "unlink", unlink_with_a_reader_between)
+    assert store.delete(1)
+    monkeypatch.undo()
+    with pytest.raises(E.NotFound):
+        store.read(1, 0, 1)  # the reader's next read finds the file gone ...
+    store.forget(1)  # ... and reports it lost
+    assert not store.delete(1) and not store.forget(1)
+    assert store.used_bytes == len(other)
+    assert DiskBlockStore(str(tmp_path), capacity_bytes=64 * MiB, reserve_bytes=0).used_bytes == len(other)
