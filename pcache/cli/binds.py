@@ -154,19 +154,23 @@ def load_cmd(
         after = _cache_room(pc) if before is not None else None
     evicted = after[1] - before[1] if before is not None and after is not None and after[2] == before[2] else None
     capacity = after[0] if after is not None else None
+    copies = max(1, after[3]) if after is not None else 1
     if as_json:
         out = {k: getattr(report, k) for k in report.__dataclass_fields__}
         out["missing_blocks"] = report.missing_blocks
         out["cache_capacity_bytes"], out["evicted_bytes_meanwhile"] = capacity, evicted
+        out["cache_copies"] = copies
         click.echo(json.dumps(out, indent=2))
     else:
         _echo_load(report, metadata_only, check)
-    if fetching and capacity is not None and report.bytes > capacity:
+    if fetching and capacity is not None and report.bytes * copies > capacity:
         click.echo(
-            f"warning: {path} holds {human_bytes(report.bytes)}, more than the {human_bytes(capacity)} the live"
-            f" workers cache: {human_bytes(evicted or 0)} of cached bound files were evicted during the load, least"
-            " recently used first, so the files it loaded first are gone again. Load a part that fits, or let"
-            " the readers fetch it through the cache.",
+            f"warning: {path} holds {human_bytes(report.bytes)}, more than the {human_bytes(capacity // copies)} the"
+            f" live workers cache at {copies} cop{'y' if copies == 1 else 'ies'} of each block ({human_bytes(capacity)}"
+            " of disk; eviction keeps"
+            f" them under their high watermark): {human_bytes(evicted or 0)} of cached bound files were evicted"
+            " during the load, least recently used first, so the files it loaded first are gone again. Load a"
+            " part that fits, or let the readers fetch it through the cache.",
             err=True,
         )
     elif fetching and evicted and not as_json:
@@ -174,16 +178,22 @@ def load_cmd(
     return EXIT_PARTIAL if report.failed else EXIT_OK
 
 
-def _cache_room(pc) -> tuple[int, int, int] | None:
-    """(capacity of the live workers, bytes of bound files evicted so far, the leader's epoch),
-    in bytes; None when the master does not say (a load goes on without it)."""
+def _cache_room(pc) -> tuple[int, int, int, int] | None:
+    """(capacity of the live workers, bytes of bound files evicted so far, the leader's epoch,
+    the copies of each block), in bytes; None when the master does not say (a load goes on
+    without it)."""
     from pcache.common.errors import PCacheError
 
     try:
         st = pc.status()
     except PCacheError:
         return None
-    return sum(w.info.capacity_bytes for w in st.workers if w.alive), st.evicted_bytes, st.epoch
+    return (
+        sum(w.info.capacity_bytes for w in st.workers if w.alive),
+        st.evicted_bytes,
+        st.epoch,
+        st.default_replication,
+    )
 
 
 @click.command("free", epilog=EXAMPLES)

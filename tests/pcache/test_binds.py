@@ -390,6 +390,7 @@ def test_the_cli_binds_lists_and_unbinds_and_never_prints_a_secret(cluster: Loca
     assert loaded.returncode == 0 and "warning" not in loaded.stderr, loaded.stderr
     report = json.loads(loaded.stdout)
     assert report["cache_capacity_bytes"] > report["bytes"] and report["evicted_bytes_meanwhile"] == 0
+    assert report["cache_copies"] == 2  # the cluster's default replication: what a load's bytes take twice
     assert (report["files"], report["dirs"], report["blocks"], report["fetched_blocks"], report["failed"]) == (
         2,
         2,
@@ -952,8 +953,8 @@ def test_a_dataset_twice_the_cache_reads_right_twice_by_evicting_clean_blocks_an
         cmd = [sys.executable, "-m", "pcache", "--master", cluster.master_address, "load", "--no-progress", "/ds"]
         loaded = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         assert loaded.returncode == 0, loaded.stderr
-        assert "6.0 MiB, more than the 4.0 MiB the live workers cache" in loaded.stderr, loaded.stderr
-        evicted = re.search(r"cache: ([\d.]+) (KiB|MiB) of cached bound files were evicted", loaded.stderr)
+        assert "6.0 MiB, more than the 4.0 MiB the live workers cache at 1 copy of each block" in loaded.stderr
+        evicted = re.search(r"watermark\): ([\d.]+) (KiB|MiB) of cached bound files were evicted", loaded.stderr)
         assert evicted and float(evicted[1]) * (1 << (10 if evicted[2] == "KiB" else 20)) >= 1 << 20, loaded.stderr
         # a full cache still takes new files: clean blocks make way for them
         more = os.urandom(6 * block)
