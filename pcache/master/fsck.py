@@ -58,11 +58,12 @@ def check(ns: Namespace, blocks: BlockManager, path: str = "/") -> pb.FsckReport
 
 def block_state(blocks: BlockManager, block_id: int) -> str | None:
     """'corrupt', 'missing', 'under-replicated', or None for a healthy block (or a bound file's
-    block no worker holds: not cached, fetched again when read)."""
+    block: a cached copy of its under-store, at no risk with fewer copies or none, fetched again
+    when read; ``pcache status`` counts them so too)."""
     live = len(blocks.live_replicas(block_id))
+    if block_id in blocks.ufs:
+        return None
     if live == 0:
-        if block_id in blocks.ufs:
-            return None
         return "corrupt" if blocks.quarantined_live(block_id) else "missing"
     alive = len(blocks.registry.alive())
     if live < min(blocks.target.get(block_id, 1), alive):

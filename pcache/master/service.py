@@ -853,7 +853,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             status.damaged_files = fsck.damaged_files(ns, blocks)
             status.cached_bound_blocks = blocks.evictable()
             status.evicted_blocks, status.evicted_bytes = blocks.evicted_blocks, blocks.evicted_bytes
-            status.blocks_without_target = len(blocks.without_target & blocks.under)
+            status.blocks_without_target = len((blocks.without_target & blocks.under) - blocks.ufs)  # as counted above
             status.starting_left = self.m.starting_left()
             failing = blocks.failing_targets()
             for w in status.workers:

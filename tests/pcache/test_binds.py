@@ -1409,3 +1409,32 @@ def test_a_write_back_bind_takes_new_files_while_its_store_hangs(
     assert s3.get_object(Bucket=bucket, Key="ck/run-9/step-3/shard")["Body"].read() == b"new run"
     assert s3.get_object(Bucket=bucket, Key="ck/step-2/rank7")["Body"].read() == b"r7"
     admin.unbind("/hang")
+
+
+def test_cached_copies_of_a_bound_file_are_never_under_replicated_in_status_or_fsck(
+    make_cluster, moto_endpoint: str
+) -> None:
+    """After a worker went, ``pcache status`` said 0 under-replicated (a bound file's cached
+    blocks are at no risk: the store holds them) while ``pcache fsck`` named 23 and status's
+    "wait for a target" line counted them too."""
+    bucket = create_bucket(moto_endpoint)
+    body = os.urandom(3 * BOUND_BLOCK + 7)
+    _s3(moto_endpoint).put_object(Bucket=bucket, Key="f", Body=body)
+    cluster = make_cluster(workers=3, master_args=[f"--master.default_block_size={BOUND_BLOCK}"])
+    with Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin:
+        admin.bind("/ur", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
+        assert admin.read_file("/ur/f") == body
+        deadline = time.monotonic() + 30
+        while not all(len(b.replicas) == 2 for b in admin.layout("/ur/f").blocks):  # replicated as configured
+            assert time.monotonic() < deadline, [len(b.replicas) for b in admin.layout("/ur/f").blocks]
+            time.sleep(0.2)
+        holder = admin.layout("/ur/f").blocks[0].replicas[0]
+        cluster.kill(next(p for p in cluster.worker_procs if p.address.endswith(f":{holder.port}")))
+        deadline = time.monotonic() + 30
+        while sum(w.alive for w in admin.status().workers) != 2:
+            assert time.monotonic() < deadline, "the killed worker was never counted dead"
+            time.sleep(0.2)
+        status = admin.status()
+        assert (status.under_replicated_blocks, status.blocks_without_target, status.missing_blocks) == (0, 0, 0)
+        assert [d.state for d in admin.fsck("/ur").damaged] == []
+        assert admin.read_file("/ur/f") == body
