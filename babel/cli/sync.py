@@ -132,6 +132,10 @@ def sync_cmd(src, dst, include, exclude, dry_run, delete, max_delete, checkers, 
         with RichProgress(progress and not as_json) as bar:
             report = run_async(run_sync(src or "", dst or "", options, state_dir=state_dir, job_id=resume,
                                           progress=bar.sink(), on_job=started.append))  # fmt: skip
+    except FileNotFoundError as exc:
+        if resume is None or started:
+            raise
+        raise click.UsageError(f"{exc} (babel jobs lists them)") from exc  # a mistyped id: exit 3, as a bad flag
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the journal is closed; record it and say how to go on
         if not started:
             raise

@@ -253,7 +253,7 @@ def test_cli_exit_codes_and_clear_errors(tmp_path: Path, moto_endpoint, new_buck
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "NoSuchBucket" in json.loads(r.stdout)["fatal"]
     r = babel("sync", "--resume", "no-such-job", env=env)
-    assert r.returncode == 2 and "no job" in r.stderr
+    assert r.returncode == 3 and "no job 'no-such-job'" in r.stderr and "babel jobs lists them" in r.stderr  # a typo
     r = babel("sync", "file:///only-one", env=env)
     assert r.returncode == 3
     src = tmp_path / "src"
