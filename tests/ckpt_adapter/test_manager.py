@@ -141,9 +141,8 @@ def test_rank_killed_mid_save_leaves_the_last_complete_checkpoint(make_cluster) 
         mgr.close()
 
 
-@pytest.mark.parametrize("scenario", ["alone", "dead"])
-def test_a_save_not_every_rank_joins_fails_in_bounded_time_naming_the_cause(shared_cluster, scenario: str) -> None:
-    root = f"pcache://{shared_cluster.master_address}/ckpt/misuse-{scenario}"
+def _misuse_ranks(scenario: str, root: str) -> list[tuple[str, str]]:
+    """Run the two ranks of a :mod:`tests.ckpt_adapter.misuse_worker` scenario; their (stdout, stderr)."""
     port = free_port()
     procs = [
         subprocess.Popen(
@@ -156,7 +155,13 @@ def test_a_save_not_every_rank_joins_fails_in_bounded_time_naming_the_cause(shar
         )
         for r in range(2)
     ]
-    outs = [p.communicate(timeout=120) for p in procs]
+    return [p.communicate(timeout=120) for p in procs]
+
+
+@pytest.mark.parametrize("scenario", ["alone", "dead"])
+def test_a_save_not_every_rank_joins_fails_in_bounded_time_naming_the_cause(shared_cluster, scenario: str) -> None:
+    root = f"pcache://{shared_cluster.master_address}/ckpt/misuse-{scenario}"
+    outs = _misuse_ranks(scenario, root)
     rank0 = json.loads(outs[0][0].strip().splitlines()[-1])
     assert "Timeout" in rank0["error"] and "not every rank took part" in rank0["error"], outs[0][1][-2000:]
     assert rank0["seconds"] < 30  # collective_timeout=5, not gloo's 30 minutes
@@ -169,20 +174,7 @@ def test_a_save_not_every_rank_joins_fails_in_bounded_time_naming_the_cause(shar
 def test_ranks_whose_listings_differ_come_to_one_outcome(shared_cluster) -> None:
     """Rank 1 cannot list the root (its store does not answer), rank 0 finds nothing: rank 0
     decided on a fresh start and died in the training's next collective, while rank 1 failed."""
-    root = f"pcache://{shared_cluster.master_address}/ckpt/misuse-unlisted"
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.ckpt_adapter.misuse_worker", "unlisted", root, str(r), str(port)],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = _misuse_ranks("unlisted", f"pcache://{shared_cluster.master_address}/ckpt/misuse-unlisted")
     ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert [r.get("loaded") for r in ranks] == [None, None], outs
     assert ranks[0]["error"].startswith("StoreTimeout: checkpoint load: rank 1 could not list"), ranks[0]
