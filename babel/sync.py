@@ -612,8 +612,7 @@ class SyncJob:
         self.journal.update(state="running", pid=os.getpid())
         try:
             await asyncio.gather(check_reachable(self.src), check_reachable(self.dst))
-            _check_destination(self.dst)
-            check = getattr(self.dst, "check_destination", None)  # PCache's: one RPC
+            check = getattr(self.dst, "check_destination", None)  # stores of paths: a file in the way
             if check is not None:
                 await check()
             await check_source_prefix(self.src, self._retry)
@@ -720,8 +719,8 @@ class _Planning:
             check_key(key, self.job.dst.uri)
         except BadURI as exc:
             return f"{exc}: not copied"
-        if not _is_filesystem(self.job.dst) and CONTROL.search(key):
-            return (f"a control character ({CONTROL.search(key).group()!r}) in the key: {self.job.dst.uri} keeps keys as"  # type: ignore[union-attr]
+        if not _is_filesystem(self.job.dst) and (control := CONTROL.search(key)):
+            return (f"a control character ({control.group()!r}) in the key: {self.job.dst.uri} keeps keys as"
                     " file paths and stores it under another name (rclone's encoding): not copied")  # fmt: skip
         parts = key.split("/")
         long = next((p for p in parts if len(p.encode("utf-8", "surrogateescape")) > NAME_MAX), None)
@@ -797,23 +796,6 @@ class _RetryingReads:
 
     async def get(self, key: str, offset: int = 0, length: int | None = None, *, if_match: str = "") -> bytes:
         return await self._with_retries(lambda: self._store.get(key, offset, length, if_match=if_match))
-
-
-def _check_destination(store: ObjectStore) -> None:
-    """A ``file://`` destination must be a directory (or not exist yet).
-
-    Raises:
-        BabelError: it is a file (every object would fail on its own otherwise).
-    """
-    root = getattr(store, "root", None)
-    if not (store.uri.startswith("file:") and root):
-        return
-    where = root
-    while not os.path.exists(where) and os.path.dirname(where) != where:
-        where = os.path.dirname(where)  # the nearest existing ancestor: a file there blocks it too
-    if not os.path.isdir(where):
-        what = "the destination is a file" if where == root else f"{where} (above the destination) is a file"
-        raise BabelError(f"{what}, not a directory: nothing can be copied into it", uri=store.uri)
 
 
 REACH_TIMEOUT = 4.0  # seconds per TCP connect of the start-up check

@@ -63,6 +63,7 @@ from objstore.tree import (
     check_delimiter,
     check_key,
     check_parts,
+    file_in_the_way,
     file_metadata,
     format_mtime_ns,
     is_temp_of,
@@ -147,6 +148,18 @@ class LocalStore:
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, check_key(key, self.uri))
+
+    async def check_destination(self) -> None:
+        """Refuse a destination that is a file, or lies under one (it may not exist yet).
+
+        Raises:
+            StoreError: a file is in the way (every object would fail on its own otherwise).
+        """
+        where = self.root
+        while not os.path.exists(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)  # the nearest existing ancestor: a file there blocks it too
+        if not os.path.isdir(where):
+            raise file_in_the_way(where, self.root, self.uri)
 
     def _inside(self, path: str) -> str:
         """``path`` if its directory resolves inside the tree (call after creating it).

@@ -44,6 +44,7 @@ STAT_BATCH = 1000  # most files one StatFiles request asks about
 DIR_CACHE_ENTRIES = 4096
 
 _TEMP = re.compile(r"\..*\.babel-[0-9a-f]{16}", re.DOTALL)
+_TOKEN = re.compile(r"[0-9a-f]{16}")
 _NAME_BUDGET = 255 - len(".") - len(".babel-") - 16  # NAME_MAX minus the temp decoration
 
 Entries = Sequence[tuple[str, bool]]  # sorted (name, or name + "/" for a directory; is_dir)
@@ -66,6 +67,18 @@ def check_key(key: str, uri: str) -> str:
 def new_token() -> str:
     """A fresh 16-hex-digit token naming one temporary file."""
     return secrets.token_hex(8)
+
+
+def is_token(text: str) -> bool:
+    """Whether ``text`` is a token :func:`new_token` makes (no path can hide in one)."""
+    return _TOKEN.fullmatch(text) is not None
+
+
+def file_in_the_way(where: str, root: str, uri: str) -> StoreError:
+    """The error of a destination that is a file (``where == root``) or lies under one
+    (``where``, its nearest existing ancestor): one fatal line, not a failure per object."""
+    what = "the destination is a file" if where == root else f"{where} (above the destination) is a file"
+    return StoreError(f"{what}, not a directory: nothing can be copied into it", uri=uri)
 
 
 def temp_name(name: str, token: str) -> str:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import posixpath
-import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -51,8 +50,10 @@ from objstore.tree import (
     check_delimiter,
     check_key,
     check_parts,
+    file_in_the_way,
     file_metadata,
     is_temp_of,
+    is_token,
     new_token,
     parse_mtime,
     part_range,
@@ -227,7 +228,7 @@ class PCacheStore:
         NotADirectory each, where ``file://`` gave one fatal line).
 
         Raises:
-            BabelError: it is a file.
+            BabelError: a file is in the way.
         """
         where = self.root
         while True:
@@ -241,8 +242,7 @@ class PCacheStore:
             except PCacheError as exc:
                 raise translate(exc, self.uri) from exc
         if node.type != pb.DIRECTORY:
-            what = "the destination is a file" if where == self.root else f"{where} (above the destination) is a file"
-            raise BabelError(f"{what}, not a directory: nothing can be copied into it", uri=self.uri)
+            raise file_in_the_way(where, self.root, self.uri)
 
     async def list_page(
         self, prefix: str = "", *, delimiter: str | None = None, start_after: str = "", max_keys: int = 1000
@@ -403,7 +403,7 @@ class PCacheStore:
         run's, named by its journal: ``babel clean``, a resume)."""
         upload = self._uploads.get(upload_id)
         if upload is None or upload.key != key:
-            if re.fullmatch(r"[0-9a-f]{16}", upload_id):  # a token: no path in it
+            if is_token(upload_id):  # no path in it
                 await self._discard(self._temp_path(key, upload_id))
             return
         async with upload.lock:

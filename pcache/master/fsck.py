@@ -60,9 +60,9 @@ def block_state(blocks: BlockManager, block_id: int) -> str | None:
     """'corrupt', 'missing', 'under-replicated', or None for a healthy block (or a bound file's
     block: a cached copy of its under-store, at no risk with fewer copies or none, fetched again
     when read; ``pcache status`` counts them so too)."""
-    live = len(blocks.live_replicas(block_id))
     if block_id in blocks.ufs:
         return None
+    live = len(blocks.live_replicas(block_id))
     if live == 0:
         return "corrupt" if blocks.quarantined_live(block_id) else "missing"
     alive = len(blocks.registry.alive())
