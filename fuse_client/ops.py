@@ -29,7 +29,7 @@ from mfusepy import FuseOSError
 
 from pcache.client import Client, File
 from pcache.client.core import FileStat
-from pcache.common.errors import AlreadyExists, NotFound, PCacheError, StaleHandle
+from pcache.common.errors import AlreadyExists, NotFound, PCacheError
 
 logger = logging.getLogger(__name__)
 
@@ -485,10 +485,6 @@ class PCacheOperations(mfusepy.Operations):
                     got = len(data)
                 else:
                     got = src.pread_into(into, offset)
-            except NotFound as exc:  # an open file's data went (unbound, or its blocks' copies gone): ESTALE, as NFS
-                if src is f or self._writers.get(f.inode) is src:
-                    raise StaleHandle(f"{exc.message}: removed while this file was open", path=path) from exc
-                continue
             except Exception:
                 if src is f or self._writers.get(f.inode) is src:
                     raise

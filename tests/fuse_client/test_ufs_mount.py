@@ -106,37 +106,3 @@ def test_files_written_through_the_mount_into_a_write_back_bind_reach_the_store(
         for k in ("shard.bin", "synced", ".metadata")
     }
     assert got == {"shard.bin": src.read_bytes(), "synced": b"synced", ".metadata": b"meta v2"}
-
-
-def test_a_file_unbound_under_an_open_reader_fails_its_reads_estale(
-    fuse_ready, moto_endpoint: str, tmp_path: Path
-) -> None:
-    """From a helper's drill: ``pcache unbind`` while a reader held a bound file open made its
-    next ``read(2)`` fail ENOENT, which no read of an open descriptor returns; ESTALE, as NFS."""
-    import errno
-
-    import boto3
-
-    bucket = create_bucket(moto_endpoint)
-    body = os.urandom(32 << 20)
-    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").put_object(
-        Bucket=bucket, Key="ds/shard", Body=body
-    )
-    with (
-        LocalCluster(str(tmp_path / "cluster"), workers=1, master_args=["--master.default_block_size=1MiB"]) as cluster,
-        Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin,
-    ):
-        admin.bind("/default/ds", f"s3://{bucket}/ds/?endpoint_url={moto_endpoint}", meta_ttl=-1)
-        mount = Mount(cluster.master_address, tmp_path / "mnt").start()
-        try:
-            fd = os.open(mount.path / "ds" / "shard", os.O_RDONLY)
-            try:
-                assert os.pread(fd, 4096, 0) == body[:4096]
-                admin.unbind("/default/ds")
-                with pytest.raises(OSError) as err:
-                    os.pread(fd, 4096, 30 << 20)  # a block not read yet (past any read-ahead)
-                assert err.value.errno == errno.ESTALE, err.value
-            finally:
-                os.close(fd)
-        finally:
-            mount.stop()
