@@ -121,6 +121,9 @@ class PCacheOperations(mfusepy.Operations):
         """A new kernel handle of ``f``; a writable ``f`` of an inode another handle of this mount
         writes is dropped for that handle's File (two opens that raced), truncated if asked."""
         extra = None
+        # the kernel's page cache is per inode, not per handle: a handle reads the version the
+        # kernel was given attributes of (see read), not the snapshot an SDK reader keeps
+        f.follow_versions = True
         with self._lock:
             if f.writable():
                 shared = self._writers.get(f.inode)

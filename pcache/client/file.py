@@ -203,6 +203,13 @@ class PCacheFile:
         self.dirty = False
         self.created = layout.inode.created  # made by this open (the master says so)
         self.cached = cached  # the layout came from the client's metadata cache (up to metadata_ttl old)
+        # the block positions this view returned bytes of: a later commit's layout is taken
+        # only where those positions keep their blocks (unchanged bytes), by an explicit
+        # refresh, or when follow_versions
+        self.served: set[int] = set()
+        # take a later commit's layout when this view's blocks are gone, even after serving
+        # bytes: the mount's handles, which read the version the kernel's page cache holds
+        self.follow_versions = False
         self._committed = False
         # a writer's close the master waits for (write-back): an fsync committed this handle's
         # writes, or another writer's fsync did and left the file pending (see _fsync_locked)
@@ -264,12 +271,22 @@ class PCacheFile:
         layout = await self.service.layout_of(self.inode)
         if layout.inode.version == self.version:
             return False
+        self._take(layout)
+        self.served.clear()  # a new snapshot
+        return True
+
+    def _take(self, layout: pb.FileLayout) -> None:
         self.slots = _slots(layout)
         self.size = layout.inode.size
         self.version = layout.inode.version
         self._last_unit = None
         self.hot = None
-        return True
+
+    def _keeps_served(self, layout: pb.FileLayout) -> bool:
+        """Whether ``layout`` has the same block at every position this view returned bytes of."""
+        new = [b.block_id for b in layout.blocks]
+        old = [slot.block_id for slot in self.slots]
+        return all((new[i] if i < len(new) else HOLE) == (old[i] if i < len(old) else HOLE) for i in self.served)
 
     def _check(self, want_write: bool) -> None:
         if self.closed:
@@ -297,23 +314,37 @@ class PCacheFile:
         """Read up to ``length`` bytes at ``offset`` without moving the position.
 
         A read-only handle whose blocks are gone takes the file's current layout once and reads
-        again: a later commit replaced them (copy-on-write frees the old blocks at once), or the
-        handle was opened from the client's metadata cache (``metadata_ttl``) after such a commit
-        (close-to-open). A writer reads the blocks that replaced its clean ones (:meth:`_fetch`).
+        again, when that changes none of the bytes it returned: it was opened from the client's
+        metadata cache (``metadata_ttl``) after a commit that replaced them (copy-on-write frees
+        the old blocks at once), or such a commit landed after its open, at positions it had not
+        read. A commit that replaced a block it had returned bytes of fails the read
+        (``StaleHandle``) rather than mixing two versions in one read of the file, unless the
+        handle follows versions (``follow_versions``: the mount's). A writer reads the blocks
+        that replaced its clean ones (:meth:`_fetch`).
 
         Raises:
-            Unavailable: no replica of a block could be read.
+            Unavailable: no replica of a block could be read. StaleHandle: the file was replaced
+                (rewritten and committed elsewhere) after this handle returned bytes the new
+                version changed: reopen it.
         """
         try:
             return await self._pread(offset, length)
-        except Unavailable:
+        except Unavailable as exc:
             if self.writable:
                 raise
             self.cached = False
             self.service.invalidate(self.path)
-            if not await self.refresh():
+            layout = await self.service.layout_of(self.inode)
+            if layout.inode.version == self.version:
                 raise
-            logger.debug("%s: the cached layout was stale; reading version %d", self.path, self.version)
+            if not self.follow_versions and not self._keeps_served(layout):
+                raise StaleHandle(
+                    f"the file was replaced (version {self.version} -> {layout.inode.version}) while this handle"
+                    " read it, and the blocks of the version it read are gone: reopen it to read the new one",
+                    path=self.path,
+                ) from exc
+            self._take(layout)
+            logger.debug("%s: its blocks were replaced; reading version %d", self.path, self.version)
             return await self._pread(offset, length)
 
     async def _pread(self, offset: int, length: int) -> bytes:
@@ -324,6 +355,7 @@ class PCacheFile:
             idx, off = divmod(pos, self.block_size)
             n = min(self.block_size - off, end - pos)
             parts.append(await self._read_slot(idx, off, n))
+            self.served.add(idx)
             pos += n
         return b"".join(parts)
 

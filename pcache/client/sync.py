@@ -319,9 +319,11 @@ class File(io.RawIOBase):
             return None
         uds_path, block_id, off = found
         try:
-            return self._client.aio.data.sc_read_open(uds_path, block_id, off, length)  # opened with its token
+            data = self._client.aio.data.sc_read_open(uds_path, block_id, off, length)  # opened with its token
         except PCacheError:
             return None  # the async path fails over and reports it
+        self._f.served.add(offset // self._f.block_size)
+        return data
 
     def _direct_into(self, offset: int, view: memoryview) -> int | None:
         """:meth:`_direct` into ``view`` (whole chunks straight from the block file, no copy);
@@ -331,9 +333,11 @@ class File(io.RawIOBase):
             return None
         uds_path, block_id, off = found
         try:
-            return self._client.aio.data.sc_read_open_into(uds_path, block_id, off, view)
+            n = self._client.aio.data.sc_read_open_into(uds_path, block_id, off, view)
         except PCacheError:
             return None
+        self._f.served.add(offset // self._f.block_size)
+        return n
 
     def _direct_source(self, offset: int, length: int) -> tuple[str, int, int] | None:
         """(short-circuit socket, block id, offset in the block) of a read inside one stored block
@@ -428,6 +432,16 @@ class File(io.RawIOBase):
         if length < unit:  # up to the unit's end: the next small read finds it hot
             length = min(length, block_end - offset, (offset // unit + 1) * unit - offset)
         return self._client._run(f.pread(offset, length))
+
+    @property
+    def follow_versions(self) -> bool:
+        """Whether reads take a later commit's layout when this handle's blocks are gone, even
+        after it returned bytes (see :meth:`PCacheFile.pread`; default False: ``StaleHandle``)."""
+        return self._f.follow_versions
+
+    @follow_versions.setter
+    def follow_versions(self, value: bool) -> None:
+        self._f.follow_versions = value
 
     def refresh(self) -> bool:
         """Re-read a read-only handle's layout (see :meth:`PCacheFile.refresh`); True if it changed."""

@@ -359,6 +359,34 @@ def test_a_handle_opened_before_a_commit_reads_what_replaced_its_deleted_blocks(
             assert late.pread(0, 4 * bs) == b"o" * bs
 
 
+def test_a_reader_that_returned_bytes_keeps_its_snapshot_or_fails_estale_never_mixing(make_cluster) -> None:
+    """From a helper's drill: a handle that had read the start of a 100 MiB file went on with the
+    bytes of a 70 MiB rewrite committed meanwhile (old and new in one read, a Parquet footer of
+    the wrong file). After its first byte a handle's view stays its version: a block that version
+    lost fails ESTALE; ``refresh()`` (or a new open) takes the new version."""
+    from pcache.testing.faults import replica_files, wait_for
+
+    cluster = make_cluster(workers=2)
+    bs = 1 << 20
+    old, new = os.urandom(4 * bs), os.urandom(3 * bs)
+    cfg = ClientConfig(master=cluster.master_address, short_circuit=False, readahead_units=0)
+    with Client(cfg) as mine, Client(master=cluster.master_address) as other:
+        other.mkdir("/ds")
+        other.write_file("/ds/part", old, block_size=bs, replication=1)
+        reader = mine.open("/ds/part", "rb")
+        assert reader.read(bs) == old[:bs]
+        files = [p for replicas in replica_files(other.layout("/ds/part")) for p in replicas]
+        other.write_file("/ds/part", new, block_size=bs, replication=1)
+        wait_for(lambda: not any(p.exists() for p in files), 30, "the old version's block files deleted")
+        with pytest.raises(E.StaleHandle) as info:
+            reader.read()
+        assert info.value.errno == errno.ESTALE and "reopen" in str(info.value)
+        assert reader.refresh() is True  # asked for: the new version, whole
+        reader.seek(0)
+        assert reader.read() == new
+        reader.close()
+
+
 def test_concurrent_stats_and_creates_share_batches(shared_cluster) -> None:
     """Calls made while one is in flight leave together in one Batch RPC; each gets its own
     answer or error, in order."""
