@@ -40,6 +40,9 @@ import contextlib
 import dataclasses
 import datetime
 import errno
+import functools
+import inspect
+import io
 import os
 import posixpath
 import secrets
@@ -49,18 +52,22 @@ import time
 import weakref
 from typing import Any
 
-from fsspec.asyn import AbstractAsyncStreamedFile, AsyncFileSystem, sync, sync_wrapper
+from fsspec.asyn import AbstractAsyncStreamedFile, AsyncFileSystem, sync
+from fsspec.asyn import mirror_sync_methods as _mirror_sync_methods
 from fsspec.callbacks import DEFAULT_CALLBACK
+from fsspec.exceptions import FSTimeoutError
 from fsspec.spec import AbstractBufferedFile
 
 from pcache.client.core import MAX_SYMLINK_HOPS, FileStat, PCacheClient, _link_target
 from pcache.client.file import PCacheFile
 from pcache.common.config import ClientConfig
+from pcache.common.credentials import clean_token
 from pcache.common.errors import (
     AlreadyExists,
     InvalidArgument,
     NotADirectory,
     NotFound,
+    PCacheError,
     StaleEpoch,
     SymlinkLoop,
     Timeout,
@@ -81,6 +88,52 @@ def _omit_unless_unanswered(exc: BaseException) -> None:
 
 CLIENT_FIELDS = frozenset(f.name for f in dataclasses.fields(ClientConfig))
 KIND_TYPES = {"file": "file", "dir": "directory"}  # every other kind is fsspec's "other"
+
+
+def _own_timeouts(method):
+    """``method`` (a blocking call through fsspec's ``sync``) raising PCache's own ``Timeout`` or
+    ``StoreTimeout``, not the empty ``FSTimeoutError`` fsspec's ``sync`` puts in front of every
+    ``TimeoutError`` (which PCache's timeouts are): its message, and ``except pcache Timeout``,
+    were lost. fsspec's own time limit (``timeout=``) still raises ``FSTimeoutError``."""
+
+    def own(exc: FSTimeoutError) -> BaseException:
+        cause = exc.__cause__
+        return cause if isinstance(cause, PCacheError) else exc
+
+    if inspect.isgeneratorfunction(method):  # walk: its errors come while it is iterated
+
+        @functools.wraps(method)
+        def generator(*args: Any, **kwargs: Any) -> Any:
+            try:
+                yield from method(*args, **kwargs)
+            except FSTimeoutError as exc:
+                raise own(exc) from own(exc).__cause__
+
+        return generator
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except FSTimeoutError as exc:
+            raise own(exc) from own(exc).__cause__
+
+    return wrapper
+
+
+def _sync(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """fsspec's ``sync`` with PCache's own timeouts (:func:`_own_timeouts`)."""
+    return _own_timeouts(sync)(loop, fn, *args, **kwargs)
+
+
+def _sync_method(fn: Any) -> Any:
+    """The blocking method of coroutine method ``fn`` (fsspec's ``sync_wrapper``, :func:`_own_timeouts`)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _sync(self.loop, fn, self, *args, **kwargs)
+
+    return wrapper
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -109,7 +162,7 @@ class PCacheFileSystem(AsyncFileSystem):
     protocol = (PROTOCOL,)
     root_marker = "/"
     async_impl = True
-    mirror_sync_methods = True
+    mirror_sync_methods = False  # done by __init__, each blocking method raising PCache's own timeouts
     cachable = True
     blocksize = CHUNK
 
@@ -123,17 +176,21 @@ class PCacheFileSystem(AsyncFileSystem):
             raise InvalidArgument(f"the URL names master {url_master} and the options master {master}: give one")
         if master or url_master:
             client_options["master"] = master or url_master
-        if "token" in client_options:
-            token = str(client_options["token"] or "").strip()  # a token read from a file keeps its newline
-            if not token:
-                raise InvalidArgument("token is empty: give a tenant's token, or leave token out to use this machine's")
-            client_options["token"] = token
+        if "token" in client_options:  # a token read from a file keeps its newline
+            client_options["token"] = clean_token(
+                str(client_options["token"] or ""), "token (leave it out to use this machine's)"
+            )
         super().__init__(**options)
         self.config = dataclasses.replace(ClientConfig(), **client_options)
         self.master = self.config.master
         self.auto_mkdir = auto_mkdir
         self._holder: list[PCacheClient] = []
         weakref.finalize(self, _close_client, self._holder, self._loop)
+        _mirror_sync_methods(self)
+        for name, method in list(vars(self).items()):  # the blocking methods fsspec made from ours
+            own = getattr(self, f"_{name}", None)
+            if callable(method) and (inspect.iscoroutinefunction(own) or inspect.isasyncgenfunction(own)):
+                setattr(self, name, _own_timeouts(method))
 
     # ------------------------------------------------------------ paths --
 
@@ -163,7 +220,7 @@ class PCacheFileSystem(AsyncFileSystem):
 
     def _sync_call(self, fn, *args: Any) -> Any:
         """Run ``fn(*args)`` (a coroutine function) on this filesystem's loop from a sync caller."""
-        return sync(self.loop, fn, *args)
+        return _sync(self.loop, fn, *args)
 
     async def _commit_rename(self, tmp: str, path: str) -> None:
         await (await self.client()).rename(tmp, path)
@@ -225,7 +282,11 @@ class PCacheFileSystem(AsyncFileSystem):
         """
         path = self._strip_protocol(path)
         st = await (await self.client()).stat(path)
-        return self._details(st, await self._follow(st) if st.kind == "symlink" else None)
+        target = None
+        if st.kind == "symlink":
+            with contextlib.suppress(SymlinkLoop):  # the link itself, as ls lists it (du, find)
+                target = await self._follow(st)
+        return self._details(st, target)
 
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list:
         """Entries of a directory in name order (a file lists as itself).
@@ -303,7 +364,7 @@ class PCacheFileSystem(AsyncFileSystem):
         """Remove an empty directory. Raises OSError(ENOTEMPTY), NotADirectoryError."""
         await (await self.client()).rmdir(self._strip_protocol(path))
 
-    rmdir = sync_wrapper(_rmdir)
+    rmdir = _sync_method(_rmdir)
 
     async def _rm_file(self, path: str, **kwargs: Any) -> None:
         """Remove a file or symlink. Raises IsADirectoryError for a directory."""
@@ -468,7 +529,7 @@ class PCacheFileSystem(AsyncFileSystem):
                 raise InvalidArgument(f"cannot move {src} into {into}: {why}")
             path2 = target
         renamable = plain and maxdepth is None and not path2.endswith("/")
-        if renamable and sync(self.loop, self._mv_one, path1, path2):  # a directory moves whole, as mv(1) does
+        if renamable and _sync(self.loop, self._mv_one, path1, path2):  # a directory moves whole, as mv(1) does
             return
         super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
 
@@ -482,7 +543,7 @@ class PCacheFileSystem(AsyncFileSystem):
             return
         await (await self._open_pcache(path, "wb")).close()
 
-    touch = sync_wrapper(_touch)
+    touch = _sync_method(_touch)
 
     # -------------------------------------------------------------- files --
 
@@ -523,6 +584,7 @@ class PCacheBufferedFile(AbstractBufferedFile):
     ) -> None:
         if mode not in {"rb", "wb", "xb", "ab"}:
             raise NotImplementedError(f"mode {mode!r} is not supported (rb, wb, xb, ab)")
+        kwargs.pop("size", None)  # a caller's guess (fsspec's blockcache passes one): the open knows
         self.target = path if autocommit or mode == "rb" else _hidden_sibling(path)
         self.file: PCacheFile = fs._sync_call(fs._open_pcache, self.target, mode)  # errors here, like open()
         super().__init__(
@@ -551,6 +613,19 @@ class PCacheBufferedFile(AbstractBufferedFile):
         finally:
             data.release()
         return True
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """A ``with`` block that raised drops what it wrote (the SDK's ``with``, all or nothing):
+        the file keeps its last committed content, and one this open created goes away. fsspec's
+        own ``__exit__`` closes, which would commit the partial bytes over the previous file."""
+        if exc_type is not None and self.mode != "rb" and not self.closed:
+            try:
+                self.discard()
+            finally:
+                self.buffer = io.BytesIO()
+                super().__setattr__("closed", True)
+            return
+        self.close()
 
     def commit(self) -> None:
         """Make a transaction's file visible: commit the hidden sibling, rename it into place."""
@@ -602,6 +677,14 @@ class PCacheStreamedFile(AbstractAsyncStreamedFile):
         if not self.file.closed:
             self.closed = True
             await self.file.close()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """As :meth:`PCacheBufferedFile.__exit__`: a block that raised drops what it wrote."""
+        if exc_type is not None and self.mode != "rb" and not self.file.closed:
+            self.closed = True
+            await self.file.abort()
+            return
+        await self.close()
 
 
 _OPEN_FILES: weakref.WeakSet[PCacheBufferedFile] = weakref.WeakSet()

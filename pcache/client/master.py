@@ -27,7 +27,7 @@ import grpc
 from pcache.common import errors as E
 from pcache.common.auth import bearer
 from pcache.common.config import ClientConfig, check_addresses
-from pcache.common.credentials import find_tls_dir, find_token
+from pcache.common.credentials import clean_token, find_tls_dir, find_token
 from pcache.common.rpc import ERROR_KEY, MAX_BATCH, call_stamped, channel_options, translate_stamped
 from pcache.common.tls import channel as tls_channel
 from pcache.common.tls import load_optional
@@ -70,7 +70,8 @@ class MasterClient:
         """Raises InvalidArgument for a master address that is not HOST:PORT[,HOST:PORT...]."""
         self.addresses = check_addresses(cfg.master)
         self.cfg = cfg
-        self.token = cfg.token or find_token(cfg.master)  # pcache.common.credentials: where it is found
+        # pcache.common.credentials: where it is found
+        self.token = clean_token(cfg.token, "the client's token") if cfg.token else find_token(cfg.master)
         self.client_id = client_id
         self.epoch = 0
         self.current = 0  # index of the master that answered last

@@ -184,26 +184,43 @@ def forget_token(master: str, token: str) -> None:
                 del tokens[address]
 
 
+def clean_token(token: str, source: str) -> str:
+    """``token`` without the whitespace around it (a file's or a Kubernetes Secret's trailing
+    newline), as sent in the ``authorization`` header.
+
+    Raises:
+        InvalidArgument: nothing is left, or it holds a character no token has (a space, a line
+            break, a non-ASCII character): ``source`` is named, the token is never printed.
+    """
+    token = token.strip()
+    if not token:
+        raise InvalidArgument(f"{source} is empty: give a tenant's token (pcache tenant token NAME writes one)")
+    if not all("!" <= ch <= "~" for ch in token):
+        raise InvalidArgument(
+            f"{source} holds characters no token has (a space, a line break or a non-ASCII character"
+            " inside it: a token is one word of printable ASCII)"
+        )
+    return token
+
+
 def find_token(master: str) -> str:
     """The token a client of ``master`` sends when its config names none ("" if none is found).
 
     Raises:
-        InvalidArgument: ``$PCACHE_TOKEN_FILE`` names a file that cannot be read, or an empty
-            one (the master would only have said "no token").
+        InvalidArgument: ``$PCACHE_TOKEN`` is set but empty (an unset variable substituted, as in
+            ``PCACHE_TOKEN=$TEAM_TOKEN``: the default tenant's token would be used for it), or
+            either source holds no token (:func:`clean_token`); ``$PCACHE_TOKEN_FILE`` names a
+            file that cannot be read.
     """
-    if os.environ.get(TOKEN_ENV):
-        return os.environ[TOKEN_ENV]
+    if TOKEN_ENV in os.environ:
+        return clean_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV} (unset it to use the tokens file)")
     if os.environ.get(TOKEN_FILE_ENV):
         path = os.environ[TOKEN_FILE_ENV]
         try:
-            token = Path(path).read_text().strip()
-        except OSError as exc:
-            raise InvalidArgument(f"${TOKEN_FILE_ENV}={path}: {exc.strerror or exc}") from exc
-        if not token:  # the master would say "no token: give ... $PCACHE_TOKEN_FILE", which was given
-            raise InvalidArgument(
-                f"${TOKEN_FILE_ENV}={path} is empty (pcache tenant token NAME --token-file writes one)"
-            )
-        return token
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidArgument(f"${TOKEN_FILE_ENV}={path}: {getattr(exc, 'strerror', None) or exc}") from exc
+        return clean_token(text, f"${TOKEN_FILE_ENV}={path}")
     try:
         tokens = json.loads(tokens_file().read_text())
     except (OSError, ValueError):

@@ -34,7 +34,7 @@ from pcache.common import ufs
 from pcache.common.checksum import crc32c
 from pcache.common.coalesce import Coalescer
 from pcache.common.config import ClientConfig, WorkerConfig, check_addresses, default_node_id, describe
-from pcache.common.credentials import check_private_path, find_token
+from pcache.common.credentials import check_private_path, clean_token, find_token
 from pcache.common.errors import (
     CorruptBlock,
     InvalidArgument,
@@ -649,12 +649,12 @@ def worker_token(cfg: WorkerConfig) -> str:
     """
     if cfg.token_file:
         try:
-            token = Path(cfg.token_file).read_text().strip()
-        except OSError as exc:
-            raise InvalidArgument(f"cannot read worker.token_file {cfg.token_file}: {exc.strerror}") from exc
-        if not token:
-            raise InvalidArgument(f"worker.token_file {cfg.token_file} is empty")
-        return token
+            text = Path(cfg.token_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidArgument(
+                f"cannot read worker.token_file {cfg.token_file}: {getattr(exc, 'strerror', None) or exc}"
+            ) from exc
+        return clean_token(text, f"worker.token_file {cfg.token_file}")
     token = find_token("")
     if not token:
         raise InvalidArgument("a worker needs a worker token: worker.token_file, $PCACHE_TOKEN or $PCACHE_TOKEN_FILE")

@@ -3,6 +3,8 @@ foreign credential is refused, and rotation keeps the previous key's tokens vali
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pcache.common import errors as E
@@ -160,3 +162,32 @@ def test_a_token_file_that_is_empty_or_missing_is_named_not_taken_for_no_token(t
     empty.write_text("tok-123\n")
     monkeypatch.setenv("PCACHE_TOKEN_FILE", str(empty))
     assert find_token("127.0.0.1:1") == "tok-123"
+
+
+def test_a_token_with_its_newline_is_sent_without_it_and_an_empty_or_broken_one_is_named(monkeypatch) -> None:
+    """From a helper's drill: ``$PCACHE_TOKEN`` or ``ClientConfig(token=...)`` holding a token
+    with the newline its file (or Kubernetes Secret) ends with failed in gRPC's C core ("Illegal
+    header value", a traceback from the CLI); ``PCACHE_TOKEN=""`` (an unset ``$TEAM_TOKEN``
+    substituted) silently used this machine's default tenant."""
+    from pcache.client.master import MasterClient
+    from pcache.common.config import ClientConfig
+    from pcache.common.credentials import find_token
+
+    monkeypatch.delenv("PCACHE_TOKEN_FILE", raising=False)
+    monkeypatch.setenv("PCACHE_TOKEN", "v1.k0.team.rw.0.abc\n")
+    assert find_token("127.0.0.1:1") == "v1.k0.team.rw.0.abc"
+    for value, reason in [("", "is empty"), ("  \n", "is empty"), ("v1.k0 team", "characters no token has")]:
+        monkeypatch.setenv("PCACHE_TOKEN", value)
+        with pytest.raises(E.InvalidArgument, match=reason) as info:
+            find_token("127.0.0.1:1")
+        assert "$PCACHE_TOKEN" in str(info.value) and (not value.strip() or value not in str(info.value))
+    monkeypatch.delenv("PCACHE_TOKEN")
+
+    async def made() -> None:  # gRPC's aio channels are made on a running loop
+        client = MasterClient(ClientConfig(master="127.0.0.1:1", token="v1.k0.team.rw.0.abc\n"), "c1")
+        assert client.token == "v1.k0.team.rw.0.abc"
+        await client.close()
+        with pytest.raises(E.InvalidArgument, match="characters no token has"):
+            MasterClient(ClientConfig(master="127.0.0.1:1", token="v1.k0.team\x00x"), "c2")
+
+    asyncio.run(made())
