@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
+
+# gRPC's fork handlers (on by default in grpcio) crashed the forked children (SIGSEGV) of a
+# process whose client threads were in gRPC at the fork; such a child cannot use PCache anyway
+# (pcache.client.core.check_not_forked says so). Read by gRPC when it is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 if TYPE_CHECKING:  # loaded on first use: the client (aiohttp) is not needed by every pcache module
     from pcache.client import Client, PCacheClient

@@ -62,6 +62,25 @@ LAYOUT_CACHE_ENTRIES = 10_000
 STATAHEAD_DIRS = 1024  # directories whose uncached stats a client watches for a rising sequence
 
 
+_GRPC_PID: list[int] = []  # the process that made this module's first client: gRPC started there
+
+
+def check_not_forked() -> None:
+    """Refuse a client in a process forked from one that had made a client: gRPC does not
+    survive ``fork`` (the forked child of a process that used it crashed with SIGSEGV or hung
+    for a timeout; PyTorch's ``DataLoader`` forks its workers by default on Linux).
+
+    Raises:
+        NotSupported: this process is such a child.
+    """
+    if _GRPC_PID and _GRPC_PID[0] != os.getpid():
+        raise NotSupported(
+            f"this process was forked from one that had used PCache (pid {_GRPC_PID[0]}), and gRPC does not"
+            " survive fork: start worker processes with spawn (DataLoader(multiprocessing_context='spawn'),"
+            " multiprocessing.get_context('spawn')), or read through the FUSE mount"
+        )
+
+
 KIND_NAMES = {
     pb.REGULAR: "file",
     pb.DIRECTORY: "dir",
@@ -162,6 +181,8 @@ class PCacheClient:
     """Async client of one PCache cluster. Close it with :meth:`close`."""
 
     def __init__(self, cfg: ClientConfig | None = None, *, master: str | None = None) -> None:
+        check_not_forked()
+        _GRPC_PID[:] = _GRPC_PID or [os.getpid()]
         cfg = cfg or ClientConfig()
         if master:
             cfg.master = master

@@ -15,11 +15,11 @@ import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from pcache.client.core import FileStat, PCacheClient
+from pcache.client.core import FileStat, PCacheClient, check_not_forked
 from pcache.client.file import PCacheFile
 from pcache.client.load import LoadReport
 from pcache.common.config import ClientConfig
-from pcache.common.errors import CorruptBlock, PCacheError, Unavailable
+from pcache.common.errors import CorruptBlock, NotSupported, PCacheError, Unavailable
 from pcache.proto import pcache_pb2 as pb
 
 T = TypeVar("T")
@@ -57,6 +57,11 @@ class _LoopThread:
         if threading.current_thread() is self.thread:
             coro.close()
             raise RuntimeError("sync PCache call from inside its own event loop")
+        try:
+            check_not_forked()  # a parent's client, copied by fork: its loop thread is not here
+        except NotSupported:
+            coro.close()
+            raise
         if not self.thread.is_alive() or self.loop.is_closed():
             coro.close()  # a closed client: fail instead of waiting on a dead loop
             raise Unavailable("the PCache client is closed")

@@ -372,6 +372,53 @@ def test_fsspec_cache_layers_chain_over_pcache(pfs, tmp_path):
         assert f.size == 11 and f.read() == b"hello chain"
 
 
+def test_a_forked_child_is_told_to_use_spawn_at_once(shared_cluster):
+    """From a helper's drill: a process forked after its parent used ``pcache://`` (PyTorch's
+    DataLoader workers, by default) died of SIGSEGV, or got an empty FSTimeoutError after 10 s."""
+    import subprocess
+    import sys
+
+    script = f"""
+import multiprocessing as mp, time
+import fsspec
+from pcache.client import Client
+URL = "pcache://{shared_cluster.master_address}/fsspec-fork/x"
+
+def child(q):
+    t = time.monotonic()
+    out = []
+    for use in (lambda: fsspec.open(URL).open().read(), lambda: Client(master="{shared_cluster.master_address}")):
+        try:
+            use()
+            out.append("worked")
+        except Exception as e:
+            out.append(type(e).__name__ + ": " + str(e))
+    q.put((out, time.monotonic() - t))
+
+if __name__ == "__main__":
+    with fsspec.open(URL, "wb") as f:
+        f.write(b"x")
+    parent = Client(master="{shared_cluster.master_address}")
+    assert parent.read_file("/fsspec-fork/x") == b"x"
+    ctx = mp.get_context("fork")
+    for _ in range(4):
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        p.join(30)
+        print(p.exitcode, q.get(timeout=5) if p.exitcode == 0 else None, flush=True)
+    assert parent.read_file("/fsspec-fork/x") == b"x"  # the parent's client still works
+    parent.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 4
+    for line in lines:
+        assert line.startswith("0 ") and line.count("NotSupported: this process was forked") == 2, line
+        assert "spawn" in line and float(line.rsplit(", ", 1)[1].rstrip(")")) < 5, line
+
+
 def test_thousands_of_files_at_once_through_one_filesystem(pfs):
     """fsspec runs up to 2,500 calls at once (``cat`` of many paths, ``pipe`` of a dict): past
     about 1,000 concurrent master calls on one channel gRPC ended some with CANCELLED, and the
