@@ -43,6 +43,7 @@ import errno
 import functools
 import inspect
 import io
+import logging
 import os
 import posixpath
 import secrets
@@ -73,6 +74,8 @@ from pcache.common.errors import (
     Timeout,
     Unavailable,
 )
+
+logger = logging.getLogger(__name__)
 
 PROTOCOL = "pcache"
 PREFIX = f"{PROTOCOL}://"
@@ -149,7 +152,40 @@ def split_url(url: str) -> tuple[str, str]:
     return "", url
 
 
-class PCacheFileSystem(AsyncFileSystem):
+_NAMED_MASTERS: set[str] = set()  # masters this process named in a URL or an option
+
+
+class _OneInstancePerMaster(type(AsyncFileSystem)):  # type: ignore[misc]
+    """fsspec's instance cache (``_Cached``) keyed by the master however it was given: a URL's
+    host (``url_master``), ``master=`` or the first argument. ``filesystem("pcache", master=M)``
+    and ``pcache://M/...`` were two instances, two clients and two metadata caches, so a file
+    written through one read back as its previous version through the other (``metadata_ttl``)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            if "master" in kwargs:
+                raise TypeError("master given twice")
+            kwargs["master"], args = args[0], args[1:]
+        url_master = kwargs.pop("url_master", None)
+        master = kwargs.get("master")
+        if master and url_master and master != url_master:
+            raise InvalidArgument(f"the URL names master {url_master} and the options master {master}: give one")
+        if url_master:
+            kwargs["master"] = master = url_master
+        if master:
+            _NAMED_MASTERS.add(str(master))
+        elif _NAMED_MASTERS and (default := ClientConfig().master) not in _NAMED_MASTERS:
+            logger.warning(
+                "pcache:// with no master goes to %s (the default), while this process named %s: a library"
+                " that drops a URL's host (Hugging Face datasets' data_files) reads that cluster instead;"
+                " give the master in storage_options={'master': ...}",
+                default,
+                ", ".join(sorted(_NAMED_MASTERS)),
+            )
+        return super().__call__(*args, **dict(sorted(kwargs.items())))  # fsspec's token follows their order
+
+
+class PCacheFileSystem(AsyncFileSystem, metaclass=_OneInstancePerMaster):
     """fsspec filesystem over a PCache cluster (see the module docstring).
 
     Args:
@@ -166,16 +202,12 @@ class PCacheFileSystem(AsyncFileSystem):
     cachable = True
     blocksize = CHUNK
 
-    def __init__(
-        self, master: str | None = None, *, auto_mkdir: bool = True, url_master: str | None = None, **options: Any
-    ) -> None:
+    def __init__(self, master: str | None = None, *, auto_mkdir: bool = True, **options: Any) -> None:
         """Raises InvalidArgument for an empty ``token`` (an unset variable passed as the token used
         this machine's default tenant), or a ``master`` that differs from the URL's host."""
         client_options = {k: options.pop(k) for k in list(options) if k in CLIENT_FIELDS}
-        if master and url_master and master != url_master:
-            raise InvalidArgument(f"the URL names master {url_master} and the options master {master}: give one")
-        if master or url_master:
-            client_options["master"] = master or url_master
+        if master:
+            client_options["master"] = master
         if "token" in client_options:  # a token read from a file keeps its newline
             client_options["token"] = clean_token(
                 str(client_options["token"] or ""), "token (leave it out to use this machine's)"

@@ -89,6 +89,27 @@ def test_options_that_name_the_master_or_a_token_wrongly_are_clear_errors(shared
     assert fs.cat_file("/fsspec-opts/y") == b"y"
 
 
+def test_one_filesystem_per_master_however_it_is_named(shared_cluster, caplog):
+    """From a helper's drill: ``filesystem("pcache", master=M)`` and ``pcache://M/...`` were two
+    instances with two metadata caches: ``fs.pipe`` then ``pd.read_parquet(url)`` read the old
+    table. And a URL without a host going to another master than the process named is logged
+    (Hugging Face datasets drops the host of the URLs it globs)."""
+    m = shared_cluster.master_address
+    fs = fsspec.filesystem("pcache", master=m, metadata_ttl=30.0)
+    url = f"pcache://{m}/fsspec-one/v.txt"
+    fs.pipe_file("/fsspec-one/v.txt", b"version-1")
+    with fsspec.open(url, metadata_ttl=30.0) as f:
+        assert f.read() == b"version-1"  # its stat is cached now, for 30 s
+    fs.pipe_file("/fsspec-one/v.txt", b"version-2")
+    with fsspec.open(url, metadata_ttl=30.0) as f:
+        assert f.fs is fs and f.read() == b"version-2"
+    assert fsspec.core.url_to_fs(url, metadata_ttl=30.0)[0] is fs
+    assert PCacheFileSystem(m, metadata_ttl=30.0) is fs  # positional
+    with caplog.at_level("WARNING", logger="pcache.client.filesystem"):
+        fsspec.filesystem("pcache", metadata_ttl=12.5)  # no master: $PCACHE_MASTER or 127.0.0.1:19600
+    assert "storage_options" in caplog.text and m in caplog.text
+
+
 def test_fsspec_open_by_url_round_trips_a_torch_checkpoint(shared_cluster, client):
     torch = pytest.importorskip("torch")
     url = f"pcache://{shared_cluster.master_address}/fsspec-url/ckpt/model.pt"
