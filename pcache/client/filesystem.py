@@ -257,16 +257,17 @@ class PCacheFileSystem(AsyncFileSystem, metaclass=_OneInstancePerMaster):
     async def _commit_rename(self, tmp: str, path: str) -> None:
         await (await self.client()).rename(tmp, path)
 
-    async def _open_pcache(self, path: str, mode: str) -> PCacheFile:
-        """Open ``path`` through the client; a write makes missing parents when ``auto_mkdir``."""
+    async def _open_pcache(self, path: str, mode: str, replication: int = 0) -> PCacheFile:
+        """Open ``path`` through the client; a write makes missing parents when ``auto_mkdir``.
+        ``replication``: copies of a file this open creates (0: the filesystem's)."""
         c = await self.client()
         try:
-            return await c.open(path, mode)
+            return await c.open(path, mode, replication=replication)
         except NotFound:
             if mode.startswith("r") or not self.auto_mkdir or path == "/":
                 raise
         await c.mkdir(posixpath.dirname(path), parents=True)
-        return await c.open(path, mode)
+        return await c.open(path, mode, replication=replication)
 
     # --------------------------------------------------------- metadata --
 
@@ -597,7 +598,7 @@ class PCacheFileSystem(AsyncFileSystem, metaclass=_OneInstancePerMaster):
         if "b" not in mode or kwargs.get("compression"):
             raise ValueError("open_async takes binary modes without compression")
         path = self._strip_protocol(path)
-        f = await self._open_pcache(path, mode)
+        f = await self._open_pcache(path, mode, int(kwargs.get("replication", 0) or 0))
         return PCacheStreamedFile(self, path, mode, f)
 
 
@@ -618,7 +619,10 @@ class PCacheBufferedFile(AbstractBufferedFile):
             raise NotImplementedError(f"mode {mode!r} is not supported (rb, wb, xb, ab)")
         kwargs.pop("size", None)  # a caller's guess (fsspec's blockcache passes one): the open knows
         self.target = path if autocommit or mode == "rb" else _hidden_sibling(path)
-        self.file: PCacheFile = fs._sync_call(fs._open_pcache, self.target, mode)  # errors here, like open()
+        replication = int(kwargs.pop("replication", 0) or 0)  # open(p, "wb", replication=1): this file's copies
+        self.file: PCacheFile = fs._sync_call(
+            fs._open_pcache, self.target, mode, replication
+        )  # errors here, like open()
         super().__init__(
             fs, path, mode, block_size, autocommit, cache_options=cache_options, size=self.file.size, **kwargs
         )

@@ -48,14 +48,14 @@ def bucket_root(uri: str) -> tuple[str, str]:
     return urlunsplit((parsed.scheme, parsed.netloc, "/", parsed.query, "")), prefix
 
 
-def translate(exc: BaseException, uri: str) -> E.PCacheError:
-    """The PCache error an under-store failure stands for (raise it ``from exc``)."""
+def translate(exc: BaseException, uri: str, key: str = "") -> E.PCacheError:
+    """The PCache error an under-store failure of ``uri`` stands for (raise it ``from exc``);
+    ``key``: the object's key when the call was about one object (named in the message)."""
     if isinstance(exc, E.PCacheError):
         return exc
     if isinstance(exc, S.PreconditionFailed):
-        return E.StaleHandle(
-            f"{uri}: the object changed upstream since it was listed (pcache refresh sees the new one)"
-        )
+        what = f"object {key!r}" if key else "the object"
+        return E.StaleHandle(f"{uri}: {what} changed upstream since it was listed (pcache refresh sees the new one)")
     if isinstance(exc, S.NoSuchBucket | S.NoSuchKey):
         return E.NotFound(f"under-store: {exc}")
     if isinstance(exc, S.AccessDenied):
@@ -67,8 +67,8 @@ def translate(exc: BaseException, uri: str) -> E.PCacheError:
     return E.StoreUnavailable(f"under-store {uri}: {exc}")
 
 
-async def call(aw: Awaitable[T], uri: str, timeout: float) -> T:
-    """Await one under-store call within ``timeout`` seconds.
+async def call(aw: Awaitable[T], uri: str, timeout: float, key: str = "") -> T:
+    """Await one under-store call within ``timeout`` seconds (``key``: the object it is about).
 
     Raises:
         NotFound, PermissionDenied, InvalidArgument, Timeout, Unavailable: see :func:`translate`.
@@ -77,7 +77,7 @@ async def call(aw: Awaitable[T], uri: str, timeout: float) -> T:
         async with asyncio.timeout(timeout):
             return await aw
     except (S.StoreError, OSError, TimeoutError) as exc:
-        raise translate(exc, uri) from exc
+        raise translate(exc, uri, key) from exc
 
 
 async def probe(uri: str, timeout: float) -> None:

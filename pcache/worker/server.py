@@ -477,7 +477,10 @@ class WorkerServer:
         store, prefix = self._ufs_store(src.uri)
         # only the version listed: S3 If-Match on its ETag; file:// checks size and mtime around the read
         data = await ufs.call(
-            store.get(prefix + src.key, src.offset, src.length, if_match=src.etag), src.uri, self.cfg.ufs_timeout
+            store.get(prefix + src.key, src.offset, src.length, if_match=src.etag),
+            src.uri,
+            self.cfg.ufs_timeout,
+            key=prefix + src.key,
         )
         if len(data) != src.length:
             raise StaleHandle(

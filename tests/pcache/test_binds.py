@@ -633,7 +633,7 @@ def test_an_open_file_never_mixes_versions_when_its_object_is_replaced_upstream(
         s3.put_object(Bucket=bucket, Key="f", Body=new)
         with pytest.raises(E.StaleHandle) as err:  # the worker asks for the old version only (If-Match)
             f.read(100)
-        assert err.value.errno == errno.ESTALE and "changed upstream" in str(err.value)
+        assert err.value.errno == errno.ESTALE and "object 'f' changed upstream" in str(err.value)  # which one
     assert admin.refresh("/mix/f").blocks == 0  # the old version's blocks are dropped
     assert admin.read_file("/mix/f") == new
     admin.unbind("/mix")

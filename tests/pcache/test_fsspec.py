@@ -440,6 +440,16 @@ if __name__ == "__main__":
         assert "spawn" in line and float(line.rsplit(", ", 1)[1].rstrip(")")) < 5, line
 
 
+def test_open_takes_the_replication_of_the_file_it_creates(pfs):
+    """``fs.open(p, "wb", replication=1)`` was silently ignored (only the filesystem's option counted)."""
+    with pfs.open("/fsspec-rep/one.bin", "wb", replication=1) as f:
+        f.write(b"1")
+    with pfs.open("/fsspec-rep/default.bin", "wb") as f:
+        f.write(b"2")
+    assert pfs.info("/fsspec-rep/one.bin")["replication"] == 1
+    assert pfs.info("/fsspec-rep/default.bin")["replication"] > 1
+
+
 def test_thousands_of_files_at_once_through_one_filesystem(pfs):
     """fsspec runs up to 2,500 calls at once (``cat`` of many paths, ``pipe`` of a dict): past
     about 1,000 concurrent master calls on one channel gRPC ended some with CANCELLED, and the
