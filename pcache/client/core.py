@@ -55,6 +55,8 @@ logger = logging.getLogger(__name__)
 WRITE_RETRY_ERRORS = (Unavailable, Timeout, NoSpace)
 WAIT_REPORT_EVERY = 10.0  # seconds between two reports of a wait_persisted still waiting
 STREAM_RETRY_SECONDS = 30.0  # after a block placed on another host, writes buffer this long before trying again
+DISCARD_RETRY_SECONDS = 5.0  # between two tries to remove the files failed writers created
+DISCARD_GIVE_UP_SECONDS = 600.0  # ... for so long at most
 VERDICT_SECONDS = 2.0  # how often a client with suspects asks the master which workers are dead
 METADATA_CACHE_ENTRIES = 100_000
 MAX_SYMLINK_HOPS = 40  # as Linux's MAXSYMLINKS
@@ -196,6 +198,8 @@ class PCacheClient:
         self.read_budget = ReadBudget(cfg.read_budget)
         self.write_budget = WriteBudget(cfg.write_budget)
         self._verdicts: asyncio.Task | None = None
+        self._owed_discards: dict[int, str] = {}  # inode -> path a failed writer created (discard_created)
+        self._discarding: asyncio.Task | None = None
         ttl = max(cfg.metadata_ttl, 1e-9)
         self._stat_cache: TTLCache[str, pb.Inode] = TTLCache(maxsize=METADATA_CACHE_ENTRIES, ttl=ttl)
         self._layout_cache: TTLCache[str, pb.FileLayout] = TTLCache(maxsize=LAYOUT_CACHE_ENTRIES, ttl=ttl)
@@ -207,9 +211,14 @@ class PCacheClient:
         )
 
     async def close(self) -> None:
-        """Close connections."""
+        """Close connections (files failed writers created that are still owed a removal are named
+        in a warning)."""
         if self._verdicts is not None:
             self._verdicts.cancel()
+        if self._discarding is not None:
+            self._discarding.cancel()
+        for path in self._owed_discards.values():
+            logger.warning("%s: the empty file a failed writer created is left: the client closed first", path)
         await self.data.close()
         await self.master.close()
 
@@ -935,10 +944,46 @@ class PCacheClient:
             pass
 
     async def discard_created(self, path: str, inode: int) -> None:
-        """Remove ``path`` if it is still ``inode`` and still empty (untouched by another writer)."""
+        """Remove ``path`` if it is still ``inode`` and still empty (untouched by another writer).
+
+        A master that does not answer (a failed close during an outage) has it tried again in
+        the background every ``DISCARD_RETRY_SECONDS`` while this client is open, for up to
+        ``DISCARD_GIVE_UP_SECONDS`` (the empty file stayed for good, taken for a finished output).
+
+        Raises:
+            Unavailable, Timeout: not removed yet (it will be tried again).
+        """
+        try:
+            await self._discard_created_now(path, inode)
+        except (Unavailable, Timeout):
+            self._owed_discards[inode] = path
+            if self._discarding is None or self._discarding.done():
+                self._discarding = asyncio.ensure_future(self._discard_owed())
+            raise
+
+    async def _discard_created_now(self, path: str, inode: int) -> None:
         st = await self.stat(path)
         if st.inode == inode and st.size == 0:
             await self.unlink(path)
+
+    async def _discard_owed(self) -> None:
+        """Remove the files failed writers created once the master answers (:meth:`discard_created`)."""
+        give_up = time.monotonic() + DISCARD_GIVE_UP_SECONDS
+        while self._owed_discards and time.monotonic() < give_up:
+            await asyncio.sleep(DISCARD_RETRY_SECONDS)
+            for inode, path in list(self._owed_discards.items()):
+                try:
+                    await self._discard_created_now(path, inode)
+                except (Unavailable, Timeout):
+                    continue
+                except PCacheError as exc:  # gone, or another one now: nothing of that writer's to remove
+                    logger.debug("%s: the file a failed writer created was not removed: %s", path, exc)
+                else:
+                    logger.info("%s: removed the empty file a failed writer created", path)
+                del self._owed_discards[inode]
+        for path in self._owed_discards.values():
+            logger.warning("%s: the empty file a failed writer created is left: the master did not answer", path)
+        self._owed_discards.clear()
 
     async def read_file(self, path: str) -> bytes:
         """Whole content of a file."""

@@ -1081,6 +1081,12 @@ class PCacheFile:
         self.created = False
         try:
             await self.service.discard_created(self.path, self.inode)
+        except (Unavailable, Timeout) as exc:
+            logger.warning(
+                "%s: cannot remove the file a failed writer created yet (%s): tried again while the client is open",
+                self.path,
+                exc,
+            )
         except PCacheError as exc:
             logger.warning("%s: cannot remove the file a failed writer created: %s", self.path, exc)
 

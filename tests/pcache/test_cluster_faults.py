@@ -131,6 +131,33 @@ def test_kill_master_during_creates_keeps_acknowledged_files(make_cluster) -> No
     assert len(acked) >= 50
 
 
+def test_a_new_file_whose_close_failed_in_a_master_outage_is_removed_once_it_is_back(make_cluster) -> None:
+    """From a helper's drill: a new file's writer failed at close (the master was killed, then
+    restarted as ``pcache up`` does): the empty file its open created stayed for good, and a later
+    job checking ``exists()`` took it for a finished output. The client removes it once the
+    master answers again."""
+    from pcache.client import core
+
+    cluster = make_cluster(workers=2)
+    cfg = ClientConfig(master=cluster.master_address, rpc_timeout=3.0)
+    with Client(cfg) as pc:
+        pc.mkdir("/out")
+        pc.write_file("/out/kept.bin", b"kept")  # created before the outage: never touched
+        f = pc.open("/out/model.bin", "wb")
+        f.write(os.urandom(3 * MiB))
+        cluster.kill(cluster.master, signal.SIGKILL)
+        with pytest.raises((E.Unavailable, E.Timeout)):
+            f.close()
+        cluster.start_master()
+        with Client(master=cluster.master_address) as other:
+            wait_for(
+                lambda: not other.exists("/out/model.bin"),
+                core.DISCARD_RETRY_SECONDS * 2 + 20,
+                "the failed writer's empty file removed",
+            )
+            assert other.read_file("/out/kept.bin") == b"kept"
+
+
 def test_status_right_after_a_master_restart_waits_for_the_block_reports(make_cluster) -> None:
     """No false alarm while the workers re-register: for ``dead_after`` seconds the restarted
     master says it is starting, and `pcache status` does not exit 1 for blocks not reported yet."""
