@@ -149,6 +149,7 @@ def test_a_new_file_whose_close_failed_in_a_master_outage_is_removed_once_it_is_
         with pytest.raises((E.Unavailable, E.Timeout)):
             f.close()
         cluster.start_master()
+        cluster.wait_workers(2, timeout=60)
         with Client(master=cluster.master_address) as other:
             wait_for(
                 lambda: not other.exists("/out/model.bin"),
