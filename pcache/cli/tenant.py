@@ -90,7 +90,7 @@ def echo_tenants(tenants: list[pb.Tenant]) -> None:
   pcache tenant create team-a --bytes 10T --inodes 50M --token-file team-a.token
   pcache tenant list
   pcache tenant quota team-a --bytes 20T
-  pcache tenant token team-a --ttl 86400 > team-a.day.token
+  pcache tenant token team-a --ttl 86400 --token-file team-a.day.token
   pcache tenant delete team-a --purge
 
 The admin token comes from $PCACHE_ADMIN_TOKEN_FILE, else CLUSTER_DIR/secrets/admin.token.
