@@ -124,9 +124,7 @@ def _own_timeouts(method):
     return wrapper
 
 
-def _sync(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """fsspec's ``sync`` with PCache's own timeouts (:func:`_own_timeouts`)."""
-    return _own_timeouts(sync)(loop, fn, *args, **kwargs)
+_sync = _own_timeouts(sync)  # fsspec's ``sync(loop, fn, *args)`` with PCache's own timeouts
 
 
 def _sync_method(fn: Any) -> Any:
