@@ -110,7 +110,8 @@ def _own_timeouts(method):
             try:
                 yield from method(*args, **kwargs)
             except FSTimeoutError as exc:
-                raise own(exc) from own(exc).__cause__
+                error = own(exc)
+                raise error from error.__cause__
 
         return generator
 
@@ -119,7 +120,8 @@ def _own_timeouts(method):
         try:
             return method(*args, **kwargs)
         except FSTimeoutError as exc:
-            raise own(exc) from own(exc).__cause__
+            error = own(exc)
+            raise error from error.__cause__
 
     return wrapper
 
@@ -151,6 +153,7 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 _NAMED_MASTERS: set[str] = set()  # masters this process named in a URL or an option
+_WARNED: set[str] = set()  # default masters a host-less URL was warned about (once each)
 
 
 class _OneInstancePerMaster(type(AsyncFileSystem)):  # type: ignore[misc]
@@ -172,7 +175,8 @@ class _OneInstancePerMaster(type(AsyncFileSystem)):  # type: ignore[misc]
             kwargs["master"] = master = url_master
         if master:
             _NAMED_MASTERS.add(str(master))
-        elif _NAMED_MASTERS and (default := ClientConfig().master) not in _NAMED_MASTERS:
+        elif _NAMED_MASTERS and (default := ClientConfig().master) not in _NAMED_MASTERS | _WARNED:
+            _WARNED.add(default)  # once: a dataset's loader opens every file by such a URL
             logger.warning(
                 "pcache:// with no master goes to %s (the default), while this process named %s: a library"
                 " that drops a URL's host (Hugging Face datasets' data_files) reads that cluster instead;"
