@@ -345,6 +345,12 @@ def test_shared_job_mistakes_are_one_line_each(tmp_path: Path, etcd: Etcd, moto_
     listed = babel("jobs", "--etcd", ep, "--json")
     assert {j["id"]: j["state"] for j in json.loads(listed.stdout)} == {"j1": "ok", "j4": "failed", "j5": "failed"}
     assert babel("cancel", "nope", "--etcd", "127.0.0.1:1").stderr.count("\n") == 1  # one line, no traceback
+    # every member of an etcd cluster listed: a dead one first is passed over
+    members = babel("jobs", "--etcd", f"127.0.0.1:1,{ep}", "--json")
+    assert members.returncode == 0 and {j["id"] for j in json.loads(members.stdout)} == {"j1", "j4", "j5"}
+    unknown = babel("jobs", "--etcd", "etcd-a.invalid:2379,etcd-b.invalid:2379")
+    assert unknown.returncode != 0 and "etcd member etcd-a.invalid:2379 does not resolve" in unknown.stderr
+    assert unknown.stderr.count("\n") == 1, unknown.stderr
     assert babel("wait", "j1", "--etcd", ep).returncode == 0 and babel("wait", "j4", "--etcd", ep).returncode == 2
     # cancel, then forget
     assert babel("cancel", "j1", "--etcd", ep).returncode == 0
@@ -452,8 +458,13 @@ def test_a_shared_job_every_process_of_which_died_is_stalled_and_wait_says_inter
     proc = _start(f"file://{src}", f"file://{tmp_path}/dst", etcd, "orphan", tmp_path / "p",
                   "--shard-keys", "20", "--chunk-keys", "10", "--bwlimit", "100K")  # fmt: skip
     deadline = time.monotonic() + 60
-    while not list((tmp_path / "p").glob("orphan.*/job.json")):  # a chunk under way
+    while True:  # killed inside a chunk: stopped first, and only killed while a chunk's journal says running
         assert time.monotonic() < deadline, (tmp_path / "p" / "stderr.log").read_text()
+        if list((tmp_path / "p").glob("orphan.*/job.json")):
+            proc.send_signal(signal.SIGSTOP)
+            if any(_state(j) == "running" for j in (tmp_path / "p").glob("orphan.*/job.json")):
+                break
+            proc.send_signal(signal.SIGCONT)  # between two chunks (a loaded machine polls late)
         time.sleep(0.05)
     proc.kill()
     proc.wait()
@@ -474,6 +485,14 @@ def test_a_shared_job_every_process_of_which_died_is_stalled_and_wait_says_inter
     assert [j["id"] for j in json.loads(babel("jobs", "--state-dir", str(tmp_path / "p"), "--json").stdout)] == [
         jobs[0]["id"]
     ]
+
+
+def _state(job_json: Path) -> str:
+    """The ``state`` in a chunk's ``job.json`` ("" while it is being written)."""
+    try:
+        return str(json.loads(job_json.read_text()).get("state", ""))
+    except (OSError, ValueError):
+        return ""
 
 
 def _big_objects(tmp_path: Path, endpoint: str, n: int, size: int) -> tuple[Path, str, str]:
