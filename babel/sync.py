@@ -58,7 +58,7 @@ from babel.journal import Journal, new_job_id
 from babel.lister import list_parallel_pages
 from babel.options import BadOption, SyncOptions, options_from_dict
 from babel.planner import Decision, decide, merge_join, needs_head, needs_source_head
-from babel.retry import ATTEMPTS, with_retries
+from babel.retry import ATTEMPTS, describe, with_retries
 from babel.transfer import Bandwidth, CopyResult, Transferer
 from babel.verify import VerifyResult, check_full, check_metadata, check_sample
 from objstore.base import META_CRC32C, ObjectInfo, ObjectStore
@@ -417,7 +417,7 @@ class SyncJob:
         return rec
 
     def _copy_failed(self, key: str, exc: BaseException) -> None:
-        message = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode()
+        message = describe(exc).encode("utf-8", "backslashreplace").decode()
         self.journal.put("e", key, message)
         self._error(key, message)
 
@@ -534,7 +534,7 @@ class SyncJob:
         try:
             results = await self._verify_one(key, rec, src)
         except (BabelError, OSError, ValueError) as exc:
-            results = [VerifyResult(key, "metadata", False, f"{type(exc).__name__}: {exc}", 0, 0)]
+            results = [VerifyResult(key, "metadata", False, describe(exc), 0, 0)]
         self.journal.put("v", key, {"mode": self.opts.verify, "results": [dict(vars(r)) for r in results]})
         return results
 
@@ -625,8 +625,7 @@ class SyncJob:
             await self.delete()
             await self.verify()
         except BabelError as exc:
-            name, text = type(exc).__name__, str(exc)
-            self.report.fatal = text if text.startswith(f"{name}:") else f"{name}: {text}"
+            self.report.fatal = describe(exc)
             self.report.state = "failed"
         finally:
             self.report.retries += getattr(self.src, "retries", 0) + getattr(self.dst, "retries", 0)
@@ -1162,7 +1161,7 @@ async def run_verify(
                                                         src=job._checked(job.src)))  # fmt: skip
                 except (BabelError, OSError) as exc:  # a store's own checksum failing is the content check's
                     mode = options.verify if isinstance(exc, Corrupt) and options.verify != "none" else "metadata"
-                    results = [VerifyResult(key, mode, False, f"{type(exc).__name__}: {exc}", 0, 0)]
+                    results = [VerifyResult(key, mode, False, describe(exc), 0, 0)]
             for result in results:
                 _note_verify(report, result.mode, result)
             if not all(r.ok for r in results):
@@ -1177,7 +1176,7 @@ async def run_verify(
         v = report.verification
         report.state = "partial" if v["metadata"]["failed"] + v["sample"]["failed"] + v["full"]["failed"] else "ok"
     except BabelError as exc:
-        report.fatal = f"{type(exc).__name__}: {exc}"
+        report.fatal = describe(exc)
         report.state = "failed"
     finally:
         await asyncio.gather(job.src.close(), job.dst.close(), return_exceptions=True)

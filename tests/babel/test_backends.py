@@ -8,6 +8,7 @@ import hashlib
 import http.client
 import os
 import random
+import re
 import time
 from pathlib import Path
 
@@ -754,6 +755,36 @@ def test_proxy_delay_faults_and_ops_filter(s3_uri: str, moto_endpoint: str) -> N
                 setattr(proxy, name, bad)
         proxy.reset_stats()
         assert proxy.stats().total == 0
+
+
+def test_an_error_that_outlived_its_retries_says_how_many_tries_and_how_long(s3_uri: str, moto_endpoint: str) -> None:
+    """A verification that failed once in CI named a transient GET error and nothing else: whether
+    it had been retried could not be told. The error that ends the retries says so."""
+    from babel.retry import describe
+
+    with S3Proxy(moto_endpoint, fail_rate=1.0, ops={"GET"}) as proxy:
+        uri = s3_uri.replace(moto_endpoint, proxy.endpoint) + "&max_attempts=3"
+
+        async def go() -> BaseException:
+            store = open_store(uri)
+            try:
+                proxy.fail_rate = 0.0
+                await store.put("k", b"v")
+                proxy.fail_rate = 1.0
+                with pytest.raises(TransientError) as caught:
+                    await store.get("k")
+                with pytest.raises(NoSuchKey) as missing:  # not retried: no note
+                    proxy.fail_rate = 0.0
+                    await store.get("nope")
+                assert describe(missing.value) == str(missing.value)  # its message names its type already
+                return caught.value
+            finally:
+                await store.close()
+
+        exc = run(go())
+    text = describe(exc)
+    assert text.startswith("TransientError: ") and re.search(r"; gave up after 3 tries in \d+\.\d s$", text), text
+    assert proxy.stats().failed == 3
 
 
 def test_proxy_keeps_sigv4_valid_in_front_of_rclone(rclone_uri: str, rclone_endpoint: str) -> None:
