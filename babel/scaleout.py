@@ -77,7 +77,7 @@ from babel.sync import (
     new_verification,
 )
 from babel.transfer import Bandwidth
-from pcache.master.election import etcd_client, parse_endpoint
+from pcache.master.election import endpoint_text, etcd_client
 
 logger = logging.getLogger(__name__)
 
@@ -115,15 +115,28 @@ class NoSuchJob(BabelError, ValueError):
     """No shared job of that name to join (a usage error: submit it with SRC and DST)."""
 
 
-def parse_etcd(endpoint: str) -> tuple[str, int]:
-    """``HOST:PORT`` (an ``http://`` prefix allowed; the first of a comma-separated list), as
-    PCache's masters read their etcd endpoint.
+def parse_etcd(endpoint: str) -> str:
+    """The etcd members of ``endpoint`` (``HOST:PORT[,HOST:PORT...]``, ``http://`` prefixes
+    allowed) as ``HOST:PORT,...``, checked as PCache's masters read their etcd endpoint
+    (:func:`pcache.master.election.parse_endpoints`).
 
     Raises:
-        BabelError: not HOST:PORT.
+        BabelError: not a list of HOST:PORT.
     """
     try:
-        return parse_endpoint(endpoint)
+        return endpoint_text(endpoint)
+    except ValueError as exc:
+        raise BabelError(str(exc)) from exc
+
+
+def _client(endpoint: str, timeout: float) -> aetcd.Client:
+    """An etcd client of ``endpoint``'s members (:func:`pcache.master.election.etcd_client`).
+
+    Raises:
+        BabelError: a member's name does not resolve, or the list mixes IPv4 and IPv6.
+    """
+    try:
+        return etcd_client(endpoint, timeout)
     except ValueError as exc:
         raise BabelError(str(exc)) from exc
 
@@ -319,8 +332,7 @@ class SharedJob:
     ) -> None:
         if ttl < 2 * MARGIN + 1:
             raise BabelError(f"lease ttl must be at least {2 * MARGIN + 1} s, got {ttl}")
-        host, port = parse_etcd(endpoint)
-        self.endpoint = f"{host}:{port}"
+        self.endpoint = parse_etcd(endpoint)
         self.job = check_job_name(job)
         self.state_dir = state_dir
         self.ttl = ttl
@@ -329,7 +341,7 @@ class SharedJob:
         self.member = member or f"{socket.gethostname()}-{os.getpid()}-{random.randrange(16**4):04x}"
         self.progress = progress
         self.on_event = on_event or (lambda line: logger.info("%s", line))
-        self._client = etcd_client(host, port, timeout)
+        self._client = _client(endpoint, timeout)
         self._lease: aetcd.Lease | None = None
         self._valid_until = 0.0  # monotonic: this process's claims are its own until then
         self._keeper: asyncio.Task | None = None
@@ -911,8 +923,8 @@ async def shared_jobs(endpoint: str, *, timeout: float = 5.0) -> list[dict[str, 
     Raises:
         BabelError: etcd does not answer within ``timeout`` seconds.
     """
-    host, port = parse_etcd(endpoint)
-    client = etcd_client(host, port, timeout)
+    parse_etcd(endpoint)
+    client = _client(endpoint, timeout)
     try:
         found = await asyncio.wait_for(client.get_prefix(PREFIX.encode(), keys_only=True), timeout)
         names = sorted({kv.key[len(PREFIX) :].decode().split("/", 1)[0] for kv in found})

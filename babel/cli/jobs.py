@@ -15,7 +15,12 @@ from babel.journal import default_state_dir, list_jobs
 from pcache.common.cli import human_bytes
 from pcache.common.process import process_alive
 
-ETCD_OPTION = click.option("--etcd", metavar="HOST:PORT", default=None, help="Shared jobs in etcd at HOST:PORT.")
+ETCD_OPTION = click.option(
+    "--etcd",
+    metavar="HOST:PORT[,...]",
+    default=None,
+    help="Shared jobs in the etcd whose members are listed (any one that answers).",
+)
 
 
 @click.command(
@@ -100,8 +105,7 @@ def _etcd_call(etcd: str, fn, *args):
     except (FileNotFoundError, BabelError) as exc:
         raise click.ClickException(str(exc)) from exc
     except ETCD_ERRORS as exc:
-        host, port = parse_etcd(etcd)
-        raise click.ClickException(f"etcd at {host}:{port}: {etcd_error(exc)}") from exc
+        raise click.ClickException(f"etcd at {parse_etcd(etcd)}: {etcd_error(exc)}") from exc
 
 
 def _shared_jobs(etcd: str, job_id: str | None, as_json: bool) -> int:

@@ -76,7 +76,7 @@ from pcache.common.cli import EXIT_FATAL
 )
 @click.option("--resume", "resume", metavar="JOB", default=None, help="Resume a killed or failed job by its id.")
 @click.option("--daemon", "daemon_addr", metavar="ADDR", default=None, help="Submit the job to `babel daemon` at ADDR.")
-@click.option("--etcd", metavar="HOST:PORT", default=None,
+@click.option("--etcd", metavar="HOST:PORT[,...]", default=None,
               help="Share the job with every babel process given the same --etcd and --job (scale-out).")  # fmt: skip
 @click.option("--job", "shared_job", metavar="NAME", default=None, help="The shared job's name (with --etcd).")
 @click.option("--shard-keys", type=click.IntRange(1), default=SHARD_KEYS, show_default=True,

@@ -73,7 +73,8 @@ class MasterConfig:
     advertise_host: str = ""
     """Address other masters, workers and clients reach this master at; empty: host."""
     etcd: str = ""
-    """etcd endpoint HOST:PORT for a leader + follower pair (HA); empty runs a single master."""
+    """etcd for a leader + follower pair (HA): ``HOST:PORT``, or its members ``HOST:PORT,HOST:PORT,...``
+    (any member that answers serves; the next is dialled when one dies); empty runs a single master."""
     cluster: str = "pcache"
     """Name of the HA cluster in etcd (masters of one cluster elect one leader)."""
     lease_ttl: float = 3.0

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
+import re
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -64,17 +67,71 @@ def leader_key(cluster: str) -> bytes:
     return f"/pcache/{cluster}/leader".encode()
 
 
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """``HOST:PORT`` (an ``http://`` prefix allowed; the first of a comma-separated list).
+def parse_endpoints(endpoint: str) -> list[tuple[str, int]]:
+    """The ``HOST:PORT`` members of a comma-separated etcd endpoint list (``http://`` prefixes
+    allowed; IPv6 hosts in brackets, ``[::1]:2379``).
 
     Raises:
-        ValueError: not HOST:PORT.
+        ValueError: an entry is not HOST:PORT, or the list is empty.
     """
-    first = endpoint.split(",")[0].strip().removeprefix("http://").rstrip("/")
-    host, sep, port = first.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"etcd endpoint must be HOST:PORT, got {endpoint!r}")
-    return host, int(port)
+    found = []
+    for entry in endpoint.split(","):
+        entry = entry.strip().removeprefix("http://").rstrip("/")
+        host, sep, port = entry.rpartition(":")
+        bracketed = host.startswith("[") and host.endswith("]")
+        host = host[1:-1] if bracketed else host
+        if bracketed:
+            try:
+                ipaddress.IPv6Address(host)
+            except ValueError:
+                host = ""
+        if (
+            not sep
+            or not host
+            or not (bracketed or re.fullmatch(r"[A-Za-z0-9._-]+", host))
+            or not port.isdigit()
+            or not 0 < int(port) < 65536
+        ):
+            raise ValueError(f"etcd endpoint must be HOST:PORT[,HOST:PORT...] ([IPv6]:PORT), got {endpoint!r}")
+        found.append((host, int(port)))
+    return found
+
+
+def etcd_target(endpoint: str) -> str:
+    """The gRPC target of an etcd endpoint list: ``HOST:PORT`` for one member (gRPC's DNS
+    resolver looks the name up again at each reconnect: a Kubernetes Service); for several,
+    ``ipv4:A:P,B:P,...`` (or ``ipv6:``) with every name resolved now, which gRPC's ``pick_first``
+    policy dials in order and leaves for the next member when its connection breaks (etcd's own
+    clients take the same list: ``--endpoints``). A member whose address changes needs the
+    process restarted; name a Service or DNS record instead where addresses move.
+
+    Raises:
+        ValueError: a malformed list, a name that does not resolve, or members reachable only by
+            IPv4 mixed with members reachable only by IPv6.
+    """
+    members = parse_endpoints(endpoint)
+    if len(members) == 1:
+        host, port = members[0]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    resolved: list[dict[int, list[str]]] = []  # per member: its addresses by family
+    for host, port in members:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ValueError(f"etcd member {host}:{port} does not resolve: {exc}") from exc
+        by_family: dict[int, list[str]] = {}
+        for family, _, _, _, sockaddr in infos:
+            if str(sockaddr[0]) not in by_family.setdefault(family, []):
+                by_family[family].append(str(sockaddr[0]))
+        resolved.append(by_family)
+    for family, scheme in ((socket.AF_INET, "ipv4"), (socket.AF_INET6, "ipv6")):
+        if all(family in by_family for by_family in resolved):  # one family for all (gRPC's rule)
+            return f"{scheme}:" + ",".join(
+                f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
+                for by_family, (_, port) in zip(resolved, members, strict=True)
+                for ip in by_family[family]
+            )
+    raise ValueError(f"etcd members {endpoint!r} have no address family in common (IPv4 and IPv6 mixed)")
 
 
 class OutageLog:
@@ -102,10 +159,21 @@ class OutageLog:
             self.since = None
 
 
-def etcd_client(host: str, port: int, timeout: float) -> aetcd.Client:
-    """An ``aetcd`` client of etcd at ``host:port`` whose calls wait ``timeout`` seconds at most and
-    whose connection is tried again within a second of etcd coming back."""
-    return aetcd.Client(host=host, port=port, timeout=max(1, round(timeout)), options=dict(ETCD_CHANNEL_OPTIONS))
+def etcd_client(endpoint: str, timeout: float) -> aetcd.Client:
+    """An ``aetcd`` client of the etcd members listed in ``endpoint`` (:func:`etcd_target`) whose
+    calls wait ``timeout`` seconds at most and whose connection is tried again within a second of
+    etcd coming back.
+
+    Raises:
+        ValueError: a malformed endpoint list (:func:`etcd_target`).
+    """
+    host, _, port = etcd_target(endpoint).rpartition(":")  # aetcd dials f"{host}:{port}": the target
+    return aetcd.Client(host=host, port=int(port), timeout=max(1, round(timeout)), options=dict(ETCD_CHANNEL_OPTIONS))
+
+
+def endpoint_text(endpoint: str) -> str:
+    """The members of an etcd endpoint list as ``HOST:PORT,HOST:PORT`` (for messages)."""
+    return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parse_endpoints(endpoint))
 
 
 class Election:
@@ -121,8 +189,7 @@ class Election:
     ) -> None:
         if ttl < 2 * MARGIN + 1:
             raise ValueError(f"lease ttl must be at least {2 * MARGIN + 1} s, got {ttl}")
-        host, port = parse_endpoint(endpoint)
-        self.endpoint = f"{host}:{port}"
+        self.endpoint = endpoint_text(endpoint)
         self.cluster = cluster
         self.address = address
         self.ttl = ttl
@@ -132,7 +199,7 @@ class Election:
         # the leader key's value at this candidate's last look ("": nobody held it; None: not known)
         self.seen_leader: str | None = None
         self._outage = OutageLog(f"election {cluster}: etcd at {self.endpoint} (no master can lead until it answers)")
-        self._client = etcd_client(host, port, timeout)
+        self._client = etcd_client(endpoint, timeout)
         self._lease: aetcd.Lease | None = None
         self._valid_until = 0.0  # monotonic: this master leads until then
         self._keeper: asyncio.Task | None = None

@@ -48,6 +48,7 @@ from pcache.common.tls import load_optional
 from pcache.master import fsck, logstream
 from pcache.master.blocks import BlockManager, Watermarks
 from pcache.master.dedup import ReplyCache
+from pcache.master.election import etcd_target
 from pcache.master.metastore import MetaStore, open_metastore
 from pcache.master.namespace import Namespace
 from pcache.master.registry import WorkerRegistry
@@ -93,6 +94,11 @@ class MasterServer:
                 f"master.host {cfg.host!r} listens on every address, and a master of a pair (master.etcd) must"
                 " advertise one that workers, clients and the other masters reach: set master.advertise_host"
             )
+        if cfg.etcd:
+            try:
+                etcd_target(cfg.etcd)  # a malformed or unresolvable list: one line at start, not a traceback
+            except ValueError as exc:
+                raise E.InvalidArgument(f"master.etcd: {exc}") from exc
         if cfg.etcd and (path is None or not cfg.data_dir):
             raise E.InvalidArgument(
                 "master.etcd (a leader + follower pair) needs master.data_dir (a RocksDB metastore)"

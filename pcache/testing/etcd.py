@@ -1,4 +1,5 @@
-"""A single-member etcd on loopback for tests and local clusters (Debian package ``etcd-server``)."""
+"""etcd on loopback for tests and local clusters (Debian package ``etcd-server``): one member, or a
+cluster of several (a member killed while the others keep a quorum)."""
 
 from __future__ import annotations
 
@@ -36,30 +37,59 @@ def start_etcd(data_dir: Path, *, client_port: int = 0, timeout: float = 30.0) -
         NotFound: no ``etcd`` on PATH (``apt-get install etcd-server``).
         Timeout: it did not accept connections within ``timeout`` seconds (it is stopped then).
     """
+    return start_etcd_cluster([data_dir], client_ports=[client_port], timeout=timeout)[0]
+
+
+def start_etcd_cluster(
+    data_dirs: list[Path], *, client_ports: list[int] | None = None, timeout: float = 30.0
+) -> list[Etcd]:
+    """Start one etcd member per directory of ``data_dirs`` (logs next to them), all of one
+    cluster, and wait until each accepts connections; their endpoints joined by commas are what
+    a client lists (``[master] etcd``).
+
+    Raises:
+        NotFound: no ``etcd`` on PATH (``apt-get install etcd-server``).
+        Timeout: a member exited or did not accept connections within ``timeout`` seconds (all are
+            stopped then).
+    """
     exe = shutil.which("etcd")
     if exe is None:
         raise NotFound("etcd is not on PATH: install the Debian package etcd-server (apt-get install etcd-server)")
-    data_dir.mkdir(parents=True, exist_ok=True)
-    client, peer = client_port or free_port(), free_port()
-    log_path = data_dir.parent / f"{data_dir.name}.log"
-    cmd = [
-        exe, "--name", "pcache-etcd", "--data-dir", str(data_dir),
-        "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
-        "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-        "--initial-cluster", f"pcache-etcd=http://127.0.0.1:{peer}",
-    ]  # fmt: skip
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([*die_with_parent(), *cmd], stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT)  # fmt: skip
-    etcd = Etcd(proc, f"127.0.0.1:{client}", data_dir, log_path)
+    clients = [port or free_port() for port in (client_ports or [0] * len(data_dirs))]
+    peers = [free_port() for _ in data_dirs]
+    names = ["pcache-etcd"] if len(data_dirs) == 1 else [f"pcache-etcd-{i}" for i in range(len(data_dirs))]
+    initial = ",".join(f"{name}=http://127.0.0.1:{peer}" for name, peer in zip(names, peers, strict=True))
+    members: list[Etcd] = []
+    for data_dir, name, client, peer in zip(data_dirs, names, clients, peers, strict=True):
+        data_dir.mkdir(parents=True, exist_ok=True)
+        log_path = data_dir.parent / f"{data_dir.name}.log"
+        cmd = [
+            exe, "--name", name, "--data-dir", str(data_dir), "--listen-client-urls", f"http://127.0.0.1:{client}",
+            "--advertise-client-urls", f"http://127.0.0.1:{client}", "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}", "--initial-cluster", initial,
+        ]  # fmt: skip
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([*die_with_parent(), *cmd], stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+        members.append(Etcd(proc, f"127.0.0.1:{client}", data_dir, log_path))
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise Timeout(f"etcd exited with {proc.returncode}: {log_path.read_text(errors='replace')[-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", client), timeout=1).close()
-            return etcd
-        except OSError:
-            time.sleep(0.1)
-    etcd.stop()
-    raise Timeout(f"etcd did not answer within {timeout:.0f} s (log: {log_path})")
+    try:
+        for etcd in members:
+            port = int(etcd.endpoint.rpartition(":")[2])
+            while True:
+                if etcd.proc.poll() is not None:
+                    raise Timeout(
+                        f"etcd exited with {etcd.proc.returncode}: {etcd.log_path.read_text(errors='replace')[-2000:]}"
+                    )
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise Timeout(f"etcd did not answer within {timeout:.0f} s (log: {etcd.log_path})") from None
+                    time.sleep(0.1)
+    except Timeout:
+        for etcd in members:
+            etcd.stop()
+        raise
+    return members

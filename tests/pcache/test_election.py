@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from pcache.common.errors import Unavailable
-from pcache.master.election import MARGIN, Election
-from pcache.testing.etcd import Etcd, start_etcd
+from pcache.master.election import MARGIN, Election, Leader, endpoint_text, etcd_target
+from pcache.testing.etcd import Etcd, start_etcd, start_etcd_cluster
 from tests.conftest import REQUIRES_ETCD
 
 pytestmark = REQUIRES_ETCD
@@ -229,3 +229,52 @@ def test_only_refused_connections_make_an_address_gone() -> None:
         assert not asyncio.run(refuses_connections("not-an-address"))
     finally:
         listening.close()
+
+
+def test_a_leader_keeps_its_lease_through_any_member_of_the_etcd_it_lists(tmp_path: Path) -> None:
+    """``[master] etcd`` lists three members: the one the masters dialled is killed, the quorum goes
+    on, and so does the leader (its keep-alives reach another member); only the first address was
+    used before, and a leader lost its lease to one member's death."""
+    members = start_etcd_cluster([tmp_path / f"etcd{i}" for i in range(3)])
+    endpoints = ",".join(m.endpoint for m in members)
+    try:
+
+        async def scenario() -> None:
+            a = Election(endpoints, "c1", "a:1", ttl=TTL, timeout=1.0)
+            b = Election(endpoints, "c1", "b:1", ttl=TTL, timeout=1.0)
+            try:
+                epoch = await asyncio.wait_for(a.campaign(), 30)  # the cluster elects its own leader first
+                assert a.endpoint == endpoints
+                waiting = asyncio.ensure_future(b.campaign(poll=0.1))
+                members[0].proc.kill()  # the member gRPC's pick_first dialled: the first listed
+                members[0].proc.wait()
+                until = time.monotonic() + 3 * TTL
+                while time.monotonic() < until:  # led throughout: no gap a keep-alive missed
+                    assert a.is_leader() and a.epoch == epoch and not waiting.done()
+                    await asyncio.sleep(0.05)
+                assert await a.leader() == Leader("a:1", epoch)
+                await a.resign()
+                assert await asyncio.wait_for(waiting, 10) > epoch  # b too reaches the quorum left
+            finally:
+                for e in (a, b):
+                    await e.close()
+
+        asyncio.run(scenario())
+    finally:
+        for m in members:
+            m.stop()
+
+
+def test_an_etcd_endpoint_list_is_checked_and_resolved_into_one_grpc_target() -> None:
+    assert etcd_target("127.0.0.1:2379") == "127.0.0.1:2379"  # one name: gRPC resolves it at each reconnect
+    assert etcd_target("etcd.example.invalid:2379") == "etcd.example.invalid:2379"
+    assert etcd_target("http://127.0.0.1:1/, localhost:2") == "ipv4:127.0.0.1:1,127.0.0.1:2"
+    assert etcd_target("[::1]:1,[::1]:2") == "ipv6:[::1]:1,[::1]:2"
+    assert endpoint_text("http://10.0.0.1:2379, [::1]:2379") == "10.0.0.1:2379,[::1]:2379"
+    for bad, why in (
+        ("", "HOST:PORT"), ("10.0.0.1", "HOST:PORT"), ("10.0.0.1:2379,", "HOST:PORT"), ("a:70000", "HOST:PORT"),
+        ("a:1;b:1", "HOST:PORT"), ("[zz]:1", "HOST:PORT"), ("::1:2379", "HOST:PORT"),
+        ("a.invalid:1,b.invalid:2", "does not resolve"), ("127.0.0.1:1,[::1]:2", "no address family in common"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=why):
+            etcd_target(bad)

@@ -331,6 +331,9 @@ def test_a_master_of_a_pair_listening_on_every_address_must_say_which_it_adverti
     cfg = MasterConfig(host="0.0.0.0", advertise_host="10.0.0.1", etcd="127.0.0.1:2379", data_dir=str(tmp_path / "m"))
     MasterServer(cfg).store.close()  # told what to advertise: accepted
     MasterServer(MasterConfig(host="0.0.0.0", data_dir=str(tmp_path / "single"))).store.close()  # no pair: as before
+    for etcd, why in (("etcd-a:2379;etcd-b:2379", "HOST:PORT"), ("etcd-a.invalid:2379,etcd-b.invalid:2379", "resolve")):
+        with pytest.raises(E.InvalidArgument, match=f"master.etcd: .*{why}"):  # one line at start, not a traceback
+            MasterServer(MasterConfig(advertise_host="10.0.0.1", etcd=etcd, data_dir=str(tmp_path / "m")))
 
 
 def _call(fn: Callable[[], object]) -> object:
