@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 # process whose client threads were in gRPC at the fork; such a child cannot use PCache anyway
 # (pcache.client.core.check_not_forked says so). Read by gRPC when it is first imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# gRPC's C core logged each failed TLS handshake as an INFO line on stderr, beside the error that
+# PCache raises for it (naming the TLS mismatch): its errors only, unless set otherwise.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 if TYPE_CHECKING:  # loaded on first use: the client (aiohttp) is not needed by every pcache module
     from pcache.client import Client, PCacheClient

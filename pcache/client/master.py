@@ -54,6 +54,7 @@ MUTATIONS = frozenset(
 )
 # errors after which another master may answer (a Timeout only for calls safe to repeat)
 FAILOVER_ERRORS = (E.Unavailable, E.StaleEpoch)
+SETUP_REFUSALS = 2  # times every master must refuse a connection as it is set up (TLS) before a call fails
 logger = logging.getLogger(__name__)
 
 # calls one client has on the wire at once: past about 1,000 concurrent unary calls on one
@@ -177,6 +178,7 @@ class MasterClient:
         deadline = time.monotonic() + self.cfg.failover_timeout
         delay = 0.05
         tried = 0
+        refused: collections.Counter[int] = collections.Counter()  # masters that refused the connection's set-up
         while True:
             index = self.current
             try:
@@ -195,6 +197,12 @@ class MasterClient:
                     raise
                 if time.monotonic() + delay > deadline:
                     raise
+                if exc.setup_refused:  # a TLS mismatch: every master refusing twice is no failover
+                    refused[index] += 1
+                    if len(refused) == len(self.addresses) and min(refused.values()) >= SETUP_REFUSALS:
+                        raise
+                else:
+                    refused.clear()
                 tried += 1
                 self.current = self._next_master(index, exc)
                 if tried % len(self.addresses) == 0:  # every master refused: wait for an election

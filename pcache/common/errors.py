@@ -25,6 +25,7 @@ class PCacheError(OSError):
 
     epoch: int = 0  # the epoch a master stamped on the failed answer (0: none)
     leader: str = ""  # the leader a NotLeader answer named ("" when unknown)
+    setup_refused: bool = False  # the connection was refused as it was set up (a TLS mismatch): no retry mends it
 
     def __init__(self, message: str = "", *, path: str | None = None) -> None:
         super().__init__(self.errno_code, message)

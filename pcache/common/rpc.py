@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -145,7 +146,31 @@ def translate(exc: grpc.aio.AioRpcError, target: str = "") -> E.PCacheError:
         return E.from_name(name, details)
     cls = ERROR_BY_STATUS.get(exc.code(), E.PCacheError)
     where = f" ({target})" if target else ""
-    return cls(f"{exc.code().name.lower()}{where}: {details}")
+    hint = _setup_refused(exc.code(), details)
+    err = cls(f"{exc.code().name.lower()}{where}: {details}{hint}")
+    err.setup_refused = bool(hint)
+    return err
+
+
+# What gRPC says when a connection is refused while it is set up, not by a dead server: a TLS
+# handshake that failed (another CA, no certificate), or a TLS server closing a plaintext client.
+_HANDSHAKE = re.compile(r"handshake failed|TSI_PROTOCOL_FAILURE|SSL_ERROR", re.IGNORECASE)
+_CLOSED_AT_SETUP = "failed to connect to all addresses; last error: UNAVAILABLE"
+
+
+def _setup_refused(code: grpc.StatusCode, details: str) -> str:
+    """A hint for a connection the server refused while it was set up ("" for any other failure):
+    a TLS mismatch, which no retry and no other master of the same cluster can mend."""
+    if code != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    if _HANDSHAKE.search(details):
+        return (
+            " (the TLS handshake failed: the client's tls_dir must hold the CA that signed the servers'"
+            " certificates, and a certificate that CA signed)"
+        )
+    if _CLOSED_AT_SETUP in details and details.rstrip().endswith("Socket closed"):
+        return " (closed as it connected: a server with TLS does so to a client without it; set tls_dir)"
+    return ""
 
 
 async def call(method: Callable[..., Any], request: Any, *, timeout: float, target: str = "", token: str = "") -> Any:

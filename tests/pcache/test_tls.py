@@ -5,8 +5,12 @@ CA, or no client certificate at all is refused in the handshake, before any toke
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ from pcache.common.config import ClientConfig
 from pcache.common.tls import TLSConfig, make_local_tls
 from pcache.local import LocalCluster
 from pcache.proto import pcache_pb2 as pb
+from tests.conftest import REQUIRES_ETCD
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +104,30 @@ def test_a_world_readable_key_is_refused(tmp_path: Path) -> None:
     (root / "key.pem").chmod(0o644)
     with pytest.raises(E.InvalidArgument, match="readable by any user"):
         TLSConfig.load(str(root), need_cert=True)
+
+
+@REQUIRES_ETCD
+def test_a_client_of_a_pair_with_the_wrong_tls_fails_at_once_saying_why(tmp_path: Path, monkeypatch) -> None:
+    """Plaintext, or another CA's certificate, against a TLS pair: the client tried the two masters
+    for its whole failover timeout (30 s) and said "Socket closed". A connection refused as it is
+    set up is no failover: the call fails once every master refused it twice, naming TLS."""
+    rogue = make_local_tls(tmp_path / "rogue")
+    with LocalCluster(str(tmp_path / "pair"), workers=1, masters=2, tls=True) as pair:
+        monkeypatch.setenv("PCACHE_TOKENS_FILE", str(tmp_path / "none.json"))  # no TLS directory to find
+        monkeypatch.delenv("PCACHE_TLS_DIR", raising=False)
+        cases = {"": "a server with TLS does so to a client without it", str(rogue): "the TLS handshake failed"}
+        for tls_dir, why in cases.items():
+            cfg = ClientConfig(master=pair.master_address, token=pair.token, tls_dir=tls_dir, failover_timeout=30)
+            started = time.monotonic()
+            with Client(cfg) as pc, pytest.raises(E.Unavailable, match=why):
+                pc.stat("/")
+            assert time.monotonic() - started < 10, tls_dir
+        cli = subprocess.run(
+            [sys.executable, "-m", "pcache", "--master", pair.master_address, "ls", "/"], capture_output=True, text=True,
+            env={**os.environ, "PCACHE_TLS_DIR": str(rogue), "PCACHE_TOKEN": pair.token}, timeout=60,
+        )  # fmt: skip
+        assert cli.returncode == 2 and cli.stderr.count("\n") == 1, cli.stderr  # one line: gRPC's own log kept out
+        assert "the TLS handshake failed" in cli.stderr
+        cfg = ClientConfig(master=pair.master_address, token=pair.token, tls_dir=pair.tls_dir, failover_timeout=30)
+        with Client(cfg) as pc:
+            assert pc.stat("/").kind == "dir"  # the right files: served
