@@ -648,8 +648,21 @@ def worker_token(cfg: WorkerConfig) -> str:
     """The worker's token: ``worker.token_file``, else ``$PCACHE_TOKEN``, else ``$PCACHE_TOKEN_FILE``.
 
     Raises:
-        InvalidArgument: the token file cannot be read or is empty, or there is no token at all.
+        InvalidArgument: the token file cannot be read, is empty, or is readable by any user (a
+            worker token reads every tenant's blocks: group-readable passes, as a Kubernetes Secret
+            with ``fsGroup`` is 0440), or there is no token at all.
     """
+    # the file the token comes from, if any (find_token reads $PCACHE_TOKEN_FILE when $PCACHE_TOKEN is unset)
+    path = cfg.token_file or ("" if os.environ.get("PCACHE_TOKEN") else os.environ.get("PCACHE_TOKEN_FILE", ""))
+    name = "worker.token_file" if cfg.token_file else "$PCACHE_TOKEN_FILE"
+    try:
+        mode = os.stat(path).st_mode if path else 0
+    except OSError:  # a file that cannot be read is named below
+        mode = 0
+    if mode & 0o004:
+        raise InvalidArgument(
+            f"{name} {path} is readable by any user, and a worker token reads every tenant's blocks: chmod 600 it"
+        )
     if cfg.token_file:
         try:
             text = Path(cfg.token_file).read_text()

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from pcache.client import Client
+from pcache.common import errors as E
 from pcache.common.auth import KeyRing, bearer, mint_token
 from pcache.common.config import ClientConfig
 from pcache.common.credentials import ClusterKeys
@@ -187,6 +188,7 @@ def test_a_worker_without_the_worker_token_never_joins(cluster: LocalCluster, tm
     cluster and never receives a block."""
     token_file = tmp_path / "stolen.token"
     token_file.write_text(cluster.token)  # a tenant's token, not a worker's
+    token_file.chmod(0o600)
     with Client(ClientConfig(master=cluster.master_address, token=cluster.token)) as pc:
         before = {w.info.addr.worker_id for w in pc.status().workers}
     proc = subprocess.Popen(
@@ -205,6 +207,33 @@ def test_a_worker_without_the_worker_token_never_joins(cluster: LocalCluster, tm
         out = proc.communicate(timeout=10)[0]
     assert "RegisterWorker needs a worker token" in out
     assert not (tmp_path / "rogue").exists() or not any((tmp_path / "rogue").rglob("*.blk"))
+
+
+def test_a_worker_token_file_any_user_can_read_is_refused(cluster: LocalCluster, tmp_path, monkeypatch) -> None:
+    """A worker token reads every tenant's blocks (it fetches the block keys): a worker started with
+    one that every local user can read (written with the default umask, 0644) says so and stops,
+    as a world-readable key file or TLS key does; 0600 and 0640 (a Kubernetes Secret with fsGroup) pass."""
+    from pcache.common.config import WorkerConfig
+    from pcache.worker.server import worker_token
+
+    token_file = tmp_path / "worker.token"
+    token_file.write_text(cluster.worker_token + "\n")
+    token_file.chmod(0o644)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pcache", "worker", f"--worker.data_dir={tmp_path / 'w'}",
+         f"--worker.master={cluster.master_address}", f"--worker.token_file={token_file}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode != 0 and f"worker.token_file {token_file} is readable by any user" in proc.stderr
+    assert "chmod 600" in proc.stderr and "Traceback" not in proc.stderr
+    for mode in (0o600, 0o640):
+        token_file.chmod(mode)
+        assert worker_token(WorkerConfig(token_file=str(token_file))) == cluster.worker_token
+    token_file.chmod(0o604)
+    monkeypatch.delenv("PCACHE_TOKEN", raising=False)
+    monkeypatch.setenv("PCACHE_TOKEN_FILE", str(token_file))
+    with pytest.raises(E.InvalidArgument, match="PCACHE_TOKEN_FILE .* is readable by any user"):
+        worker_token(WorkerConfig())
 
 
 def test_secrets_and_block_files_are_their_owners_alone(cluster: LocalCluster) -> None:
