@@ -77,7 +77,7 @@ from babel.sync import (
     new_verification,
 )
 from babel.transfer import Bandwidth
-from pcache.master.election import endpoint_text, etcd_client
+from pcache.master.election import endpoint_text, etcd_client, etcd_error
 
 logger = logging.getLogger(__name__)
 
@@ -139,11 +139,6 @@ def _client(endpoint: str, timeout: float) -> aetcd.Client:
         return etcd_client(endpoint, timeout)
     except ValueError as exc:
         raise BabelError(str(exc)) from exc
-
-
-def etcd_error(exc: BaseException) -> str:
-    """An etcd client error as text (a timeout's own text is empty)."""
-    return str(exc) or f"no answer ({type(exc).__name__})"
 
 
 def check_job_name(name: str) -> str:

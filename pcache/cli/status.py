@@ -37,7 +37,7 @@ def status(ctx: click.Context, as_json: bool) -> int:
                     click.echo(f"master {address}: {own}")
                 else:
                     leader = own.master.leader or (
-                        f"none: etcd unreachable for {own.master.etcd_down:.0f} s" if own.master.etcd_down
+                        f"none: etcd not answering for {own.master.etcd_down:.0f} s (down, unreachable or no quorum)" if own.master.etcd_down
                         else f"none; this master may not take over: {own.master.may_not_lead}"
                         if own.master.may_not_lead else "none (an election is under way)"
                     )  # fmt: skip

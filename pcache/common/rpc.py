@@ -153,8 +153,20 @@ def translate(exc: grpc.aio.AioRpcError, target: str = "") -> E.PCacheError:
 
 
 # What gRPC says when a connection is refused while it is set up, not by a dead server: a TLS
-# handshake that failed (another CA, no certificate), or a TLS server closing a plaintext client.
-_HANDSHAKE = re.compile(r"handshake failed|TSI_PROTOCOL_FAILURE|SSL_ERROR", re.IGNORECASE)
+# handshake that failed (another CA, no certificate), a certificate that does not name the address
+# dialled, a server without TLS answering a TLS client, or a TLS server closing a plaintext client.
+_SETUP_HINTS = (
+    (re.compile(r"WRONG_VERSION_NUMBER"), " (the server answered without TLS: give it tls_dir as well)"),
+    (
+        re.compile(r"Hostname Verification Check failed|Custom verification check failed", re.IGNORECASE),
+        " (the server's certificate does not name the address it was dialled at: a SAN with that IP or DNS name)",
+    ),
+    (
+        re.compile(r"handshake failed|TSI_PROTOCOL_FAILURE|SSL_ERROR", re.IGNORECASE),
+        " (the TLS handshake failed: the client's tls_dir must hold the CA that signed the servers'"
+        " certificates, and a certificate that CA signed)",
+    ),
+)
 _CLOSED_AT_SETUP = "failed to connect to all addresses; last error: UNAVAILABLE"
 
 
@@ -163,13 +175,14 @@ def _setup_refused(code: grpc.StatusCode, details: str) -> str:
     a TLS mismatch, which no retry and no other master of the same cluster can mend."""
     if code != grpc.StatusCode.UNAVAILABLE:
         return ""
-    if _HANDSHAKE.search(details):
-        return (
-            " (the TLS handshake failed: the client's tls_dir must hold the CA that signed the servers'"
-            " certificates, and a certificate that CA signed)"
-        )
+    for pattern, hint in _SETUP_HINTS:
+        if pattern.search(details):
+            return hint
     if _CLOSED_AT_SETUP in details and details.rstrip().endswith("Socket closed"):
-        return " (closed as it connected: a server with TLS does so to a client without it; set tls_dir)"
+        return (
+            " (closed as it connected: a server with TLS closes a client without TLS, or without a certificate"
+            " of its CA when it requires one: set tls_dir, with cert.pem and key.pem)"
+        )
     return ""
 
 

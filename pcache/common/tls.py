@@ -58,6 +58,8 @@ class TLSConfig:
         ca = read(CA)
         if not need_cert and not (root / CERT).exists():
             return cls(ca=ca, directory=directory)
+        if not (root / CERT).exists():
+            raise InvalidArgument(f"TLS directory {directory} has no {CERT} (and {KEY}): a server presents one")
         try:
             if os.stat(root / KEY).st_mode & 0o007:
                 raise InvalidArgument(f"TLS key {root / KEY} is readable by any user: chmod 600 it")

@@ -67,6 +67,11 @@ def leader_key(cluster: str) -> bytes:
     return f"/pcache/{cluster}/leader".encode()
 
 
+def etcd_error(exc: BaseException) -> str:
+    """An etcd client error as text (a timeout's own text is empty)."""
+    return str(exc) or f"no answer ({type(exc).__name__})"
+
+
 def parse_endpoints(endpoint: str) -> list[tuple[str, int]]:
     """The ``HOST:PORT`` members of a comma-separated etcd endpoint list (``http://`` prefixes
     allowed; IPv6 hosts in brackets, ``[::1]:2379``).
@@ -106,29 +111,36 @@ def etcd_target(endpoint: str) -> str:
     process restarted; name a Service or DNS record instead where addresses move.
 
     Raises:
-        ValueError: a malformed list, a name that does not resolve, or members reachable only by
-            IPv4 mixed with members reachable only by IPv6.
+        ValueError: a malformed list, no member whose name resolves (those that do not are left
+            out, with a warning), or members reachable only by IPv4 mixed with members
+            reachable only by IPv6.
     """
     members = parse_endpoints(endpoint)
     if len(members) == 1:
         host, port = members[0]
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    resolved: list[dict[int, list[str]]] = []  # per member: its addresses by family
+    resolved: list[tuple[int, dict[int, list[str]]]] = []  # per member: its port, its addresses by family
+    unresolved: list[str] = []
     for host, port in members:
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
-            raise ValueError(f"etcd member {host}:{port} does not resolve: {exc}") from exc
+            unresolved.append(f"{host}:{port} ({exc.strerror or exc})")
+            continue
         by_family: dict[int, list[str]] = {}
         for family, _, _, _, sockaddr in infos:
             if str(sockaddr[0]) not in by_family.setdefault(family, []):
                 by_family[family].append(str(sockaddr[0]))
-        resolved.append(by_family)
+        resolved.append((port, by_family))
+    if not resolved:
+        raise ValueError(f"no etcd member resolves: {', '.join(unresolved)}")
+    if unresolved:  # the quorum may well be among the others: their names are not all needed
+        logger.warning("etcd members that do not resolve, left out until a restart: %s", ", ".join(unresolved))
     for family, scheme in ((socket.AF_INET, "ipv4"), (socket.AF_INET6, "ipv6")):
-        if all(family in by_family for by_family in resolved):  # one family for all (gRPC's rule)
+        if all(family in by_family for _, by_family in resolved):  # one family for all (gRPC's rule)
             return f"{scheme}:" + ",".join(
                 f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
-                for by_family, (_, port) in zip(resolved, members, strict=True)
+                for port, by_family in resolved
                 for ip in by_family[family]
             )
     raise ValueError(f"etcd members {endpoint!r} have no address family in common (IPv4 and IPv6 mixed)")
@@ -148,10 +160,10 @@ class OutageLog:
         now = time.monotonic()
         if self.since is None:
             self.since = self._logged = now
-            logger.warning("%s: %s", self.what, exc)
+            logger.warning("%s: %s", self.what, etcd_error(exc))
         elif now - self._logged >= LOG_EVERY:
             self._logged = now
-            logger.warning("%s: still failing after %.0f s: %s", self.what, now - self.since, exc)
+            logger.warning("%s: still failing after %.0f s: %s", self.what, now - self.since, etcd_error(exc))
 
     def answered(self) -> None:
         if self.since is not None:
@@ -229,7 +241,7 @@ class Election:
         try:
             got = await asyncio.wait_for(self._client.get(self.key), self.timeout)
         except ETCD_ERRORS as exc:
-            raise Unavailable(f"etcd at {self.endpoint}: {exc}") from exc
+            raise Unavailable(f"etcd at {self.endpoint}: {etcd_error(exc)}") from exc
         if got is None:
             return None
         return Leader(got.value.decode(), got.create_revision)
@@ -297,7 +309,7 @@ class Election:
             try:
                 reply = await asyncio.wait_for(lease.refresh(), self.timeout)
             except ETCD_ERRORS as exc:
-                logger.warning("election %s: lease keep-alive failed: %s", self.cluster, exc)
+                logger.warning("election %s: lease keep-alive failed: %s", self.cluster, etcd_error(exc))
                 continue  # still leading until _valid_until; retried at the next period
             if reply is None or reply.TTL <= 0:
                 logger.warning("election %s: the lease of epoch %d expired", self.cluster, self.epoch)

@@ -45,7 +45,7 @@ from typing import Any
 import aetcd
 
 from pcache.common.errors import Unavailable
-from pcache.master.election import ETCD_ERRORS, Election, OutageLog
+from pcache.master.election import ETCD_ERRORS, Election, OutageLog, etcd_error
 from pcache.master.replication import SyncFlags
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class HAControl(SyncFlags):
         try:
             return await asyncio.wait_for(coro, self.timeout)
         except ETCD_ERRORS as exc:
-            raise Unavailable(f"etcd at {self.election.endpoint}: {exc}") from exc
+            raise Unavailable(f"etcd at {self.election.endpoint}: {etcd_error(exc)}") from exc
 
     # ------------------------------------------------------- membership --
 

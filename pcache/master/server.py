@@ -193,8 +193,8 @@ class MasterServer:
         if election is not None and election.etcd_down_since is not None:
             down = time.monotonic() - election.etcd_down_since
             return (
-                f"this master is a follower, and no master can lead: etcd at {election.endpoint} unreachable"
-                f" for {down:.0f} s"
+                f"this master is a follower, and no master can lead: etcd at {election.endpoint} has not answered"
+                f" for {down:.0f} s (down, unreachable, or without a quorum of its members)"
             )
         leader = self._known_leader()
         if leader:

@@ -270,11 +270,14 @@ def test_an_etcd_endpoint_list_is_checked_and_resolved_into_one_grpc_target() ->
     assert etcd_target("etcd.example.invalid:2379") == "etcd.example.invalid:2379"
     assert etcd_target("http://127.0.0.1:1/, localhost:2") == "ipv4:127.0.0.1:1,127.0.0.1:2"
     assert etcd_target("[::1]:1,[::1]:2") == "ipv6:[::1]:1,[::1]:2"
+    assert (
+        etcd_target("127.0.0.1:1,gone.invalid:2,127.0.0.1:3") == "ipv4:127.0.0.1:1,127.0.0.1:3"
+    )  # a quorum may be left
     assert endpoint_text("http://10.0.0.1:2379, [::1]:2379") == "10.0.0.1:2379,[::1]:2379"
     for bad, why in (
         ("", "HOST:PORT"), ("10.0.0.1", "HOST:PORT"), ("10.0.0.1:2379,", "HOST:PORT"), ("a:70000", "HOST:PORT"),
         ("a:1;b:1", "HOST:PORT"), ("[zz]:1", "HOST:PORT"), ("::1:2379", "HOST:PORT"),
-        ("a.invalid:1,b.invalid:2", "does not resolve"), ("127.0.0.1:1,[::1]:2", "no address family in common"),
+        ("a.invalid:1,b.invalid:2", "no etcd member resolves: a.invalid:1"), ("127.0.0.1:1,[::1]:2", "no address family in common"),
     ):  # fmt: skip
         with pytest.raises(ValueError, match=why):
             etcd_target(bad)

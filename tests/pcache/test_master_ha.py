@@ -450,7 +450,7 @@ def test_etcd_stopped_no_split_brain_reads_go_on(make_ha) -> None:
                 )  # fmt: skip
                 assert cli.returncode == 2, cli.stdout + cli.stderr
                 assert cli.stdout.count(": follower, epoch") == 2, cli.stdout  # each master says what it is
-                assert cli.stdout.count("leader none: etcd unreachable for") == 2, cli.stdout  # and why nobody leads
+                assert cli.stdout.count("leader none: etcd not answering for") == 2, cli.stdout  # and why nobody leads
                 assert "no master can lead: etcd at" in cli.stderr, cli.stderr
             finally:
                 os.kill(cluster.etcd.proc.pid, signal.SIGCONT)

@@ -115,7 +115,14 @@ def test_a_client_of_a_pair_with_the_wrong_tls_fails_at_once_saying_why(tmp_path
     with LocalCluster(str(tmp_path / "pair"), workers=1, masters=2, tls=True) as pair:
         monkeypatch.setenv("PCACHE_TOKENS_FILE", str(tmp_path / "none.json"))  # no TLS directory to find
         monkeypatch.delenv("PCACHE_TLS_DIR", raising=False)
-        cases = {"": "a server with TLS does so to a client without it", str(rogue): "the TLS handshake failed"}
+        ca_only = tmp_path / "ca-only"  # no certificate of its own, to servers that require one
+        ca_only.mkdir(mode=0o700)
+        shutil.copy(Path(pair.tls_dir) / "ca.pem", ca_only / "ca.pem")
+        cases = {
+            "": "a server with TLS closes a client without TLS",
+            str(rogue): "the TLS handshake failed",
+            str(ca_only): "or without a certificate of its CA when it requires one",
+        }
         for tls_dir, why in cases.items():
             cfg = ClientConfig(master=pair.master_address, token=pair.token, tls_dir=tls_dir, failover_timeout=30)
             started = time.monotonic()
@@ -131,3 +138,42 @@ def test_a_client_of_a_pair_with_the_wrong_tls_fails_at_once_saying_why(tmp_path
         cfg = ClientConfig(master=pair.master_address, token=pair.token, tls_dir=pair.tls_dir, failover_timeout=30)
         with Client(cfg) as pc:
             assert pc.stat("/").kind == "dir"  # the right files: served
+
+
+@pytest.mark.parametrize(
+    ("details", "hint"),
+    [
+        ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Socket closed",
+         "a server with TLS closes a client without TLS"),
+        ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Tls handshake failed"
+         " (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1a000064:ECDSA routines:OPENSSL_internal:BAD_SIGNATURE",
+         "the TLS handshake failed"),
+        ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Ssl handshake failed"
+         " (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:100000f7:SSL routines:OPENSSL_internal:WRONG_VERSION_NUMBER",
+         "the server answered without TLS"),
+        ("failed to connect to all addresses; last error: UNAUTHENTICATED: Hostname Verification Check failed.",
+         "does not name the address it was dialled at"),
+        ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote"
+         " host: Connection refused", ""),  # a dead master: failed over, no hint
+    ],
+)  # fmt: skip
+def test_a_connection_refused_as_it_is_set_up_is_told_apart_and_named(details: str, hint: str) -> None:
+    """The details gRPC gave in a helper's drill (a certificate for another host waited out the
+    failover timeout; a CA-only client and a plaintext server were told the opposite of the fix)."""
+    import grpc
+
+    from pcache.common.rpc import translate
+
+    err = translate(grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, details), "master 127.0.0.1:1")
+    assert isinstance(err, E.Unavailable) and err.setup_refused == bool(hint)
+    assert (hint in str(err)) if hint else str(err).endswith("Connection refused"), str(err)
+
+
+def test_a_tls_directory_without_a_certificate_says_so(tmp_path: Path) -> None:
+    """A worker given a client's CA-only directory was told it had cert.pem but no key.pem."""
+    root = make_local_tls(tmp_path / "t")
+    (root / "cert.pem").unlink()
+    (root / "key.pem").unlink()
+    with pytest.raises(E.InvalidArgument, match="has no cert.pem"):
+        TLSConfig.load(str(root), need_cert=True)
+    assert TLSConfig.load(str(root), need_cert=False).cert == b""  # a client may go without one
