@@ -20,6 +20,7 @@ import mmap
 import os
 import stat as stat_mod
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -29,7 +30,7 @@ from mfusepy import FuseOSError
 
 from pcache.client import Client, File
 from pcache.client.core import FileStat
-from pcache.common.errors import AlreadyExists, NotFound, PCacheError
+from pcache.common.errors import AlreadyExists, NotFound, PCacheError, Timeout, Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ KNOWN_INODES = 1 << 16  # inodes whose newest version (and cached pages' version
 PAGE = mmap.PAGESIZE  # the kernel reads whole pages: up to the size it holds, rounded up to one
 READ_TRIES = 4  # a READ re-done when the file changed under it (bounded: the last answer stands)
 IO_SIZE = 1 << 20  # st_blksize: what cp, tar and Python use as their buffer
+MASTER_DOWN_HOLD = 5.0  # seconds an open file's attributes come from the mount alone after the master failed them
+KNOWN_STATS = 4096  # open files whose last attributes a mount keeps (~2 MiB), for when no master answers
 XATTR_PREFIX = "user."
 UTIME_NOW = (1 << 30) - 1  # <sys/stat.h>
 UTIME_OMIT = (1 << 30) - 2
@@ -104,6 +107,9 @@ class PCacheOperations(mfusepy.Operations):
         # without libfuse's auto_cache window, in which a second mount read old pages).
         self._paged: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._cursors: dict[int, DirCursor] = {}  # directory handle -> its READDIRPLUS cursor
+        # inode -> its attributes as a getattr last had them: an open file's, when no master answers
+        self._stats: OrderedDict[int, FileStat] = OrderedDict()
+        self._master_down_until = 0.0  # monotonic: open files' getattrs skip the master until then
         self.max_background = 0  # asynchronous requests the kernel may queue (0: its default, 12)
 
     def init_with_config(self, conn, config) -> None:
@@ -136,6 +142,8 @@ class PCacheOperations(mfusepy.Operations):
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = f
+            if f.inode not in self._stats:  # what its getattrs fall back on while no master answers
+                _remember(self._stats, f.inode, f.opened_stat(), KNOWN_STATS)
             if append:
                 self._appending.add(fh)
         if extra is not None:
@@ -185,13 +193,41 @@ class PCacheOperations(mfusepy.Operations):
         f = self._handles.get(fh) if fh is not None else self._writer_of(path)
         if f is not None and not f.writable():
             f = self._writer_of_inode(f.inode) or f
-        st = self.client.stat(path) if f is None or f.closed else self.client.stat(f.name)
+        st = self.client.stat(path) if f is None or f.closed else self._open_file_stat(f)
         if f is None and not st.is_dir:
             f = self._writer_of_inode(st.inode)  # written here under another name (a hard link)
         size = f.size if f is not None and f.writable() else st.size
         if not st.is_dir:
             self._tell(st.inode, st.version)
         return self._attrs(st, size)
+
+    def _open_file_stat(self, f: File) -> FileStat:
+        """An open file's attributes: the master's, or, while no master answers (etcd without a
+        quorum, both masters down), those it last gave for the file: open files keep reading
+        (the kernel refreshes attributes every ``attr_timeout`` while it reads, and each refresh
+        failed EIO after the client's failover timeout). The first refresh of an outage waits that
+        timeout; the next ones, for :data:`MASTER_DOWN_HOLD` seconds, do not ask.
+
+        Raises:
+            Unavailable, Timeout: no master answered and the mount has no attributes of the file.
+            PCacheError: the master's own answer (NotFound, ...).
+        """
+        known = self._stats.get(f.inode)
+        if known is not None and time.monotonic() < self._master_down_until:
+            return known
+        try:
+            st = self.client.stat(f.name)
+        except (Unavailable, Timeout) as exc:
+            if known is None:
+                raise
+            if time.monotonic() >= self._master_down_until:
+                logger.warning("open %s: attributes from the mount's last look (%s)", f.name, exc)
+            self._master_down_until = time.monotonic() + MASTER_DOWN_HOLD
+            return known
+        self._master_down_until = 0.0
+        with self._lock:
+            _remember(self._stats, st.inode, st, KNOWN_STATS)
+        return st
 
     def keep_cache(self, fh: int) -> bool:
         """Whether the kernel may keep its cached pages for the file this new handle opened."""
@@ -621,10 +657,10 @@ class PCacheOperations(mfusepy.Operations):
                 logger.warning("handle %d could not be committed at unmount", fh)
 
 
-def _remember(table: OrderedDict, key: Any, value: Any) -> None:
+def _remember(table: OrderedDict, key: Any, value: Any, limit: int = KNOWN_INODES) -> None:
     table[key] = value
     table.move_to_end(key)
-    while len(table) > KNOWN_INODES:
+    while len(table) > limit:
         table.popitem(last=False)
 
 

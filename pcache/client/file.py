@@ -188,6 +188,7 @@ class PCacheFile:
         self.readable, self.writable, kind = parse_mode(mode)
         self.append = kind == "a"
         self.inode = layout.inode.id
+        self.node = layout.inode  # the inode as this open found it
         self.block_size = layout.inode.block_size or (32 << 20)
         self.size = layout.inode.size
         self.slots: list[Slot] = _slots(layout)

@@ -487,6 +487,10 @@ class File(io.RawIOBase):
     def inode(self) -> int:
         return self._f.inode
 
+    def opened_stat(self) -> FileStat:
+        """The file's metadata as its open found it (sizes in bytes, times in seconds)."""
+        return FileStat.from_inode(self.name, self._f.node)
+
     @property
     def version(self) -> int:
         """The inode version this handle's view starts from (its open, last commit or refresh)."""
