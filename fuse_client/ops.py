@@ -107,7 +107,7 @@ class PCacheOperations(mfusepy.Operations):
         # without libfuse's auto_cache window, in which a second mount read old pages).
         self._paged: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._cursors: dict[int, DirCursor] = {}  # directory handle -> its READDIRPLUS cursor
-        # inode -> its attributes as a getattr last had them: an open file's, when no master answers
+        # inode -> the newest attributes an open or a getattr of an open file had: answered when no master does
         self._stats: OrderedDict[int, FileStat] = OrderedDict()
         self._master_down_until = 0.0  # monotonic: open files' getattrs skip the master until then
         self.max_background = 0  # asynchronous requests the kernel may queue (0: its default, 12)
@@ -142,8 +142,9 @@ class PCacheOperations(mfusepy.Operations):
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = f
-            if f.inode not in self._stats:  # what its getattrs fall back on while no master answers
-                _remember(self._stats, f.inode, f.opened_stat(), KNOWN_STATS)
+            opened, known = f.opened_stat(), self._stats.get(f.inode)
+            if known is None or opened.version >= known.version:  # what getattrs fall back on with no master
+                _remember(self._stats, f.inode, opened, KNOWN_STATS)
             if append:
                 self._appending.add(fh)
         if extra is not None:
