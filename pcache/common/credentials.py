@@ -252,7 +252,9 @@ def forget_tls(master: str, directory: str) -> None:
 
 def find_tls_dir(master: str) -> str:
     """The TLS directory a client of ``master`` uses when its config names none: $PCACHE_TLS_DIR,
-    else the tokens file's entry for the address ("" : plaintext)."""
+    else the tokens file's entry for the address that still exists ("" : plaintext). An entry of a
+    cluster that was not stopped cleanly outlives its directory, and the address may serve another
+    cluster now: it named a deleted directory to every client of that address."""
     if os.environ.get(TLS_DIR_ENV):
         return os.environ[TLS_DIR_ENV]
     try:
@@ -260,8 +262,9 @@ def find_tls_dir(master: str) -> str:
     except (OSError, ValueError):
         return ""
     for address in _addresses(master):
-        if isinstance(tokens.get(_TLS_PREFIX + address), str):
-            return tokens[_TLS_PREFIX + address]
+        recorded = tokens.get(_TLS_PREFIX + address)
+        if isinstance(recorded, str) and os.path.isdir(recorded):
+            return recorded
     return ""
 
 

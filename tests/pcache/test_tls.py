@@ -112,9 +112,9 @@ def test_a_client_of_a_pair_with_the_wrong_tls_fails_at_once_saying_why(tmp_path
     for its whole failover timeout (30 s) and said "Socket closed". A connection refused as it is
     set up is no failover: the call fails once every master refused it twice, naming TLS."""
     rogue = make_local_tls(tmp_path / "rogue")
-    with LocalCluster(str(tmp_path / "pair"), workers=1, masters=2, tls=True) as pair:
-        monkeypatch.setenv("PCACHE_TOKENS_FILE", str(tmp_path / "none.json"))  # no TLS directory to find
-        monkeypatch.delenv("PCACHE_TLS_DIR", raising=False)
+    with LocalCluster(str(tmp_path / "pair"), workers=1, masters=2, tls=True) as pair, monkeypatch.context() as env:
+        env.setenv("PCACHE_TOKENS_FILE", str(tmp_path / "none.json"))  # no TLS directory to find; undone
+        env.delenv("PCACHE_TLS_DIR", raising=False)  # before the cluster stops and forgets its own entry
         ca_only = tmp_path / "ca-only"  # no certificate of its own, to servers that require one
         ca_only.mkdir(mode=0o700)
         shutil.copy(Path(pair.tls_dir) / "ca.pem", ca_only / "ca.pem")
@@ -177,3 +177,19 @@ def test_a_tls_directory_without_a_certificate_says_so(tmp_path: Path) -> None:
     with pytest.raises(E.InvalidArgument, match="has no cert.pem"):
         TLSConfig.load(str(root), need_cert=True)
     assert TLSConfig.load(str(root), need_cert=False).cert == b""  # a client may go without one
+
+
+def test_a_recorded_tls_directory_that_is_gone_is_not_used(tmp_path: Path, monkeypatch) -> None:
+    """A TLS cluster not stopped cleanly left its entry in the tokens file; a plaintext cluster on
+    the same address later: its clients failed "cannot read ca.pem" of the deleted directory."""
+    from pcache.common.credentials import find_tls_dir, forget_tls, remember_tls
+
+    monkeypatch.setenv("PCACHE_TOKENS_FILE", str(tmp_path / "tokens.json"))
+    monkeypatch.delenv("PCACHE_TLS_DIR", raising=False)
+    live = make_local_tls(tmp_path / "live")
+    remember_tls("127.0.0.1:1,127.0.0.1:2", str(live))
+    remember_tls("127.0.0.1:3", str(tmp_path / "gone"))
+    assert find_tls_dir("127.0.0.1:2") == str(live)
+    assert find_tls_dir("127.0.0.1:3") == ""  # plaintext, as if never recorded
+    forget_tls("127.0.0.1:1,127.0.0.1:2", str(live))
+    assert find_tls_dir("127.0.0.1:1") == ""
