@@ -918,8 +918,7 @@ async def shared_jobs(endpoint: str, *, timeout: float = 5.0) -> list[dict[str, 
     Raises:
         BabelError: etcd does not answer within ``timeout`` seconds.
     """
-    parse_etcd(endpoint)
-    client = _client(endpoint, timeout)
+    client = _client(endpoint, timeout)  # a malformed list: BabelError
     try:
         found = await asyncio.wait_for(client.get_prefix(PREFIX.encode(), keys_only=True), timeout)
         names = sorted({kv.key[len(PREFIX) :].decode().split("/", 1)[0] for kv in found})

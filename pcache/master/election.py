@@ -118,7 +118,7 @@ def etcd_target(endpoint: str) -> str:
     members = parse_endpoints(endpoint)
     if len(members) == 1:
         host, port = members[0]
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return _host_port(host, port)
     resolved: list[tuple[int, dict[int, list[str]]]] = []  # per member: its port, its addresses by family
     unresolved: list[str] = []
     for host, port in members:
@@ -139,9 +139,7 @@ def etcd_target(endpoint: str) -> str:
     for family, scheme in ((socket.AF_INET, "ipv4"), (socket.AF_INET6, "ipv6")):
         if all(family in by_family for _, by_family in resolved):  # one family for all (gRPC's rule)
             return f"{scheme}:" + ",".join(
-                f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
-                for port, by_family in resolved
-                for ip in by_family[family]
+                _host_port(ip, port) for port, by_family in resolved for ip in by_family[family]
             )
     raise ValueError(f"etcd members {endpoint!r} have no address family in common (IPv4 and IPv6 mixed)")
 
@@ -185,7 +183,12 @@ def etcd_client(endpoint: str, timeout: float) -> aetcd.Client:
 
 def endpoint_text(endpoint: str) -> str:
     """The members of an etcd endpoint list as ``HOST:PORT,HOST:PORT`` (for messages)."""
-    return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parse_endpoints(endpoint))
+    return ",".join(_host_port(host, port) for host, port in parse_endpoints(endpoint))
+
+
+def _host_port(host: str, port: int) -> str:
+    """``HOST:PORT``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class Election:
