@@ -217,7 +217,10 @@ def serve_metrics(
             finally:
                 self.slots.release()
 
-    server = make_server(host, port, make_wsgi_app(REGISTRIES[role]), Server, handler_class=_MetricsHandler)
+    try:
+        server = make_server(host, port, make_wsgi_app(REGISTRIES[role]), Server, handler_class=_MetricsHandler)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot bind the metrics endpoint to {host}:{port}: {exc.strerror}") from exc
     if tls is not None:
         server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()

@@ -581,9 +581,10 @@ async def serve(cfg: MasterConfig, *, ready_file: str | None = None) -> None:
     """Run a master until SIGTERM or SIGINT, then stop gracefully."""
     logger.info("master config: %s", describe(cfg))
     master = MasterServer(cfg)
-    port = await master.start()
     tls = master.tls.server_context(client_auth=cfg.tls_client_auth) if master.tls else None
+    # bound first: the master's own ports chosen by the kernel (port 0) can then never take it
     serve_metrics(cfg.metrics_port, cfg.host, role="master", tls=tls)
+    port = await master.start()
     if ready_file:
         write_ready_file(ready_file, f"{cfg.advertise_host or cfg.host}:{port}")
     upkeep = asyncio.create_task(master.upkeep())

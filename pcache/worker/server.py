@@ -631,11 +631,12 @@ async def serve(cfg: WorkerConfig, *, ready_file: str | None = None) -> None:
     """Run a worker until SIGTERM or SIGINT."""
     logger.info("worker config: %s", describe(cfg))
     worker = WorkerServer(cfg)
-    port = await worker.start()
     tls = worker.tls.server_context(client_auth=cfg.tls_client_auth) if worker.tls else None
+    # bound first: the worker's own kernel-chosen ports cannot take it, and its registration names it
     bound = serve_metrics(cfg.metrics_port, cfg.host, role="worker", tls=tls)
     if bound:
         worker.metrics_addr = f"{worker.advertised_host}:{bound}"
+    port = await worker.start()
     if ready_file:
         write_ready_file(ready_file, f"{worker.advertised_host}:{port}")
     await wait_for_stop_signal()

@@ -318,3 +318,24 @@ def test_a_second_master_on_a_taken_port_fails_instead_of_sharing_it(make_cluste
     with pytest.raises(E.Unavailable, match="cannot bind the master"):
         second.start()
     second.stop()
+
+
+def test_a_taken_metrics_port_is_named_at_start_and_bound_before_the_kernel_chooses_ports(tmp_path) -> None:
+    """A master said only "pcache: Address already in use" when its ``metrics_port`` was taken. And
+    it bound its gRPC port (port 0, chosen by the kernel) before the metrics port, so the kernel
+    could hand it the very port just picked as free for the metrics: a CI run's master failed so."""
+    import socket
+
+    from pcache.local import LocalCluster
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = [f"--master.metrics_port={port}"]
+        bad = LocalCluster(str(tmp_path / "bad"), workers=0, master_args=args, start_timeout=20)
+        with pytest.raises(E.Unavailable, match=rf"cannot bind the metrics endpoint to 127.0.0.1:{port}: Address"):
+            bad.start()
+        bad.stop()
+        log = (tmp_path / "bad" / "logs" / "master.log").read_text()
+        assert "serving on" not in log  # the metrics endpoint is bound before the master's own ports
