@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -91,6 +92,7 @@ def echo_tenants(tenants: list[pb.Tenant]) -> None:
   pcache tenant list
   pcache tenant quota team-a --bytes 20T
   pcache tenant token team-a --ttl 86400 --token-file team-a.day.token
+  pcache tenant revoke-tokens team-a --token-file team-a.token   # a token leaked: a new one
   pcache tenant delete team-a --purge
 
 The admin token comes from $PCACHE_ADMIN_TOKEN_FILE, else CLUSTER_DIR/secrets/admin.token.
@@ -172,6 +174,26 @@ def token(ctx: click.Context, name: str, ttl: float, token_file: str | None) -> 
         click.echo(f"token of tenant {name} written to {token_file}", err=True)
     else:
         click.echo(minted)
+
+
+@tenant_cmd.command("revoke-tokens")
+@click.argument("name")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None,
+              help="Then issue a new token and write it here (0600).")  # fmt: skip
+@click.option("--ttl", type=click.FloatRange(min=0), default=0, help="Seconds the new token is valid; 0: no expiry.")
+@click.pass_context
+def revoke_tokens(ctx: click.Context, name: str, token_file: str | None, ttl: float) -> None:
+    """Refuse every token of tenant NAME issued until now (a leaked one), on every master at once;
+    other tenants and the cluster keys are untouched. Block tokens its holders already got stay
+    valid until they expire (master.block_token_ttl); rotate the keys to end those too."""
+    with admin_client(ctx) as pc:
+        rec = pc.revoke_tokens(name)
+        minted = pc.issue_token(name, ttl) if token_file else ""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rec.revoked_before_ms / 1000))
+    click.echo(f"tokens of tenant {name} issued before {when} revoked", err=True)
+    if token_file:
+        write_secret(Path(token_file), minted + "\n")
+        click.echo(f"new token of tenant {name} written to {token_file}", err=True)
 
 
 @tenant_cmd.command("delete")

@@ -537,6 +537,18 @@ class PCacheClient:
         """
         return await self.master.issue_token(name, ttl)
 
+    async def revoke_tokens(self, name: str) -> pb.Tenant:
+        """Refuse every token of tenant ``name`` issued until now, on every master (a leaked one:
+        no key rotation needed, no other tenant touched); tokens issued afterwards work. Returns
+        the tenant's record (``revoked_before_ms``: milliseconds since the epoch). Block tokens
+        the holders already got stay valid until they expire (``master.block_token_ttl``). An
+        admin token's call.
+
+        Raises:
+            PermissionDenied. NotFound: no such tenant.
+        """
+        return await self.master.revoke_tokens(name)
+
     async def bind(
         self, path: str, uri: str, *, mode: str = "ro", meta_ttl: float = 60.0, check: bool = True
     ) -> pb.Bind:

@@ -678,6 +678,10 @@ class MasterClient:
         request = pb.TenantRequest(header=self.header(), tenant=pb.Tenant(name=name), token_ttl=ttl)
         return (await self._call("IssueToken", request)).token
 
+    async def revoke_tokens(self, name: str) -> pb.Tenant:
+        request = pb.TenantRequest(header=self.header(), tenant=pb.Tenant(name=name))
+        return (await self._call("RevokeTokens", request)).tenant
+
     async def master_statuses(self) -> list[tuple[str, pb.ClusterStatus | E.PCacheError]]:
         """Ask every master (not only the leader) for its status: (address, status or error)."""
         out: list[tuple[str, pb.ClusterStatus | E.PCacheError]] = []

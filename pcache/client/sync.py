@@ -245,6 +245,9 @@ class Client:
     def issue_token(self, name: str, ttl: float = 0.0) -> str:
         return self._run(self.aio.issue_token(name, ttl))
 
+    def revoke_tokens(self, name: str) -> pb.Tenant:
+        return self._run(self.aio.revoke_tokens(name))
+
     def layout(self, path: str) -> pb.FileLayout:
         return self._run(self.aio.layout(path))
 

@@ -8,8 +8,11 @@ hands them out with every located block, DataNodes check them on every op).
 
 Formats (ASCII, ``.``-separated; no field may contain a dot)::
 
-    v1.KID.TENANT.SCOPE.EXPIRY.MAC              token for master RPCs
+    v2.KID.TENANT.tenant.ISSUED.EXPIRY.MAC      tenant token for master RPCs
+    v1.KID.TENANT.SCOPE.EXPIRY.MAC              admin, worker and master tokens (and tenant tokens
+                                                minted before issue times were carried)
     b2.KID.BLOCK.OPS.LENGTH.TENANT.WORKERS.EXPIRY.MAC  block token
+    b3.KID.BLOCK.OPS.LENGTH.TENANT.WORKERS.ISSUED.EXPIRY.MAC  block token of a tenant with a revocation
 
 ``WORKERS`` is the ``+``-joined ids of the workers the token may be used at (a read token: the
 block's replicas when it was handed out; a write token: the pipeline), so a token replayed at
@@ -17,8 +20,15 @@ another worker is refused too. ``SCOPE`` is ``tenant`` (namespace operations ins
 any tenant) or ``worker`` (worker registration and heartbeats); ``OPS`` a subset of ``rwd``
 (read, write, delete); ``LENGTH`` the exact byte count a write stores (the master reserved
 that much of the tenant's quota for it: a writer cannot store more than it is charged for;
-0 in tokens without ``w``); ``EXPIRY`` whole seconds since the epoch (0: never); ``MAC`` the
+0 in tokens without ``w``); ``ISSUED`` milliseconds since the epoch when it was minted (a tenant's
+tokens issued before its revocation are refused: ``pcache tenant revoke-tokens``, as a JWT's
+``iat`` against a not-before); ``EXPIRY`` whole seconds since the epoch (0: never); ``MAC`` the
 unpadded URL-safe base64 of HMAC-SHA256(key, ``"pcache\\0" + the fields joined by "\\0"``).
+Only tenant tokens carry ``ISSUED``: admin, worker and master tokens stay ``v1``, which masters of
+every release read (a follower not yet upgraded keeps taking its leader's log). Block tokens carry
+it (``b3``) only for a tenant that has had a revocation; the workers learn each tenant's revocation
+instant from the masters' heartbeat answers and refuse that tenant's block tokens minted before it
+(a ``b2`` token of such a tenant among them), so a revoked holder's cached block tokens die too.
 
 Key rotation: a :class:`KeyRing` signs with its current key and verifies with any key it holds,
 so adding a new current key while the previous one stays in the ring cuts nobody off; dropping
@@ -143,10 +153,23 @@ class Claims:
     scope: str
     expiry: int  # seconds since the epoch; 0: never
     kid: str
+    issued: int = 0  # milliseconds since the epoch it was minted at; 0: a v1 token, which does not say
 
 
-def mint_token(ring: KeyRing, tenant: str, scope: str = "tenant", ttl: float = 0.0, now: float | None = None) -> str:
+def mint_token(
+    ring: KeyRing,
+    tenant: str,
+    scope: str = "tenant",
+    ttl: float = 0.0,
+    now: float | None = None,
+    *,
+    not_before_ms: int = 0,
+) -> str:
     """A master token for ``tenant`` with ``scope``, valid ``ttl`` seconds (0: no expiry).
+
+    A tenant token carries when it was minted (``now``, seconds since the epoch; at least
+    ``not_before_ms``, milliseconds: the tenant's revocation, so that a token minted right after
+    it, or by a master whose clock is behind, is not born revoked).
 
     Raises:
         InvalidArgument: a bad tenant name or scope.
@@ -154,8 +177,13 @@ def mint_token(ring: KeyRing, tenant: str, scope: str = "tenant", ttl: float = 0
     check_name(tenant, "tenant")
     if scope not in SCOPES:
         raise InvalidArgument(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
-    expiry = 0 if ttl <= 0 else int((time.time() if now is None else now) + ttl)
-    fields = ("v1", ring.current, tenant, scope, str(expiry))
+    now = time.time() if now is None else now
+    expiry = 0 if ttl <= 0 else int(now + ttl)
+    if scope == "tenant":
+        issued = max(int(now * 1000), not_before_ms)
+        fields: tuple[str, ...] = ("v2", ring.current, tenant, scope, str(issued), str(expiry))
+    else:
+        fields = ("v1", ring.current, tenant, scope, str(expiry))
     return ".".join((*fields, ring.mac(ring.current, fields)))
 
 
@@ -171,16 +199,23 @@ def verify_token(ring: KeyRing, token: str, now: float | None = None) -> Claims:
             " one with `pcache tenant token NAME`)"
         )
     parts = token.split(".")
-    if len(parts) != 6 or parts[0] != "v1":
+    if len(parts) == 6 and parts[0] == "v1":
+        version, kid, tenant, scope, expiry, mac = parts
+        issued = "0"
+        fields: tuple[str, ...] = (version, kid, tenant, scope, expiry)
+    elif len(parts) == 7 and parts[0] == "v2" and parts[3] == "tenant":
+        version, kid, tenant, scope, issued, expiry, mac = parts
+        fields = (version, kid, tenant, scope, issued, expiry)
+    else:
         raise PermissionDenied("malformed token")
-    version, kid, tenant, scope, expiry, mac = parts
-    if scope not in SCOPES or not (expiry.isascii() and expiry.isdigit()) or not _NAME.fullmatch(tenant):
+    digits = all(f.isascii() and f.isdigit() and len(f) <= 16 for f in (issued, expiry))
+    if scope not in SCOPES or not digits or not _NAME.fullmatch(tenant):
         raise PermissionDenied("malformed token")
-    if not ring.check(kid, (version, kid, tenant, scope, expiry), mac):
+    if not ring.check(kid, fields, mac):
         raise PermissionDenied("invalid token (unknown key or bad signature)")
     if int(expiry) and int(expiry) < (time.time() if now is None else now):
         raise PermissionDenied("token expired")
-    return Claims(tenant=tenant, scope=scope, expiry=int(expiry), kid=kid)
+    return Claims(tenant=tenant, scope=scope, expiry=int(expiry), kid=kid, issued=int(issued))
 
 
 def mint_block_token(
@@ -193,9 +228,11 @@ def mint_block_token(
     now: float | None = None,
     *,
     length: int = 0,
+    issued_ms: int = 0,
 ) -> str:
     """A block token letting its holder do ``ops`` (subset of ``rwd``) on ``block_id`` at the
     workers ``workers`` (ids) for ``ttl`` seconds; a write must store exactly ``length`` bytes.
+    ``issued_ms`` (milliseconds since the epoch; 0: not carried) is for a tenant with a revocation.
 
     Raises:
         InvalidArgument: bad ops, tenant or ttl; no workers, or an id with ``.`` or ``+``; a
@@ -212,7 +249,11 @@ def mint_block_token(
         raise InvalidArgument(f"a block token names one or more worker ids without '.' or '+', got {workers!r}")
     expiry = math.ceil((time.time() if now is None else now) + ttl)  # valid ttl seconds at least
     ops = "".join(sorted(set(ops)))
-    fields = ("b2", ring.current, str(int(block_id)), ops, str(int(length)), tenant, "+".join(workers), str(expiry))
+    fields: tuple[str, ...] = (str(int(block_id)), ops, str(int(length)), tenant, "+".join(workers))
+    if issued_ms > 0:
+        fields = ("b3", ring.current, *fields, str(int(issued_ms)), str(expiry))
+    else:
+        fields = ("b2", ring.current, *fields, str(expiry))
     return ".".join((*fields, ring.mac(ring.current, fields)))
 
 
@@ -226,6 +267,7 @@ class BlockGrant:
     workers: frozenset[str]
     expiry: int
     length: int = 0  # the exact bytes a write stores (0: no write)
+    issued: int = 0  # ms since the epoch it was minted at (b3); 0: it does not say (b2)
 
     def check_write_length(self, length: int) -> None:
         """A write stores exactly the length the token names: what the master reserved of the
@@ -249,14 +291,20 @@ def verify_block_token(ring: KeyRing, token: str) -> BlockGrant:
     if not token:
         raise PermissionDenied("no block token (the master hands one out with every block location)")
     parts = token.split(".")
-    if len(parts) != 9 or parts[0] != "b2":
+    if len(parts) == 9 and parts[0] == "b2":
+        version, kid, block, ops, length, tenant, workers, expiry, mac = parts
+        issued = "0"
+        fields: tuple[str, ...] = (version, kid, block, ops, length, tenant, workers, expiry)
+    elif len(parts) == 10 and parts[0] == "b3":
+        version, kid, block, ops, length, tenant, workers, issued, expiry, mac = parts
+        fields = (version, kid, block, ops, length, tenant, workers, issued, expiry)
+    else:
         raise PermissionDenied("malformed block token")
-    version, kid, block, ops, length, tenant, workers, expiry, mac = parts
-    if not all(f.isascii() and f.isdigit() for f in (block, length, expiry)):
+    if not all(f.isascii() and f.isdigit() and len(f) <= 20 for f in (block, length, issued, expiry)):
         raise PermissionDenied("malformed block token")
-    if not ring.check(kid, (version, kid, block, ops, length, tenant, workers, expiry), mac):
+    if not ring.check(kid, fields, mac):
         raise PermissionDenied("invalid block token (unknown key or bad signature)")
-    return BlockGrant(int(block), ops, tenant, frozenset(workers.split("+")), int(expiry), int(length))
+    return BlockGrant(int(block), ops, tenant, frozenset(workers.split("+")), int(expiry), int(length), int(issued))
 
 
 def check_grant(grant: BlockGrant, block_id: int, op: str, worker_id: str, now: float | None = None) -> None:
@@ -303,6 +351,7 @@ class BlockTokenChecker:
         self.worker_id = worker_id
         self.ring: KeyRing | None = None
         self._grants: dict[str, BlockGrant] = {}
+        self.revoked: dict[str, int] = {}  # tenant -> its tokens minted before this (ms) are refused
 
     def set_keys(self, spec: str) -> None:
         """Take the master's block key ring (``KeyRing.format``); a change forgets verified tokens.
@@ -330,7 +379,14 @@ class BlockTokenChecker:
                 self._grants.clear()
             self._grants[token] = grant
         check_grant(grant, block_id, op, self.worker_id)
+        if self.revoked and grant.issued < self.revoked.get(grant.tenant, 0):
+            raise PermissionDenied(f"the block token of block {block_id} was revoked (its tenant's tokens were)")
         return grant
+
+    def set_revoked(self, revoked: dict[str, int]) -> None:
+        """Take the masters' tenant revocations (tenant -> milliseconds since the epoch)."""
+        if revoked != self.revoked:
+            self.revoked = dict(revoked)
 
     def mint(self, block_id: int, ops: str, workers: list[str], ttl: float = 600.0, *, length: int = 0) -> str:
         """A token for this worker's own transfers (re-replication of a ``length`` byte block),

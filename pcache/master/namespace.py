@@ -1197,6 +1197,16 @@ class Namespace:
         self.store.write([self.tenants.put(rec)])
         return rec
 
+    def revoke_tokens(self, name: str) -> pb.Tenant:
+        """Refuse every token of tenant ``name`` minted until now (:meth:`Tenants.revoke`).
+
+        Raises:
+            NotFound: no such tenant.
+        """
+        rec = self.tenants.revoke(name)
+        self.store.write([self.tenants.put(rec)])
+        return rec
+
     def commit_file(
         self,
         inode: int,

@@ -93,7 +93,9 @@ MASTER_SCOPES: dict[str, frozenset[str]] = {
         frozenset({"worker"}),
     ),
     "Fsck": _CLIENT,
-    **dict.fromkeys(("CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken"), frozenset({"admin"})),
+    **dict.fromkeys(
+        ("CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken", "RevokeTokens"), frozenset({"admin"})
+    ),
     # the under-store is read with the hosts' credentials: only an admin aims them (pcache.master.binds)
     **dict.fromkeys(("BindPath", "UnbindPath"), frozenset({"admin"})),
     **dict.fromkeys(("ListBinds", "RefreshPath", "FreePath"), _CLIENT),
@@ -133,7 +135,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         if claims is not None and claims.scope == "admin":
             return ADMIN
         if claims is not None and claims.scope == "tenant":
-            return ns.tenants.scope(claims.tenant)
+            return ns.tenants.scope(claims.tenant, claims.issued)
         raise E.PermissionDenied(f"a {claims.scope if claims else 'missing'} token has no namespace")
 
     def block_token(self, block_id: int, ops: str, tenant: str, workers: list[str], *, length: int = 0) -> str:
@@ -145,7 +147,15 @@ class MasterServicer(pb_grpc.MasterServicer):
         ttl = self.m.cfg.block_token_ttl
         if "w" in ops:
             ttl = min(ttl, self.m.cfg.orphan_grace)
-        return mint_block_token(self.m.block_signer, block_id, ops, tenant or "cluster", ttl, workers, length=length)
+        revoked = self.m.ns.tenants.revoked.get(tenant, 0) if self.m.ns is not None and tenant else 0
+        issued = max(int(time.time() * 1000), revoked) if revoked else 0  # the workers check it (b3)
+        return mint_block_token(
+            self.m.block_signer, block_id, ops, tenant or "cluster", ttl, workers, length=length, issued_ms=issued
+        )
+
+    def revocations(self) -> dict[str, int]:
+        """The tenants' token revocations the workers enforce on block tokens (the leader's)."""
+        return dict(self.m.ns.tenants.revoked) if self.m.ns is not None else {}
 
     @property
     def epoch(self) -> int:
@@ -700,6 +710,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             block_keys=self.m.block_signer.format(),
             masters=masters,
             address=self.m.address,
+            revoked_before_ms=self.revocations(),
         )
 
     @rpc_method
@@ -716,7 +727,9 @@ class MasterServicer(pb_grpc.MasterServicer):
         commands, state.commands = state.commands, []
         if commands:
             await self.m.commit()  # a DELETE goes out only once the change that freed the block is replicated
-        return pb.HeartbeatResponse(epoch=self.m.epoch, commands=commands, leader=True, block_keys=keys)
+        return pb.HeartbeatResponse(
+            epoch=self.m.epoch, commands=commands, leader=True, block_keys=keys, revoked_before_ms=self.revocations()
+        )
 
     @rpc_method
     async def BlockReceived(self, request: pb.BlockReport, context: grpc.aio.ServicerContext) -> pb.Empty:
@@ -978,10 +991,22 @@ class MasterServicer(pb_grpc.MasterServicer):
 
         def apply(ns: Namespace, _: BlockManager, __: Scope) -> pb.TenantResponse:
             rec = ns.tenants.get(request.tenant.name)
-            token = mint_token(self.m.keys.tokens, rec.name, "tenant", request.token_ttl)
+            token = mint_token(
+                self.m.keys.tokens, rec.name, "tenant", request.token_ttl, not_before_ms=rec.revoked_before_ms
+            )
             return pb.TenantResponse(tenant=rec, token=token)
 
         return await self._read(request.header, "IssueToken", apply)
+
+    @rpc_method
+    async def RevokeTokens(self, request: pb.TenantRequest, context: grpc.aio.ServicerContext) -> pb.TenantResponse:
+        """Refuse every token of a tenant issued until now (a leaked one among them); answered
+        once replicated, so no master that takes over accepts them again."""
+
+        def apply(ns: Namespace, _: BlockManager, __: Scope) -> pb.TenantResponse:
+            return pb.TenantResponse(tenant=ns.revoke_tokens(request.tenant.name))
+
+        return await self._mutate(request.header, "RevokeTokens", pb.TenantResponse, apply)
 
 
 def _in_scope(apply: Apply[R], ns: Namespace, blocks: BlockManager, scope: Scope) -> R:

@@ -19,6 +19,12 @@ directory quotas:
   expires). The block token lets the workers store exactly that length and the commit must name
   it, so what is charged is what is stored. Concurrent writers at the limit never pass the quota,
   not even by a block.
+
+Revocation: a tenant token carries when it was minted (:mod:`pcache.common.auth`); ``pcache tenant
+revoke-tokens`` stores in the record the instant before which the tenant's tokens are refused, so
+a leaked token dies at once without rotating the cluster's keys (which would cut off every
+tenant, and the workers). Tokens without an issue time (``v1``) are refused once a tenant has a
+revocation.
 """
 
 from __future__ import annotations
@@ -92,10 +98,18 @@ class Tenants:
     def __init__(self, store: MetaStore) -> None:
         self.store = store
         self._roots: dict[str, tuple[str, int]] = {}  # name -> (root path, root inode)
+        self._revoked: dict[str, int] = {}  # name -> its tokens minted before this (ms) are refused
         for _, raw in store.scan(PREFIX):
             rec = pb.Tenant()
             rec.ParseFromString(raw)
-            self._roots[rec.name] = (rec.root, rec.root_inode)
+            self._cache(rec)
+
+    def _cache(self, rec: pb.Tenant) -> None:
+        self._roots[rec.name] = (rec.root, rec.root_inode)
+        if rec.revoked_before_ms:
+            self._revoked[rec.name] = rec.revoked_before_ms
+        else:
+            self._revoked.pop(rec.name, None)
 
     def __contains__(self, name: object) -> bool:
         return name in self._roots
@@ -117,17 +131,44 @@ class Tenants:
         """Every tenant's record, by name."""
         return [self.get(name) for name in sorted(self._roots)]
 
-    def scope(self, name: str) -> Scope:
-        """The scope of a tenant token's holder.
+    def scope(self, name: str, issued_ms: int = 0) -> Scope:
+        """The scope of the holder of a tenant token of ``name`` minted at ``issued_ms``
+        (milliseconds since the epoch; 0: a token that does not say).
 
         Raises:
             PermissionDenied: the tenant does not exist (never created, or deleted: its tokens
-                are revoked with it).
+                are revoked with it), or its tokens minted before ``issued_ms`` were revoked.
         """
         entry = self._roots.get(name)
         if entry is None:
             raise E.PermissionDenied(f"tenant {name!r} does not exist on this cluster (deleted, or never created)")
+        revoked = self._revoked.get(name, 0)
+        if issued_ms < revoked:
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(revoked / 1000))
+            raise E.PermissionDenied(
+                f"token revoked: tenant {name!r}'s tokens issued before {when} were revoked;"
+                f" an admin issues a new one (pcache tenant token {name})"
+            )
         return Scope(tenant=name, root=entry[0], root_inode=entry[1])
+
+    @property
+    def revoked(self) -> dict[str, int]:
+        """Tenant -> the instant (ms since the epoch) before which its tokens are refused, for
+        every tenant that has had a revocation (the workers refuse its block tokens alike)."""
+        return self._revoked
+
+    def revoke(self, name: str, now: float | None = None) -> pb.Tenant:
+        """Tenant ``name``'s record with every token minted until ``now`` (seconds since the
+        epoch) revoked; store it with :meth:`put`. A revocation never moves back (a master whose
+        clock is behind the last one's keeps the later instant).
+
+        Raises:
+            NotFound: no such tenant.
+        """
+        rec = self.get(name)
+        instant = int((time.time() if now is None else now) * 1000) + 1  # a token of this very ms too
+        rec.revoked_before_ms = max(rec.revoked_before_ms, instant)
+        return rec
 
     def root_inodes(self) -> dict[int, str]:
         """Root inode -> tenant name."""
@@ -149,12 +190,13 @@ class Tenants:
 
     def put(self, rec: pb.Tenant) -> tuple[bytes, bytes]:
         """The batch entry storing ``rec``; the root map follows at once (call with the batch)."""
-        self._roots[rec.name] = (rec.root, rec.root_inode)
+        self._cache(rec)
         return _key(rec.name), _stored(rec)
 
     def remove(self, name: str) -> bytes:
         """The batch delete of ``name``'s record; the root map forgets it."""
         self._roots.pop(name, None)
+        self._revoked.pop(name, None)
         return _key(name)
 
     def tombstone(self, name: str, key_ids: Iterable[str]) -> tuple[bytes, bytes]:

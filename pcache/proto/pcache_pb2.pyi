@@ -539,20 +539,29 @@ class RegisterRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., blocks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("epoch", "heartbeat_interval_ms", "leader", "block_keys", "masters", "address")
+    __slots__ = ("epoch", "heartbeat_interval_ms", "leader", "block_keys", "masters", "address", "revoked_before_ms")
+    class RevokedBeforeMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     BLOCK_KEYS_FIELD_NUMBER: _ClassVar[int]
     MASTERS_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_BEFORE_MS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     heartbeat_interval_ms: int
     leader: bool
     block_keys: str
     masters: _containers.RepeatedScalarFieldContainer[str]
     address: str
-    def __init__(self, epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., leader: _Optional[bool] = ..., block_keys: _Optional[str] = ..., masters: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ...) -> None: ...
+    revoked_before_ms: _containers.ScalarMap[str, int]
+    def __init__(self, epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., leader: _Optional[bool] = ..., block_keys: _Optional[str] = ..., masters: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., revoked_before_ms: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("header", "info")
@@ -601,18 +610,27 @@ class WorkerCommand(_message.Message):
     def __init__(self, kind: _Optional[_Union[WorkerCommand.Kind, str]] = ..., block_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddr, _Mapping]]] = ..., task: _Optional[int] = ..., uri: _Optional[str] = ..., key: _Optional[str] = ..., upload_id: _Optional[str] = ..., part_size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockLocation, _Mapping]]] = ..., file_size: _Optional[int] = ..., block_size: _Optional[int] = ..., refuse_writes_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("epoch", "reregister", "commands", "leader", "block_keys")
+    __slots__ = ("epoch", "reregister", "commands", "leader", "block_keys", "revoked_before_ms")
+    class RevokedBeforeMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     BLOCK_KEYS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_BEFORE_MS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     reregister: bool
     commands: _containers.RepeatedCompositeFieldContainer[WorkerCommand]
     leader: bool
     block_keys: str
-    def __init__(self, epoch: _Optional[int] = ..., reregister: _Optional[bool] = ..., commands: _Optional[_Iterable[_Union[WorkerCommand, _Mapping]]] = ..., leader: _Optional[bool] = ..., block_keys: _Optional[str] = ...) -> None: ...
+    revoked_before_ms: _containers.ScalarMap[str, int]
+    def __init__(self, epoch: _Optional[int] = ..., reregister: _Optional[bool] = ..., commands: _Optional[_Iterable[_Union[WorkerCommand, _Mapping]]] = ..., leader: _Optional[bool] = ..., block_keys: _Optional[str] = ..., revoked_before_ms: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class BlockReport(_message.Message):
     __slots__ = ("header", "worker_id", "block_id", "length", "crc32c")
@@ -689,7 +707,7 @@ class ClusterStatus(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., under_replicated_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., inodes: _Optional[int] = ..., blocks: _Optional[int] = ..., default_replication: _Optional[int] = ..., default_block_size: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., damaged_files: _Optional[int] = ..., master: _Optional[_Union[MasterRole, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ..., cached_bound_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., blocks_without_target: _Optional[int] = ..., starting_left: _Optional[float] = ...) -> None: ...
 
 class Tenant(_message.Message):
-    __slots__ = ("name", "root", "quota_bytes", "quota_inodes", "used_bytes", "used_inodes", "reserved_bytes", "root_inode", "created")
+    __slots__ = ("name", "root", "quota_bytes", "quota_inodes", "used_bytes", "used_inodes", "reserved_bytes", "root_inode", "created", "revoked_before_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROOT_FIELD_NUMBER: _ClassVar[int]
     QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -699,6 +717,7 @@ class Tenant(_message.Message):
     RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ROOT_INODE_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_BEFORE_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     root: str
     quota_bytes: int
@@ -708,7 +727,8 @@ class Tenant(_message.Message):
     reserved_bytes: int
     root_inode: int
     created: float
-    def __init__(self, name: _Optional[str] = ..., root: _Optional[str] = ..., quota_bytes: _Optional[int] = ..., quota_inodes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., used_inodes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., root_inode: _Optional[int] = ..., created: _Optional[float] = ...) -> None: ...
+    revoked_before_ms: int
+    def __init__(self, name: _Optional[str] = ..., root: _Optional[str] = ..., quota_bytes: _Optional[int] = ..., quota_inodes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., used_inodes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., root_inode: _Optional[int] = ..., created: _Optional[float] = ..., revoked_before_ms: _Optional[int] = ...) -> None: ...
 
 class TenantRequest(_message.Message):
     __slots__ = ("header", "tenant", "token_ttl", "purge")

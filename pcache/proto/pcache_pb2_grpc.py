@@ -331,6 +331,11 @@ class MasterStub:
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
                 response_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
                 _registered_method=True)
+        self.RevokeTokens = channel.unary_unary(
+                '/pcache.Master/RevokeTokens',
+                request_serializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
+                response_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
+                _registered_method=True)
         self.BindPath = channel.unary_unary(
                 '/pcache.Master/BindPath',
                 request_serializer=pcache_dot_proto_dot_pcache__pb2.BindRequest.SerializeToString,
@@ -547,6 +552,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def BindPath(self, request, context):
         """under storage
         """
@@ -742,6 +753,11 @@ def add_MasterServicer_to_server(servicer, server):
             ),
             'IssueToken': grpc.unary_unary_rpc_method_handler(
                     servicer.IssueToken,
+                    request_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.FromString,
+                    response_serializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.SerializeToString,
+            ),
+            'RevokeTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeTokens,
                     request_deserializer=pcache_dot_proto_dot_pcache__pb2.TenantRequest.FromString,
                     response_serializer=pcache_dot_proto_dot_pcache__pb2.TenantResponse.SerializeToString,
             ),
@@ -1518,6 +1534,33 @@ class Master:
             request,
             target,
             '/pcache.Master/IssueToken',
+            pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
+            pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pcache.Master/RevokeTokens',
             pcache_dot_proto_dot_pcache__pb2.TenantRequest.SerializeToString,
             pcache_dot_proto_dot_pcache__pb2.TenantResponse.FromString,
             options,

@@ -22,6 +22,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -267,7 +268,7 @@ class WorkerServer:
         )
         link.epoch, link.leader = max(reply.epoch, stamped), reply.leader
         self.epoch = max(self.epoch, link.epoch)
-        self._take_block_keys(link, reply.block_keys)
+        self._take_block_keys(link, reply.block_keys, reply.revoked_before_ms)
         self.heartbeat_interval = (reply.heartbeat_interval_ms or 1000) / 1000
         self._learn_masters(link, reply)
         logger.info(
@@ -275,9 +276,11 @@ class WorkerServer:
             "leader" if reply.leader else "follower", link.address, reply.epoch, len(blocks),
         )  # fmt: skip
 
-    def _take_block_keys(self, link: MasterLink, spec: str) -> None:
+    def _take_block_keys(self, link: MasterLink, spec: str, revoked: Mapping[str, int] | None) -> None:
         """Check block tokens with the leader's key ring (any master's until one leads: the masters
-        of a cluster share one key file)."""
+        of a cluster share one key file) and its tenants' token revocations (None: not sent)."""
+        if link.leader and revoked is not None:
+            self.data.tokens.set_revoked(dict(revoked))
         if not spec or not (link.leader or self.data.tokens.ring is None):
             return
         try:
@@ -310,7 +313,8 @@ class WorkerServer:
                 link.epoch, link.leader = max(reply.epoch, stamped), reply.leader
                 if link.leader and not was_leader and len(self.links) > 1:
                     logger.info("master %s leads (epoch %d): its commands are run", link.address, link.epoch)
-                self._take_block_keys(link, reply.block_keys)
+                # a master that does not know this worker sends no revocations: keep the last ones
+                self._take_block_keys(link, reply.block_keys, None if reply.reregister else reply.revoked_before_ms)
                 if reply.reregister:
                     registered = False
                     continue

@@ -31,22 +31,29 @@ def test_a_token_says_who_and_what_and_nothing_else_verifies() -> None:
     token = mint_token(ring, "team-a", "tenant", ttl=3600, now=NOW)
     claims = verify_token(ring, token, now=NOW)
     assert (claims.tenant, claims.scope, claims.kid, claims.expiry) == ("team-a", "tenant", "k1", int(NOW + 3600))
-    assert verify_token(ring, mint_token(ring, "ops", "admin"), now=NOW).scope == "admin"
+    assert claims.issued == int(NOW * 1000)
+    admin = verify_token(ring, mint_token(ring, "ops", "admin"), now=NOW)
+    assert (admin.scope, admin.issued) == ("admin", 0)  # v1: what masters of every release read
     for bad in _flips(token):
         with pytest.raises(E.PermissionDenied):
             verify_token(ring, bad, now=NOW)
-    version, kid, tenant, scope, expiry, mac = token.split(".")
+    version, kid, tenant, scope, issued, expiry, mac = token.split(".")
+    later = str(int(issued) + 86_400_000)
     forged = [
-        ".".join((version, kid, "team-b", scope, expiry, mac)),  # another tenant, same MAC
-        ".".join((version, kid, tenant, "admin", expiry, mac)),  # escalation
-        ".".join((version, kid, tenant, scope, str(int(expiry) + 86400), mac)),  # longer life
-        ".".join((version, kid, tenant, scope, "0", mac)),  # no expiry
-        ".".join((version, "k2", tenant, scope, expiry, mac)),  # unknown key id
-        ".".join((version, kid, tenant, scope, expiry)),  # no MAC
-        ".".join((version, kid, tenant, scope, expiry, "")),
+        ".".join((version, kid, "team-b", scope, issued, expiry, mac)),  # another tenant, same MAC
+        ".".join((version, kid, tenant, "admin", issued, expiry, mac)),  # escalation
+        ".".join((version, kid, tenant, scope, issued, str(int(expiry) + 86400), mac)),  # longer life
+        ".".join((version, kid, tenant, scope, issued, "0", mac)),  # no expiry
+        ".".join((version, kid, tenant, scope, later, expiry, mac)),  # issued after a revocation
+        ".".join(("v1", kid, tenant, scope, expiry, mac)),  # no issue time to be revoked by
+        ".".join((version, "k2", tenant, scope, issued, expiry, mac)),  # unknown key id
+        ".".join((version, kid, tenant, scope, issued, expiry)),  # no MAC
+        ".".join((version, kid, tenant, scope, issued, expiry, "")),
+        ".".join((version, kid, tenant, scope, "9" * 40, expiry, mac)),
         token + ".x",
         token[:-1],
-        "", "v1", "garbage", "v2" + token[2:], "v1.k1.team-a.tenant.-5." + mac, token.replace("team-a", "team-ä"),
+        "", "v1", "v2", "garbage", "v3" + token[2:], "v2.k1.team-a.tenant.-5.0." + mac,
+        token.replace("team-a", "team-ä"),
     ]  # fmt: skip
     for bad in forged:
         with pytest.raises(E.PermissionDenied):
@@ -55,6 +62,21 @@ def test_a_token_says_who_and_what_and_nothing_else_verifies() -> None:
         verify_token(ring, token, now=NOW + 3601)
     with pytest.raises(E.PermissionDenied):  # another cluster's key with the same id
         verify_token(KeyRing.generate("k1"), token, now=NOW)
+
+
+def test_a_v2_token_is_a_tenant_token_and_a_v1_tenant_token_still_verifies() -> None:
+    """Tenant tokens minted before issue times were carried (v1) keep working until their
+    tenant's first revocation; an admin, worker or master token cannot take the v2 form."""
+    ring = KeyRing.generate("k1")
+    fields = ("v1", "k1", "team-a", "tenant", "0")
+    old = ".".join((*fields, ring.mac("k1", fields)))
+    assert verify_token(ring, old, now=NOW).issued == 0
+    fields = ("v2", "k1", "team-a", "admin", "1", "0")
+    with pytest.raises(E.PermissionDenied, match="malformed"):
+        verify_token(ring, ".".join((*fields, ring.mac("k1", fields))), now=NOW)
+    assert verify_token(ring, mint_token(ring, "team-a", now=NOW, not_before_ms=int(NOW * 1000) + 5)).issued == (
+        int(NOW * 1000) + 5
+    )
 
 
 def test_rotation_accepts_the_previous_key_and_drops_the_one_before() -> None:

@@ -132,7 +132,9 @@ def test_each_scope_reaches_only_its_own_rpcs(cluster: LocalCluster) -> None:
         "ReleaseSpace",
         "ReportPersist",
     }
-    admin_only = {"CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken", "BindPath", "UnbindPath"}
+    admin_only = {
+        "CreateTenant", "DeleteTenant", "SetQuota", "ListTenants", "IssueToken", "RevokeTokens", "BindPath", "UnbindPath",
+    }  # fmt: skip
     tenant = cluster.token
     worker = cluster.worker_token
 

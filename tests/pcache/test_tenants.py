@@ -663,3 +663,105 @@ def test_a_block_whose_write_failed_is_given_back_before_the_next_try(cluster: L
         assert pc.layout("/retried").blocks[0].block_id != failures[0]
         usage = {t.name: t for t in admin.tenants()}["tf"]
         assert (usage.used_bytes, usage.reserved_bytes) == (100_000, 0)
+
+
+def test_a_leaked_token_is_revoked_at_once_and_no_other_tenant_is_touched(
+    cluster: LocalCluster, admin: Client, two: dict[str, str], tmp_path: Path
+) -> None:
+    """A tenant's token leaked: only rotating the cluster's keys twice ended it, which cut off
+    every tenant and the workers. ``pcache tenant revoke-tokens`` refuses the tenant's tokens
+    issued until then, on an open connection too, and across a master restart; a token issued
+    afterwards works at once; a tenant cannot revoke anyone's tokens."""
+    import signal
+    import subprocess
+    import sys
+
+    from pcache.common.auth import mint_token
+    from pcache.common.credentials import ClusterKeys
+
+    admin.create_tenant("leaky")
+    leaked = admin.issue_token("leaky")
+    keys = ClusterKeys.load(str(cluster.keys_file))
+    offline = mint_token(keys.tokens, "leaky")  # `pcache keys token --tenant leaky`
+    fields = ("v1", keys.tokens.current, "leaky", "tenant", "0")  # a token of an older release: no issue time
+    old = ".".join((*fields, keys.tokens.mac(keys.tokens.current, fields)))
+    for token in (leaked, offline, old):
+        with _client(cluster, token) as pc:
+            pc.write_file("/data", b"x" * 1000)
+    with _client(cluster, two["ta"]) as tenant, pytest.raises(E.PermissionDenied, match="admin"):
+        tenant.revoke_tokens("leaky")  # a tenant may not lock another one out
+    attacker = _client(cluster, leaked)  # connected, its stream open, before the revocation
+    try:
+        assert attacker.read_file("/data") == b"x" * 1000
+        held = attacker.layout("/data").blocks[0]  # block tokens already handed out
+        assert held.token.startswith("b2.")  # a tenant without a revocation: the format every worker reads
+        env = {**os.environ, "PCACHE_ADMIN_TOKEN_FILE": str(cluster.secrets / "admin.token")}
+        env.pop("PCACHE_TOKEN", None)
+        fresh_file = tmp_path / "leaky.token"
+        cli = subprocess.run(
+            [sys.executable, "-m", "pcache", "--master", cluster.master_address, "tenant", "revoke-tokens", "leaky",
+             "--token-file", str(fresh_file)],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        assert "tokens of tenant leaky issued before" in cli.stderr and str(fresh_file) in cli.stderr
+        with pytest.raises(E.PermissionDenied, match="token revoked"):
+            attacker.stat("/data")
+        with pytest.raises(E.PermissionDenied, match="token revoked"):
+            attacker.write_file("/planted", b"y")
+
+        # the block token it holds: refused by the workers once they hear of the revocation
+        # (the masters' next heartbeat answer), on TCP and on the short-circuit socket
+        def raw_read(addr: pb.WorkerAddr, sc: bool) -> str:
+            header = pb.DataHeader(op=pb.READ_BLOCK, block_id=held.block_id, length=held.length, token=held.token)
+            if sc:
+                from pcache.common import uds
+
+                async def call() -> pb.DataHeader:
+                    import socket
+
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                        sock.setblocking(False)
+                        await asyncio.get_running_loop().sock_connect(sock, addr.uds_path)
+                        await uds.send_frame(sock, header, None, 5)
+                        return (await uds.recv_frame(sock, 5))[0]
+            else:
+                from pcache.common import framing
+
+                async def call() -> pb.DataHeader:
+                    reader, writer = await framing.open_connection(addr.host, addr.port, 5)
+                    try:
+                        await framing.write_frame(writer, header, b"", timeout=5)
+                        return (await framing.read_header(reader, 5))[0]
+                    finally:
+                        framing.close_writer(writer)
+
+            return asyncio.run(call()).message
+
+        for replica in held.replicas:
+            for sc in (False, True) if replica.uds_path else (False,):
+                wait_for(lambda: "revoked" in raw_read(replica, sc), 10, "the held block token refused")  # noqa: B023
+        # (what the client already holds stays with it, as an open fd survives a chmod: bytes read,
+        # block files the short circuit opened)
+    finally:
+        attacker.close()
+    for token in (offline, old):
+        with _client(cluster, token) as pc, pytest.raises(E.PermissionDenied, match="token revoked"):
+            pc.stat("/data")
+    fresh = fresh_file.read_text().strip()
+    right_after = admin.issue_token("leaky")  # in the same millisecond as a revocation, too
+    for token in (fresh, right_after, two["ta"], mint_token(keys.tokens, "leaky")):
+        with _client(cluster, token) as pc:
+            assert pc.stat("/data" if token != two["ta"] else "/private/secret").size
+    with _client(cluster, two["tb"]) as other:
+        assert other.read_file("/private/secret") == b"tb" * 1000  # another tenant: untouched
+    assert next(t for t in admin.tenants() if t.name == "leaky").revoked_before_ms > 0
+
+    cluster.kill(cluster.master, signal.SIGKILL)  # the revocation is metadata: it outlives the master
+    cluster.start_master()
+    cluster.wait_workers(2, timeout=30)
+    with _client(cluster, leaked) as pc, pytest.raises(E.PermissionDenied, match="token revoked"):
+        pc.stat("/data")
+    with _client(cluster, fresh) as pc:
+        assert pc.read_file("/data") == b"x" * 1000  # the workers take the new block tokens (b3)
+        assert pc.layout("/data").blocks[0].token.startswith("b3.")
