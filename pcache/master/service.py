@@ -34,7 +34,7 @@ from pcache.master import fsck
 from pcache.master.binds import check_uri
 from pcache.master.blocks import BlockManager
 from pcache.master.namespace import Namespace
-from pcache.master.tenants import ADMIN, Scope
+from pcache.master.tenants import ADMIN, Scope, Tenants
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 
@@ -154,8 +154,11 @@ class MasterServicer(pb_grpc.MasterServicer):
         )
 
     def revocations(self) -> dict[str, int]:
-        """The tenants' token revocations the workers enforce on block tokens (the leader's)."""
-        return dict(self.m.ns.tenants.revoked) if self.m.ns is not None else {}
+        """The tenants' token revocations the workers enforce on block tokens (a follower reads
+        them from its replica of the records: a worker that registers with it first, its leader
+        away, takes them with its keys)."""
+        tenants = self.m.ns.tenants if self.m.ns is not None else Tenants(self.m.store)
+        return dict(tenants.revoked)
 
     @property
     def epoch(self) -> int:

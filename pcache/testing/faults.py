@@ -85,3 +85,35 @@ def raw_sc_write(
             sock.close()
 
     return asyncio.run(run())
+
+
+def raw_read_refusal(addr: pb.WorkerAddr, location: pb.BlockLocation, *, short_circuit: bool = False) -> str:
+    """A hand-made read of ``location``'s block at worker ``addr`` with the block token it
+    carries, over TCP or the short-circuit socket, as a holder of that token outside any client
+    would make it. Returns the worker's refusal message ("" when it served the read)."""
+    from pcache.common import framing
+
+    header = pb.DataHeader(op=pb.READ_BLOCK, block_id=location.block_id, length=location.length, token=location.token)
+
+    async def run() -> str:
+        if short_circuit:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                await asyncio.get_running_loop().sock_connect(sock, addr.uds_path)
+                await uds.send_frame(sock, header, None, 5)
+                reply, fd = await uds.recv_frame(sock, 5)
+            finally:
+                sock.close()
+            if fd is not None:
+                os.close(fd)
+            return reply.message if reply.error else ""
+        reader, writer = await framing.open_connection(addr.host, addr.port, 5)
+        try:
+            await framing.write_frame(writer, header, b"", timeout=5)
+            reply, _ = await framing.read_header(reader, 5)
+        finally:
+            framing.close_writer(writer)
+        return reply.message if reply.error else ""
+
+    return asyncio.run(run())

@@ -279,7 +279,7 @@ class WorkerServer:
     def _take_block_keys(self, link: MasterLink, spec: str, revoked: Mapping[str, int] | None) -> None:
         """Check block tokens with the leader's key ring (any master's until one leads: the masters
         of a cluster share one key file) and its tenants' token revocations (None: not sent)."""
-        if link.leader and revoked is not None:
+        if revoked is not None and (link.leader or self.data.tokens.ring is None):
             self.data.tokens.set_revoked(dict(revoked))
         if not spec or not (link.leader or self.data.tokens.ring is None):
             return

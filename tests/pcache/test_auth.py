@@ -4,6 +4,7 @@ foreign credential is refused, and rotation keeps the previous key's tokens vali
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -165,6 +166,42 @@ def test_the_worker_checker_denies_until_it_has_keys_and_caches_only_verified_to
     checker.set_keys(KeyRing.generate("b2").format())  # the master's keys changed: the grant is forgotten
     with pytest.raises(E.PermissionDenied):
         checker.check(token, 7, "r")
+
+
+def test_a_revoked_tenants_block_tokens_minted_before_its_revocation_are_refused() -> None:
+    """A worker told that tenant t's tokens minted before an instant are revoked refuses t's block
+    tokens minted before it (a b2 token, which carries no issue time, among them); a b3 token
+    minted at or after it, other tenants' and the workers' own transfer tokens pass; the issue
+    time cannot be moved by its holder."""
+    from pcache.common.auth import BlockTokenChecker
+
+    ring = KeyRing.generate("b1")
+    checker = BlockTokenChecker("w-1")
+    checker.set_keys(ring.format())
+    revoked = int(time.time() * 1000)
+    old_b2 = mint_block_token(ring, 7, "r", "t", ttl=60, workers=["w-1"])
+    old_b3 = mint_block_token(ring, 7, "r", "t", ttl=60, workers=["w-1"], issued_ms=revoked - 1)
+    new_b3 = mint_block_token(ring, 7, "r", "t", ttl=60, workers=["w-1"], issued_ms=revoked)
+    other = mint_block_token(ring, 7, "r", "u", ttl=60, workers=["w-1"])
+    assert old_b3.startswith("b3.") and old_b2.startswith("b2.")
+    assert checker.check(old_b2, 7, "r").issued == 0  # cached as verified before the revocation
+    checker.set_revoked({"t": revoked})
+    for token in (old_b2, old_b3):
+        with pytest.raises(E.PermissionDenied, match="revoked"):
+            checker.check(token, 7, "r")
+    assert checker.check(new_b3, 7, "r").issued == revoked
+    assert checker.check(other, 7, "r").tenant == "u"
+    assert checker.mint(7, "r", ["w-2"]).startswith("b2.")  # re-replication: tenant "cluster"
+    version, kid, block, ops, length, tenant, workers, issued, expiry, mac = old_b3.split(".")
+    for forged in (
+        ".".join((version, kid, block, ops, length, tenant, workers, str(revoked + 10), expiry, mac)),
+        ".".join(("b2", kid, block, ops, length, tenant, workers, expiry, mac)),
+        ".".join((version, kid, block, ops, length, tenant, workers, "0" + issued, expiry, mac)),
+    ):
+        with pytest.raises(E.PermissionDenied, match="invalid|malformed"):
+            checker.check(forged, 7, "r")
+    checker.set_revoked({})  # the leader says none (not a reregistration answer: the worker keeps the last)
+    assert checker.check(old_b2, 7, "r").tenant == "t"
 
 
 def test_a_token_file_that_is_empty_or_missing_is_named_not_taken_for_no_token(tmp_path, monkeypatch) -> None:

@@ -693,3 +693,31 @@ def test_a_client_follows_the_leader_its_master_list_leaves_out(make_ha) -> None
         env={**os.environ, "PCACHE_TOKEN": cluster.admin_token}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert status.returncode == 0 and f"leader {leader.address}" in status.stdout, status.stdout + status.stderr
+
+
+def test_a_tenants_revocation_outlives_the_leader(make_ha) -> None:
+    """``pcache tenant revoke-tokens`` is replicated: after the leader's SIGKILL the new leader
+    refuses the revoked token, and the workers, told by the new leader, refuse the block tokens
+    minted before it; a token issued afterwards works."""
+    from pcache.testing.faults import raw_read_refusal
+
+    cluster = make_ha(workers=2)
+    with client_of(cluster, token=cluster.admin_token) as admin:
+        admin.create_tenant("leaky")
+        leaked = admin.issue_token("leaky")
+        with client_of(cluster, token=leaked) as pc:
+            pc.write_file("/data", b"d" * 5000)
+            held = pc.layout("/data").blocks[0]
+        admin.revoke_tokens("leaky")
+        fresh = admin.issue_token("leaky")
+        cluster.wait_in_sync()
+        leader = cluster.leader()
+        cluster.kill(leader, signal.SIGKILL)
+        assert cluster.leader() is not leader
+        with client_of(cluster, token=leaked) as pc, pytest.raises(E.PermissionDenied, match="token revoked"):
+            pc.stat("/data")
+        with client_of(cluster, token=fresh) as pc:
+            assert pc.read_file("/data") == b"d" * 5000
+    for replica in held.replicas:  # within a heartbeat or two of the new leader's
+        why = wait_for(lambda: raw_read_refusal(replica, held), 10, f"a refusal at {replica.worker_id}")  # noqa: B023
+        assert "revoked" in why, why

@@ -25,7 +25,7 @@ from pcache.common.config import ClientConfig
 from pcache.local import LocalCluster
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
-from pcache.testing.faults import wait_for
+from pcache.testing.faults import raw_read_refusal, wait_for
 
 BLOCK = 64 << 10
 
@@ -712,35 +712,10 @@ def test_a_leaked_token_is_revoked_at_once_and_no_other_tenant_is_touched(
 
         # the block token it holds: refused by the workers once they hear of the revocation
         # (the masters' next heartbeat answer), on TCP and on the short-circuit socket
-        def raw_read(addr: pb.WorkerAddr, sc: bool) -> str:
-            header = pb.DataHeader(op=pb.READ_BLOCK, block_id=held.block_id, length=held.length, token=held.token)
-            if sc:
-                from pcache.common import uds
-
-                async def call() -> pb.DataHeader:
-                    import socket
-
-                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                        sock.setblocking(False)
-                        await asyncio.get_running_loop().sock_connect(sock, addr.uds_path)
-                        await uds.send_frame(sock, header, None, 5)
-                        return (await uds.recv_frame(sock, 5))[0]
-            else:
-                from pcache.common import framing
-
-                async def call() -> pb.DataHeader:
-                    reader, writer = await framing.open_connection(addr.host, addr.port, 5)
-                    try:
-                        await framing.write_frame(writer, header, b"", timeout=5)
-                        return (await framing.read_header(reader, 5))[0]
-                    finally:
-                        framing.close_writer(writer)
-
-            return asyncio.run(call()).message
-
         for replica in held.replicas:
             for sc in (False, True) if replica.uds_path else (False,):
-                wait_for(lambda: "revoked" in raw_read(replica, sc), 10, "the held block token refused")  # noqa: B023
+                why = wait_for(lambda: raw_read_refusal(replica, held, short_circuit=sc), 10, "a refusal")  # noqa: B023
+                assert "revoked" in why, why
         # (what the client already holds stays with it, as an open fd survives a chmod: bytes read,
         # block files the short circuit opened)
     finally:
