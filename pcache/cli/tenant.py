@@ -183,9 +183,12 @@ def token(ctx: click.Context, name: str, ttl: float, token_file: str | None) -> 
 @click.option("--ttl", type=click.FloatRange(min=0), default=0, help="Seconds the new token is valid; 0: no expiry.")
 @click.pass_context
 def revoke_tokens(ctx: click.Context, name: str, token_file: str | None, ttl: float) -> None:
-    """Refuse every token of tenant NAME issued until now (a leaked one), on every master at once;
-    other tenants and the cluster keys are untouched. Block tokens its holders already got stay
-    valid until they expire (master.block_token_ttl); rotate the keys to end those too."""
+    """Refuse every token of tenant NAME issued until now (a leaked one): the masters at once,
+    the workers the block tokens its holders got from their next heartbeat (~1 s). Other
+    tenants, admin and worker tokens and the cluster keys are untouched; tokens the masters
+    issue afterwards work at once (one minted offline with `pcache keys token` only 5 minutes
+    later: the clock skew allowed). Tenant tokens of releases before issue times were carried
+    (v1.) are refused too. Upgrade the workers first: earlier ones refuse the new block tokens."""
     with admin_client(ctx) as pc:
         rec = pc.revoke_tokens(name)
         minted = pc.issue_token(name, ttl) if token_file else ""

@@ -52,6 +52,7 @@ from pcache.common.errors import InvalidArgument, PermissionDenied
 SCOPES = ("tenant", "admin", "worker", "master")
 OPS = frozenset("rwdf")  # read, write, delete, fetch from the under-store on a miss (a bound file's block)
 KEY_BYTES = 32
+MAX_CLOCK_SKEW = 300.0  # seconds a token's issue time may be ahead of the verifier's clock (Kerberos's 5 min)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")  # key ids and tenant names
 
 
@@ -213,8 +214,14 @@ def verify_token(ring: KeyRing, token: str, now: float | None = None) -> Claims:
         raise PermissionDenied("malformed token")
     if not ring.check(kid, fields, mac):
         raise PermissionDenied("invalid token (unknown key or bad signature)")
-    if int(expiry) and int(expiry) < (time.time() if now is None else now):
+    now = time.time() if now is None else now
+    if int(expiry) and int(expiry) < now:
         raise PermissionDenied("token expired")
+    if int(issued) > (now + MAX_CLOCK_SKEW) * 1000:  # it would outlive a revocation
+        raise PermissionDenied(
+            f"token issued in the future (more than {MAX_CLOCK_SKEW:.0f} s ahead of this master's clock:"
+            " the clocks of the host that minted it and of this master differ; run NTP)"
+        )
     return Claims(tenant=tenant, scope=scope, expiry=int(expiry), kid=kid, issued=int(issued))
 
 

@@ -30,7 +30,7 @@ from pcache.common.paths import PATH_MAX, normalize, parent_and_name, split_path
 from pcache.master.allocations import Allocations
 from pcache.master.binds import IMMUTABLE, MODES, Binds, check_uri, overlap
 from pcache.master.metastore import MetaStore
-from pcache.master.tenants import Tenants, add, freed_bytes
+from pcache.master.tenants import RESERVED_TENANTS, Tenants, add, freed_bytes
 from pcache.master.writeback import PersistQueue
 from pcache.proto import pcache_pb2 as pb
 
@@ -857,6 +857,10 @@ class Namespace:
                 empty, or one inside or holding another tenant's tree. InvalidPath: a malformed root.
         """
         check_name(name, "tenant")
+        if name in RESERVED_TENANTS:
+            raise E.InvalidArgument(
+                f"{name!r} is reserved: block tokens of admin-owned files and the workers' own transfers name it"
+            )
         if name in self.tenants:
             raise E.AlreadyExists(f"tenant {name!r} exists")
         reuse = self.tenants.check_reuse(name, key_ids)

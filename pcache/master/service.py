@@ -847,6 +847,9 @@ class MasterServicer(pb_grpc.MasterServicer):
         if not request.any_master:
             self.m.leading()
         self._check(request.header, "GetClusterStatus")
+        claims = _CALLER.get()
+        if claims is not None and claims.scope == "tenant" and not self.m.is_leading():
+            Tenants(self.m.store).scope(claims.tenant, claims.issued)  # a deleted or revoked tenant: not here either
         now = time.monotonic()
         status = pb.ClusterStatus(
             epoch=self.m.epoch,

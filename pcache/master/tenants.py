@@ -34,11 +34,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pcache.common import errors as E
-from pcache.common.auth import check_name
+from pcache.common.auth import MAX_CLOCK_SKEW, check_name
 from pcache.common.paths import normalize
 from pcache.master.metastore import MetaStore
 from pcache.proto import pcache_pb2 as pb
 
+RESERVED_TENANTS = frozenset({"cluster"})  # the tenant of block tokens no tenant owns (admin files, worker transfers)
 PREFIX = b"t"
 GONE = b"T"  # T<name> -> the ids of the token keys in the ring when tenant <name> was deleted
 
@@ -159,14 +160,20 @@ class Tenants:
 
     def revoke(self, name: str, now: float | None = None) -> pb.Tenant:
         """Tenant ``name``'s record with every token minted until ``now`` (seconds since the
-        epoch) revoked; store it with :meth:`put`. A revocation never moves back (a master whose
-        clock is behind the last one's keeps the later instant).
+        epoch) revoked, and those stamped up to :data:`~pcache.common.auth.MAX_CLOCK_SKEW`
+        seconds later (the masters mint its tokens at that instant from then on: they work at
+        once); store it with :meth:`put`. A revocation never moves back (a master whose clock is
+        behind the last one's keeps the later instant).
 
         Raises:
-            NotFound: no such tenant.
+            NotFound: no such tenant. InvalidArgument: a reserved name.
         """
+        if name in RESERVED_TENANTS:
+            raise E.InvalidArgument(f"{name!r} is not a tenant: its block tokens are the admin's and the workers'")
         rec = self.get(name)
-        instant = int((time.time() if now is None else now) * 1000) + 1  # a token of this very ms too
+        # ahead of this clock by the skew a token's issue time may have (auth.MAX_CLOCK_SKEW): a
+        # token minted just now by a master or host whose clock is ahead is revoked too
+        instant = int(((time.time() if now is None else now) + MAX_CLOCK_SKEW) * 1000) + 1
         rec.revoked_before_ms = max(rec.revoked_before_ms, instant)
         return rec
 

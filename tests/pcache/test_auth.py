@@ -65,6 +65,17 @@ def test_a_token_says_who_and_what_and_nothing_else_verifies() -> None:
         verify_token(KeyRing.generate("k1"), token, now=NOW)
 
 
+def test_a_token_issued_further_ahead_than_the_clock_skew_is_refused() -> None:
+    """Its issue time would put it after any revocation for as long as it is ahead."""
+    from pcache.common.auth import MAX_CLOCK_SKEW
+
+    ring = KeyRing.generate("k1")
+    near = mint_token(ring, "team-a", now=NOW + MAX_CLOCK_SKEW - 1)
+    assert verify_token(ring, near, now=NOW).issued == int((NOW + MAX_CLOCK_SKEW - 1) * 1000)
+    with pytest.raises(E.PermissionDenied, match="issued in the future"):
+        verify_token(ring, mint_token(ring, "team-a", now=NOW + MAX_CLOCK_SKEW + 1), now=NOW)
+
+
 def test_a_v2_token_is_a_tenant_token_and_a_v1_tenant_token_still_verifies() -> None:
     """Tenant tokens minted before issue times were carried (v1) keep working until their
     tenant's first revocation; an admin, worker or master token cannot take the v2 form."""
@@ -75,9 +86,8 @@ def test_a_v2_token_is_a_tenant_token_and_a_v1_tenant_token_still_verifies() -> 
     fields = ("v2", "k1", "team-a", "admin", "1", "0")
     with pytest.raises(E.PermissionDenied, match="malformed"):
         verify_token(ring, ".".join((*fields, ring.mac("k1", fields))), now=NOW)
-    assert verify_token(ring, mint_token(ring, "team-a", now=NOW, not_before_ms=int(NOW * 1000) + 5)).issued == (
-        int(NOW * 1000) + 5
-    )
+    minted = mint_token(ring, "team-a", now=NOW, not_before_ms=int(NOW * 1000) + 5)
+    assert verify_token(ring, minted, now=NOW).issued == int(NOW * 1000) + 5
 
 
 def test_rotation_accepts_the_previous_key_and_drops_the_one_before() -> None:

@@ -716,8 +716,14 @@ def test_a_tenants_revocation_outlives_the_leader(make_ha) -> None:
         assert cluster.leader() is not leader
         with client_of(cluster, token=leaked) as pc, pytest.raises(E.PermissionDenied, match="token revoked"):
             pc.stat("/data")
+        cluster.start_ha_master(index_of(cluster, leader))  # back, as the follower
+        cluster.wait_in_sync()
+        with client_of(cluster, token=leaked) as pc:
+            answers = dict(pc.master_statuses())  # a follower's own status: not for it either
+            assert len(answers) == 2 and all(isinstance(a, E.PermissionDenied) for a in answers.values()), answers
         with client_of(cluster, token=fresh) as pc:
             assert pc.read_file("/data") == b"d" * 5000
+            assert all(isinstance(a, pb.ClusterStatus) for a in dict(pc.master_statuses()).values())
     for replica in held.replicas:  # within a heartbeat or two of the new leader's
         why = wait_for(lambda: raw_read_refusal(replica, held), 10, f"a refusal at {replica.worker_id}")  # noqa: B023
         assert "revoked" in why, why

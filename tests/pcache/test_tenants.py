@@ -683,9 +683,13 @@ def test_a_leaked_token_is_revoked_at_once_and_no_other_tenant_is_touched(
     leaked = admin.issue_token("leaky")
     keys = ClusterKeys.load(str(cluster.keys_file))
     offline = mint_token(keys.tokens, "leaky")  # `pcache keys token --tenant leaky`
+    ahead = mint_token(keys.tokens, "leaky", now=time.time() + 200)  # a host whose clock is ahead
+    future = mint_token(keys.tokens, "leaky", now=time.time() + 3600)  # it would outlive revocations
+    with _client(cluster, future) as pc, pytest.raises(E.PermissionDenied, match="issued in the future"):
+        pc.stat("/")
     fields = ("v1", keys.tokens.current, "leaky", "tenant", "0")  # a token of an older release: no issue time
     old = ".".join((*fields, keys.tokens.mac(keys.tokens.current, fields)))
-    for token in (leaked, offline, old):
+    for token in (leaked, offline, old, ahead):
         with _client(cluster, token) as pc:
             pc.write_file("/data", b"x" * 1000)
     with _client(cluster, two["ta"]) as tenant, pytest.raises(E.PermissionDenied, match="admin"):
@@ -720,17 +724,24 @@ def test_a_leaked_token_is_revoked_at_once_and_no_other_tenant_is_touched(
         # block files the short circuit opened)
     finally:
         attacker.close()
-    for token in (offline, old):
+    for token in (offline, old, ahead, mint_token(keys.tokens, "leaky")):  # offline: the skew's 5 min later
         with _client(cluster, token) as pc, pytest.raises(E.PermissionDenied, match="token revoked"):
             pc.stat("/data")
     fresh = fresh_file.read_text().strip()
     right_after = admin.issue_token("leaky")  # in the same millisecond as a revocation, too
-    for token in (fresh, right_after, two["ta"], mint_token(keys.tokens, "leaky")):
+    instant = next(t for t in admin.tenants() if t.name == "leaky").revoked_before_ms  # now + the clock skew
+    assert time.time() + 299 < instant / 1000 < time.time() + 301
+    later = mint_token(keys.tokens, "leaky", now=instant / 1000)  # offline, once that instant comes
+    for token in (fresh, right_after, two["ta"], later):
         with _client(cluster, token) as pc:
             assert pc.stat("/data" if token != two["ta"] else "/private/secret").size
     with _client(cluster, two["tb"]) as other:
         assert other.read_file("/private/secret") == b"tb" * 1000  # another tenant: untouched
-    assert next(t for t in admin.tenants() if t.name == "leaky").revoked_before_ms > 0
+    # the tenant of block tokens no tenant owns (admin files, worker transfers) is no tenant's
+    with pytest.raises(E.InvalidArgument, match="reserved"):
+        admin.create_tenant("cluster")
+    with pytest.raises(E.InvalidArgument, match="not a tenant"):
+        admin.revoke_tokens("cluster")
 
     cluster.kill(cluster.master, signal.SIGKILL)  # the revocation is metadata: it outlives the master
     cluster.start_master()
