@@ -361,14 +361,28 @@ class Demo:
                 framing.close_writer(writer)
 
         tokenless = asyncio.run(raw_read())
-        self.checks["tenants are isolated, quotas enforced, blocks need tokens"] = (
+        # team-b's token leaked: its tokens are revoked (no key rotation, no other tenant touched)
+        with Client(ClientConfig(master=self.master, token=admin)) as pc:
+            pc.revoke_tokens("team-b")
+            reissued = pc.issue_token("team-b")
+        revoked = ""
+        with Client(ClientConfig(master=self.master, token=token)) as pc:
+            try:
+                pc.stat("/part-0")
+            except PermissionError as exc:
+                revoked = str(exc)
+        with Client(ClientConfig(master=self.master, token=reissued)) as pc:
+            reissued_ok = pc.read_file("/part-0") == b"b" * (1 << 20)
+        self.checks["tenants are isolated, quotas enforced, blocks need tokens, leaked tokens revoked"] = (
             sees == [] and stopped == errno.EDQUOT and len(kept) == 4 and intact and used == 4 << 20
-            and tokenless == "PermissionDenied"
+            and tokenless == "PermissionDenied" and "token revoked" in revoked and reissued_ok
         )  # fmt: skip
         log(f"      tenant team-b (quota 4 MiB) sees {sees or 'an empty root'} at /, wrote {len(kept)} MiB and got "
             f"{errno.errorcode.get(stopped, stopped)} at the quota, its files intact; a block read without a block "
-            f"token: {tokenless or 'SERVED'}")  # fmt: skip
-        self.result["tenants"] = {"kept_mib": len(kept), "stopped_errno": stopped, "tokenless_read": tokenless}
+            f"token: {tokenless or 'SERVED'}; after `pcache tenant revoke-tokens team-b` its old token is "
+            f"{'refused' if revoked else 'STILL ACCEPTED'}, a new one {'works' if reissued_ok else 'FAILS'}")  # fmt: skip
+        self.result["tenants"] = {"kept_mib": len(kept), "stopped_errno": stopped, "tokenless_read": tokenless,
+                                  "revoked_token_refused": bool(revoked)}  # fmt: skip
 
     def integrity_drill(self) -> None:
         """A byte flipped in one replica of a shard on a worker's disk: a same-host reader (the SDK,

@@ -66,7 +66,9 @@ def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_
     # 3: a byte flipped on a worker's disk was caught, never served, and repaired from the good replica
     assert s["integrity"]["served_right"] and s["integrity"]["repaired"]
     # 3: a second tenant stops at its quota with EDQUOT; a block read without a token is refused
-    assert s["tenants"] == {"kept_mib": 4, "stopped_errno": 122, "tokenless_read": "PermissionDenied"}
+    assert s["tenants"] == {
+        "kept_mib": 4, "stopped_errno": 122, "tokenless_read": "PermissionDenied", "revoked_token_refused": True,
+    }  # fmt: skip
     # 4-5: trained to the end through one SIGKILL and one recovery from a checkpoint before the kill
     tr = s["training"]
     assert tr["steps"] == steps and tr["restarts"] == 1 and tr["events"][-1] == "finished"
