@@ -192,7 +192,7 @@ class PCacheClient:
         self.client_id = f"{default_node_id()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.node_id = cfg.node_id or default_node_id()
         self.master = MasterClient(cfg, self.client_id)
-        self.data = DataClient(cfg)
+        self.data = DataClient(cfg, self.master.tls)
         self._stream_off_until = 0.0  # monotonic: no block streaming before (the last went to another host)
         self.data.health.on_suspect = self._follow_verdicts_soon
         self.read_budget = ReadBudget(cfg.read_budget)

@@ -34,7 +34,7 @@ from pcache.common.errors import (
     Timeout,
     Unavailable,
 )
-from pcache.common.tls import load_optional
+from pcache.common.tls import TLSConfig, load_optional
 from pcache.proto import pcache_pb2 as pb
 
 T = TypeVar("T")
@@ -276,7 +276,10 @@ class WorkerHealth:
 class DataClient:
     """Reads and writes blocks on workers."""
 
-    def __init__(self, cfg: ClientConfig) -> None:
+    def __init__(self, cfg: ClientConfig, tls_config: TLSConfig | None = None) -> None:
+        """``tls_config``: the client's TLS files, shared with its master client (which reads them
+        again when the masters refuse them: the workers get the renewed certificate too); read
+        here from ``cfg`` when not given."""
         self.cfg = cfg
         if cfg.tune_malloc:
             memory.tune_malloc()
@@ -293,7 +296,7 @@ class DataClient:
         self._receivers = ThreadPoolExecutor(RECEIVER_THREADS, thread_name_prefix="pcache-recv")
         self._pings: dict[tuple[str, int], asyncio.Task] = {}  # the PING under way to each worker
         self._failed_fetches: OrderedDict[int, tuple[float, PCacheError]] = OrderedDict()  # block -> (when, why)
-        tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
+        tls = tls_config or load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
         self.tls = tls.client_context() if tls else None
 
     # -------------------------------------------------------------- pool --

@@ -76,11 +76,12 @@ class MasterClient:
         self.client_id = client_id
         self.epoch = 0
         self.current = 0  # index of the master that answered last
-        tls = self._tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
+        tls = self.tls = load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
         # several masters: this client fails over itself, without gRPC's retries on a dead one
         options = channel_options(retries=len(self.addresses) == 1)
         self.channels = [tls_channel(a, tls, options) for a in self.addresses]
         self.stubs = [pb_grpc.MasterStub(c) for c in self.channels]
+        self._closing: list[asyncio.Task] = []  # channels replaced by a redial, closing
         self._request_ids = itertools.count(1)
         self._inflight = 0  # Stat/Create/Batch calls on the wire
         self._slots: asyncio.Semaphore | None = None  # MAX_CALLS_IN_FLIGHT (made on the client's loop)
@@ -110,7 +111,7 @@ class MasterClient:
             "master %s named the leader %s, which the client's master list leaves out: following it"
             " (give every master: --master A,B)", self.addresses[0], leader,
         )  # fmt: skip
-        channel = tls_channel(leader, self._tls, channel_options(retries=False))
+        channel = tls_channel(leader, self.tls, channel_options(retries=False))
         self.addresses.append(leader)
         self.channels.append(channel)
         self.stubs.append(pb_grpc.MasterStub(channel))
@@ -139,6 +140,35 @@ class MasterClient:
             if not self._reload_token():
                 raise
             return await self._routed(name, request)  # refused, so not applied: once more, with the new one
+        except E.PCacheError as exc:
+            if not (exc.setup_refused and self._redial()):
+                raise
+            return await self._routed(name, request)  # no connection was set up: nothing reached a master
+
+    def _redial(self) -> bool:
+        """After the masters refused this client's TLS as the connection was set up: read its
+        TLS directory again and, when it changed (a renewed certificate, a new CA bundle), dial
+        every master again with it (the data plane's context takes it too). True when it did:
+        a mount outlived its certificate and stayed refused until remounted."""
+        if self.tls is None:
+            return False
+        try:
+            if not self.tls.reload():
+                return False
+        except E.InvalidArgument as exc:
+            logger.warning("%s", exc)
+            return False
+        logger.info(
+            "the masters refused the client's TLS, and %s holds other files now: dialling again", self.tls.directory
+        )
+        old = self.channels
+        options = channel_options(retries=len(self.addresses) == 1)
+        self.channels = [tls_channel(a, self.tls, options) for a in self.addresses]
+        self.stubs = [pb_grpc.MasterStub(c) for c in self.channels]
+        for index in list(self._streams):  # opened on the old channels
+            self._drop_stream(index)
+        self._closing.extend(asyncio.ensure_future(c.close(grace=STREAM_CLOSE_WAIT)) for c in old)
+        return True
 
     def _reload_token(self) -> bool:
         """Find the token again after a refusal, when the config named none (it came from
@@ -289,6 +319,8 @@ class MasterClient:
             self._watchdog = None
         for channel in self.channels:
             await channel.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def stat(self, path: str) -> pb.Inode:
         request = pb.PathRequest(header=self.header(), path=path)

@@ -9,34 +9,70 @@ CA, or in plaintext, fails its handshake.
 
 :func:`make_local_tls` makes a throw-away CA and one certificate for ``pcache up --tls`` with the
 ``cryptography`` package (ECDSA P-256, the SANs ``localhost``, ``127.0.0.1`` and this host's name).
+
+Rotation without a restart: a server's :meth:`TLSConfig.reload` (masters and workers call it
+every :data:`RECHECK` seconds; cert-manager and Kubernetes Secret volumes replace the files in
+place) reads a changed directory again, checks that the new key matches the new certificate,
+and then serves it: gRPC servers through ``grpc.dynamic_ssl_server_credentials`` (asked at each
+handshake), ``ssl`` contexts it made by loading the new chain into them. Connections already up
+keep their session. A pair that does not load (half copied, a key of another certificate) keeps
+the one in use, logged. A CA is added to the trusted ones, never dropped (a CA rotation trusts
+both until the processes restart).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
 import ipaddress
+import logging
 import os
 import socket
 import ssl
-from dataclasses import dataclass
+import tempfile
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from pcache.common.credentials import check_private_path
 from pcache.common.errors import InvalidArgument
 
+logger = logging.getLogger(__name__)
+
 CA, CERT, KEY = "ca.pem", "cert.pem", "key.pem"
+RECHECK = 5.0  # seconds between a server's looks at its TLS directory
+OLD_CHANNEL_GRACE = 300.0  # seconds a channel replaced after a reload lives on for the calls under way
 
 
-@dataclass(frozen=True)
+def _stamp(directory: str) -> tuple:
+    """What changes when a file of ``directory`` is replaced (a Secret volume swaps a symlink)."""
+    out: list[tuple[int, int, int] | None] = []
+    for name in (CA, CERT, KEY):
+        try:
+            st = os.stat(Path(directory) / name)
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+@dataclass(eq=False)
 class TLSConfig:
-    """The PEM files of one process, read once (``load``)."""
+    """The PEM files of one process (``load``), read again by :meth:`reload` when they change."""
 
     ca: bytes
     cert: bytes = b""
     key: bytes = b""
     directory: str = ""
+    generation: int = 0  # bumped at every reload that took new files
+    stamp: tuple = ()
+    _contexts: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
+    _failed: tuple = field(default=(), repr=False)  # the files whose reload failed last (logged once)
 
     @classmethod
     def load(cls, directory: str, *, need_cert: bool) -> TLSConfig:
@@ -55,9 +91,10 @@ class TLSConfig:
             except OSError as exc:
                 raise InvalidArgument(f"TLS directory {directory}: cannot read {name}: {exc.strerror}") from exc
 
+        stamp = _stamp(directory)
         ca = read(CA)
         if not need_cert and not (root / CERT).exists():
-            return cls(ca=ca, directory=directory)
+            return cls(ca=ca, directory=directory, stamp=stamp)
         if not (root / CERT).exists():
             raise InvalidArgument(f"TLS directory {directory} has no {CERT} (and {KEY}): a server presents one")
         try:
@@ -65,18 +102,72 @@ class TLSConfig:
                 raise InvalidArgument(f"TLS key {root / KEY} is readable by any user: chmod 600 it")
         except FileNotFoundError as exc:
             raise InvalidArgument(f"TLS directory {directory} has {CERT} but no {KEY}") from exc
-        return cls(ca=ca, cert=read(CERT), key=read(KEY), directory=directory)
+        return cls(ca=ca, cert=read(CERT), key=read(KEY), directory=directory, stamp=stamp)
+
+    def reload(self) -> bool:
+        """Read the directory again if a file changed since it was read, and serve the new files
+        from now on (see the module docstring). Returns whether it took new files.
+
+        Raises:
+            InvalidArgument: the new files cannot be read or do not load (a key that does not
+                match the certificate); the ones in use stay.
+        """
+        stamp = _stamp(self.directory)
+        if stamp == self.stamp:
+            return False
+        new = TLSConfig.load(self.directory, need_cert=bool(self.cert))
+        try:
+            with _pem_files(new) as (cert, key):
+                probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if new.cert else ssl.PROTOCOL_TLS_CLIENT)
+                probe.load_verify_locations(cadata=new.ca.decode())
+                if new.cert:
+                    probe.load_cert_chain(cert, key)
+        except (ssl.SSLError, ValueError) as exc:
+            raise InvalidArgument(f"TLS directory {self.directory}: the new files do not load: {exc}") from exc
+        self.ca, self.cert, self.key, self.stamp = new.ca, new.cert, new.key, new.stamp
+        with _pem_files(self) as (cert, key):
+            for ctx in list(self._contexts):
+                ctx.load_verify_locations(cadata=self.ca.decode())
+                if self.cert:
+                    ctx.load_cert_chain(cert, key)
+        self.generation += 1
+        return True
+
+    def reload_logged(self) -> bool:
+        """:meth:`reload`, an error logged (once per change of the files) instead of raised."""
+        try:
+            changed = self.reload()
+        except InvalidArgument as exc:
+            stamp = _stamp(self.directory)
+            if stamp != self._failed:
+                self._failed = stamp
+                logger.error("%s; keeping the certificate in use", exc)
+            return False
+        if changed:
+            logger.info("TLS directory %s changed: its certificate is served from now on", self.directory)
+        return changed
 
     # ---------------------------------------------------------------- gRPC --
 
     def grpc_server(self, *, client_auth: bool) -> grpc.ServerCredentials:
-        """Server credentials presenting this certificate; with ``client_auth`` a peer without a
-        certificate of the CA is refused in the handshake."""
+        """Server credentials presenting this certificate, the one :meth:`reload` took last at
+        each new handshake; with ``client_auth`` a peer without a certificate of the CA is refused
+        in the handshake."""
         if not self.cert:
             raise InvalidArgument(f"TLS directory {self.directory}: a server needs {CERT} and {KEY}")
-        return grpc.ssl_server_credentials(
-            [(self.key, self.cert)], root_certificates=self.ca, require_client_auth=client_auth
-        )
+
+        def config() -> grpc.ServerCertificateConfiguration:
+            return grpc.ssl_server_certificate_configuration([(self.key, self.cert)], root_certificates=self.ca)
+
+        served = [self.generation]
+
+        def fetch() -> grpc.ServerCertificateConfiguration | None:  # called by gRPC at each handshake
+            if served[0] == self.generation:
+                return None
+            served[0] = self.generation
+            return config()
+
+        return grpc.dynamic_ssl_server_credentials(config(), fetch, require_client_authentication=client_auth)
 
     def grpc_channel(self) -> grpc.ChannelCredentials:
         """Channel credentials trusting only the CA (and presenting this certificate if any)."""
@@ -95,6 +186,7 @@ class TLSConfig:
         self._load_chain(ctx)
         ctx.load_verify_locations(cadata=self.ca.decode())
         ctx.verify_mode = ssl.CERT_REQUIRED if client_auth else ssl.CERT_NONE
+        self._contexts.add(ctx)
         return ctx
 
     def client_context(self) -> ssl.SSLContext:
@@ -105,11 +197,25 @@ class TLSConfig:
         ctx.load_verify_locations(cadata=self.ca.decode())
         if self.cert:
             self._load_chain(ctx)
+        self._contexts.add(ctx)
         return ctx
 
     def _load_chain(self, ctx: ssl.SSLContext) -> None:
-        root = Path(self.directory)
-        ctx.load_cert_chain(str(root / CERT), str(root / KEY))
+        with _pem_files(self) as (cert, key):
+            ctx.load_cert_chain(cert, key)
+
+
+@contextlib.contextmanager
+def _pem_files(tls: TLSConfig) -> Iterator[tuple[str, str]]:
+    """The certificate and key ``tls`` holds, as files in a private temporary directory (``ssl``
+    loads a chain only from files: the ones read, not what the directory holds a moment later)."""
+    with tempfile.TemporaryDirectory(prefix="pcache-tls-") as tmp:  # 0700
+        root = Path(tmp)
+        fd = os.open(root / KEY, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(tls.key)
+        (root / CERT).write_bytes(tls.cert)
+        yield str(root / CERT), str(root / KEY)
 
 
 def channel(address: str, tls: TLSConfig | None, options: list) -> grpc.aio.Channel:
@@ -117,6 +223,12 @@ def channel(address: str, tls: TLSConfig | None, options: list) -> grpc.aio.Chan
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options)
     return grpc.aio.secure_channel(address, tls.grpc_channel(), options=options)
+
+
+async def close_later(channel: grpc.aio.Channel, delay: float = OLD_CHANNEL_GRACE) -> None:
+    """Close a channel replaced after a reload once the calls under way on it had ``delay`` seconds."""
+    await asyncio.sleep(delay)
+    await channel.close()
 
 
 def load_optional(directory: str, *, need_cert: bool) -> TLSConfig | None:
@@ -130,19 +242,36 @@ def make_local_tls(directory: str | Path, *, days: int = 30, extra_hosts: tuple[
 
     A second call keeps what is there (the cluster's processes keep trusting it).
     """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
     root = Path(directory)
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(root, 0o700)
     if all((root / name).exists() for name in (CA, CERT, KEY)):
         return root
+    ca = make_ca(days=days)
+    write_tls_dir(root, ca.cert_pem, *issue_certificate(ca, ("localhost", "127.0.0.1", socket.gethostname(),
+                                                             *extra_hosts), days=days))  # fmt: skip
+    return root
+
+
+@dataclass(frozen=True)
+class LocalCA:
+    """A CA made by :func:`make_ca`: its PEM certificate and its key (an ``ec`` private key)."""
+
+    cert_pem: bytes
+    key: Any  # cryptography's EllipticCurvePrivateKey
+    name: Any  # its x509.Name
+
+
+def make_ca(*, days: int = 30, common_name: str = "pcache local CA") -> LocalCA:
+    """A new self-signed CA (ECDSA P-256) valid ``days`` days."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pcache local CA")])
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     ca = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
@@ -168,9 +297,21 @@ def make_local_tls(directory: str | Path, *, days: int = 30, extra_hosts: tuple[
         )  # fmt: skip
         .sign(ca_key, hashes.SHA256())
     )
+    return LocalCA(ca.public_bytes(serialization.Encoding.PEM), ca_key, ca_name)
+
+
+def issue_certificate(ca: LocalCA, hosts: tuple[str, ...], *, days: int = 30) -> tuple[bytes, bytes]:
+    """A certificate for server and client use naming ``hosts`` (DNS names or IP addresses) in its
+    SANs, signed by ``ca``: (certificate PEM, key PEM)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    for host in (socket.gethostname(), *extra_hosts):
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys(hosts):
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
@@ -178,7 +319,7 @@ def make_local_tls(directory: str | Path, *, days: int = 30, extra_hosts: tuple[
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pcache")]))
-        .issuer_name(ca_name)
+        .issuer_name(ca.name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -188,13 +329,22 @@ def make_local_tls(directory: str | Path, *, days: int = 30, extra_hosts: tuple[
         .add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
         )
-        .sign(ca_key, hashes.SHA256())
+        .sign(ca.key, hashes.SHA256())
     )
     pem = serialization.Encoding.PEM
-    private = serialization.PrivateFormat.PKCS8
+    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return cert.public_bytes(pem), key_pem
+
+
+def write_tls_dir(directory: str | Path, ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> None:
+    """Write a TLS directory's three files, each replaced whole (a rename: a process reading it
+    meanwhile sees the old file or the new one), the key 0600."""
     from pcache.common.credentials import write_secret
 
-    (root / CA).write_bytes(ca.public_bytes(pem))
-    (root / CERT).write_bytes(cert.public_bytes(pem))
-    write_secret(root / KEY, key.private_bytes(pem, private, serialization.NoEncryption()).decode())
-    return root
+    root = Path(directory)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name, data in ((CA, ca_pem), (CERT, cert_pem)):
+        tmp = root / f".{name}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, root / name)
+    write_secret(root / KEY, key_pem.decode())

@@ -46,7 +46,7 @@ from pcache.common import errors as E
 from pcache.common.auth import Guard, bearer
 from pcache.common.metrics import MASTER_APPLIED_INDEX, MASTER_FOLLOWER_LAG, MASTER_REPL_BATCH
 from pcache.common.rpc import call_stamped, channel_options, rpc_method, rpc_stream_method, translate_stamped
-from pcache.common.tls import TLSConfig
+from pcache.common.tls import TLSConfig, close_later
 from pcache.common.tls import channel as tls_channel
 from pcache.master import logstream
 from pcache.master.logstream import LeaderStream
@@ -606,6 +606,18 @@ class LogShipper:
         for member in [m for m in self.followers if m not in members]:
             if self.followers[member].task is not None:
                 self._drop(self.followers[member])
+
+    def redial(self) -> None:
+        """Give each follower a new channel, made with the TLS files read last (a renewed
+        certificate or CA bundle: gRPC channel credentials are fixed). Calls under way end on
+        the old one, closed :data:`OLD_CHANNEL_GRACE` seconds later (a checkpoint's transfer)."""
+        for follower in self.followers.values():
+            if follower.channel is None:
+                continue
+            old = follower.channel
+            follower.channel = tls_channel(follower.address, self.tls, channel_options())
+            follower.stub = pb_grpc.ReplicationStub(follower.channel)
+            asyncio.ensure_future(close_later(old))
 
     def _stop(self, follower: Follower) -> None:
         if follower.task is not None:

@@ -508,6 +508,8 @@ class MasterServer:
     def upkeep_once(self) -> None:
         """One pass of liveness, orphan and replication upkeep (liveness only on a follower)."""
         self.reload_keys()
+        if self.tls is not None and self.tls.reload_logged() and self.shipper is not None:
+            self.shipper.redial()  # a renewed certificate: served from the next handshake on, and dialled with
         self._switch_block_signer()
         expired_workers = self.registry.expire()
         MASTER_WORKERS.set(len(self.registry.alive()))

@@ -50,8 +50,9 @@ from pcache.common.layout import HOLE
 from pcache.common.metrics import LOST_BLOCKS, serve_metrics
 from pcache.common.process import lock_data_dir, wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import MAX_BATCH, call, call_stamped, channel_options
+from pcache.common.tls import RECHECK as TLS_RECHECK
 from pcache.common.tls import channel as tls_channel
-from pcache.common.tls import load_optional
+from pcache.common.tls import close_later, load_optional
 from pcache.proto import pcache_pb2 as pb
 from pcache.proto import pcache_pb2_grpc as pb_grpc
 from pcache.worker.blockstore import DiskBlockStore
@@ -175,6 +176,8 @@ class WorkerServer:
         for address in self.masters:
             self._link(address)
         self._spawn(self.heartbeat_loop())
+        if self.tls is not None:
+            self._spawn(self._watch_tls())
         self._spawn(self.checker.run_presence_checks())
         if self.cfg.scrub_bytes_per_s > 0:
             self._spawn(self.checker.run_scrub())
@@ -229,6 +232,20 @@ class WorkerServer:
             mem_tier_hit_ratio=self.tier.hit_ratio,
             metrics_addr=self.metrics_addr,
         )
+
+    async def _watch_tls(self) -> None:
+        """Take a renewed certificate (or CA bundle) from the TLS directory: served from the next
+        handshake on, and the links to the masters dial again with it (gRPC channel credentials
+        are fixed; the old channels close once their calls had time to end)."""
+        assert self.tls is not None
+        while True:
+            await asyncio.sleep(TLS_RECHECK)
+            if not self.tls.reload_logged():
+                continue
+            for link in self.links:
+                old, link.channel = link.channel, tls_channel(link.address, self.tls, channel_options())
+                link.stub = pb_grpc.MasterStub(link.channel)
+                self._spawn(close_later(old))
 
     def _link(self, address: str) -> MasterLink:
         channel = tls_channel(address, self.tls, channel_options())

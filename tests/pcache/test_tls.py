@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from pcache.common.config import ClientConfig
 from pcache.common.tls import TLSConfig, make_local_tls
 from pcache.local import LocalCluster
 from pcache.proto import pcache_pb2 as pb
+from pcache.testing.faults import wait_for
 from tests.conftest import REQUIRES_ETCD
 
 
@@ -193,3 +195,113 @@ def test_a_recorded_tls_directory_that_is_gone_is_not_used(tmp_path: Path, monke
     assert find_tls_dir("127.0.0.1:3") == ""  # plaintext, as if never recorded
     forget_tls("127.0.0.1:1,127.0.0.1:2", str(live))
     assert find_tls_dir("127.0.0.1:1") == ""
+
+
+def _served_serial(host: str, port: int, client_dir: Path, alpn: list[str] | None = None) -> int:
+    """The serial number of the certificate a TLS server presents now (a new handshake)."""
+    import socket
+    import ssl
+
+    from cryptography import x509
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(str(client_dir / "ca.pem"))
+    ctx.load_cert_chain(str(client_dir / "cert.pem"), str(client_dir / "key.pem"))
+    if alpn:
+        ctx.set_alpn_protocols(alpn)
+    with socket.create_connection((host, port), timeout=5) as raw, ctx.wrap_socket(raw, server_hostname=host) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> None:
+    """Certificates are renewed in place (cert-manager, a Secret volume, an operator's copy): a
+    master and its workers kept serving the old one until restarted, so when it expired every new
+    connection failed. They read the directory again and serve the new one from the next
+    handshake; the workers' links to the master dial again with it; a key that does not match
+    its certificate (a half-done copy) keeps the old pair in use."""
+    from cryptography import x509
+
+    from pcache.common.tls import RECHECK, issue_certificate, make_ca, write_tls_dir
+
+    ca = make_ca()
+    hosts = ("localhost", "127.0.0.1")
+    first = issue_certificate(ca, hosts)
+    root = tmp_path / "renew"
+    write_tls_dir(root / "tls", ca.cert_pem, *first)  # the cluster's TLS directory, made before it starts
+    client_dir = tmp_path / "client"  # a client's copy: the same CA, a certificate of its own
+    write_tls_dir(client_dir, ca.cert_pem, *issue_certificate(ca, hosts))
+    with LocalCluster(str(root), workers=2, tls=True) as cluster:
+        with Client(_cfg(cluster, str(client_dir))) as pc:
+            pc.write_file("/before", b"b" * 300_000, replication=2)
+            workers = [w.info.addr for w in pc.status().workers]
+        master_host, master_port = cluster.master_address.rsplit(":", 1)
+        servers = [(master_host, int(master_port), ["h2"]), *((w.host, w.port, None) for w in workers)]
+        serial = x509.load_pem_x509_certificate(first[0]).serial_number
+        assert {_served_serial(h, p, client_dir, a) for h, p, a in servers} == {serial}
+
+        half = issue_certificate(ca, hosts)  # a copy caught halfway: the new certificate, the old key
+        (root / "tls" / "cert.pem").write_bytes(half[0])
+        time.sleep(RECHECK + 1.5)
+        assert {_served_serial(h, p, client_dir, a) for h, p, a in servers} == {serial}
+        assert "the new files do not load" in (root / "logs" / "master.log").read_text()
+
+        renewed = issue_certificate(ca, hosts)
+        write_tls_dir(root / "tls", ca.cert_pem, *renewed)
+        new_serial = x509.load_pem_x509_certificate(renewed[0]).serial_number
+        for host, port, alpn in servers:
+            wait_for(lambda: _served_serial(host, port, client_dir, alpn) == new_serial, RECHECK * 3,  # noqa: B023
+                     f"the renewed certificate at {host}:{port}")  # fmt: skip
+        time.sleep(4)  # heartbeats on the workers' new links, past master.dead_after
+        with Client(_cfg(cluster, str(client_dir), short_circuit=False)) as pc:
+            assert pc.read_file("/before") == b"b" * 300_000
+            pc.write_file("/after", b"a" * 300_000, replication=2)  # the pipeline's hop: a new handshake too
+            assert pc.read_file("/after") == b"a" * 300_000
+            assert sum(w.alive for w in pc.status().workers) == 2
+        for n in range(2):
+            assert "its certificate is served from now on" in (root / "logs" / f"worker-{n}.log").read_text()
+
+
+def _running(cluster: LocalCluster, tls_dir: Path) -> ClientConfig:
+    """A long-running client's config (its usual failover, not :func:`_cfg`'s fail-fast one)."""
+    return ClientConfig(master=cluster.master_address, token=cluster.token, tls_dir=str(tls_dir), short_circuit=False)
+
+
+def test_a_ca_rotation_reaches_servers_and_a_running_client_without_restarts(tmp_path: Path) -> None:
+    """A CA rotation as it is done: every trust bundle gets the new CA, then the servers switch to
+    certificates of the new CA. A client that was running kept the CA it had read at start and
+    was refused by every master at its next connection, until restarted; it now reads its TLS
+    directory again when the masters refuse it, and dials again."""
+    from cryptography import x509
+
+    from pcache.common.tls import RECHECK, issue_certificate, make_ca, write_tls_dir
+
+    hosts = ("localhost", "127.0.0.1")
+    old_ca, new_ca = make_ca(common_name="old CA"), make_ca(common_name="new CA")
+    root = tmp_path / "rotate"
+    write_tls_dir(root / "tls", old_ca.cert_pem, *issue_certificate(old_ca, hosts))
+    client_dir = tmp_path / "client"
+    client_pair = issue_certificate(old_ca, hosts)
+    write_tls_dir(client_dir, old_ca.cert_pem, *client_pair)
+    with LocalCluster(str(root), workers=2, tls=True) as cluster, Client(_running(cluster, client_dir)) as pc:
+        pc.write_file("/before", b"b" * 300_000, replication=2)
+        workers = [w.info.addr for w in pc.status().workers]
+        bundle = old_ca.cert_pem + new_ca.cert_pem
+        served = issue_certificate(new_ca, hosts)
+        write_tls_dir(client_dir, bundle, *client_pair)  # the client's bundle first ...
+        write_tls_dir(root / "tls", bundle, *served)  # ... then the servers' new certificate
+        serial = x509.load_pem_x509_certificate(served[0]).serial_number
+        master_host, master_port = cluster.master_address.rsplit(":", 1)
+        for host, port, alpn in [
+            (master_host, int(master_port), ["h2"]),
+            *((w.host, w.port, None) for w in workers),
+        ]:
+            wait_for(lambda: _served_serial(host, port, client_dir, alpn) == serial, RECHECK * 3,  # noqa: B023
+                     f"the new CA's certificate at {host}:{port}")  # fmt: skip
+        cluster.kill(cluster.master, signal.SIGKILL)  # the client's connection goes: a new handshake
+        cluster.start_master()
+        cluster.wait_workers(2, timeout=30)
+        assert pc.read_file("/before") == b"b" * 300_000
+        pc.write_file("/after", b"a" * 300_000, replication=2)
+        assert pc.read_file("/after") == b"a" * 300_000
