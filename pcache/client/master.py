@@ -228,6 +228,9 @@ class MasterClient:
                 if time.monotonic() + delay > deadline:
                     raise
                 if exc.setup_refused:  # a TLS mismatch: every master refusing twice is no failover
+                    if self._redial():  # ... unless its TLS files changed: a renewal, a CA rotation
+                        refused.clear()
+                        continue
                     refused[index] += 1
                     if len(refused) == len(self.addresses) and min(refused.values()) >= SETUP_REFUSALS:
                         raise

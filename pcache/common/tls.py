@@ -110,12 +110,16 @@ class TLSConfig:
 
         Raises:
             InvalidArgument: the new files cannot be read or do not load (a key that does not
-                match the certificate); the ones in use stay.
+                match the certificate), or the certificate is not valid now or not signed by a
+                CA of the new ``ca.pem`` (a wrong or stale copy would cut every peer off); the
+                ones in use stay.
         """
         stamp = _stamp(self.directory)
         if stamp == self.stamp:
             return False
         new = TLSConfig.load(self.directory, need_cert=bool(self.cert))
+        if new.cert:
+            _check_chain(self.directory, new.ca, new.cert)
         try:
             with _pem_files(new) as (cert, key):
                 probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if new.cert else ssl.PROTOCOL_TLS_CLIENT)
@@ -203,6 +207,45 @@ class TLSConfig:
     def _load_chain(self, ctx: ssl.SSLContext) -> None:
         with _pem_files(self) as (cert, key):
             ctx.load_cert_chain(cert, key)
+
+
+def _check_chain(directory: str, ca_pem: bytes, cert_pem: bytes) -> None:
+    """Check that the first certificate of ``cert_pem`` is valid now and chains (through the
+    others there) to a CA of ``ca_pem``.
+
+    Raises:
+        InvalidArgument: it does not, or a file does not parse.
+    """
+    from cryptography import x509
+
+    try:
+        cas = x509.load_pem_x509_certificates(ca_pem)
+        chain = x509.load_pem_x509_certificates(cert_pem)
+    except ValueError as exc:
+        raise InvalidArgument(f"TLS directory {directory}: the new files do not parse: {exc}") from exc
+    leaf, now = chain[0], datetime.datetime.now(datetime.UTC)
+    if not leaf.not_valid_before_utc <= now <= leaf.not_valid_after_utc:
+        raise InvalidArgument(
+            f"TLS directory {directory}: the new {CERT} is not valid now"
+            f" (from {leaf.not_valid_before_utc:%Y-%m-%d %H:%M} to {leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC)"
+        )
+
+    def signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+        try:
+            cert.verify_directly_issued_by(issuer)
+        except Exception:  # noqa: BLE001 (another issuer, a bad signature, another key type: not this one)
+            return False
+        return True
+
+    current, intermediates = leaf, chain[1:]
+    for _ in range(len(chain)):
+        if any(signed_by(current, ca) for ca in cas):
+            return
+        step = next((c for c in intermediates if signed_by(current, c)), None)
+        if step is None:
+            break
+        current = step
+    raise InvalidArgument(f"TLS directory {directory}: the new {CERT} is not signed by a CA of its {CA}")
 
 
 @contextlib.contextmanager

@@ -581,10 +581,16 @@ class WorkerServer:
             with contextlib.suppress(NotFound, CorruptBlock):
                 data, _ = await self.data.read_range(loc.block_id, 0, loc.length)
         if data is None:
-            if self._peers is None:
-                self._peers = DataClient(ClientConfig(
-                    master=self.masters[0], tls_dir=self.cfg.tls_dir, io_timeout=self.cfg.io_timeout, short_circuit=False
-                ))  # fmt: skip
+            if self._peers is None:  # with the worker's own TLS files: renewed with them
+                self._peers = DataClient(
+                    ClientConfig(
+                        master=self.masters[0],
+                        tls_dir=self.cfg.tls_dir,
+                        io_timeout=self.cfg.io_timeout,
+                        short_circuit=False,
+                    ),
+                    self.tls,
+                )
             errors = []
             for addr in loc.replicas:
                 if addr.worker_id == self.worker_id:

@@ -727,3 +727,41 @@ def test_a_tenants_revocation_outlives_the_leader(make_ha) -> None:
     for replica in held.replicas:  # within a heartbeat or two of the new leader's
         why = wait_for(lambda: raw_read_refusal(replica, held), 10, f"a refusal at {replica.worker_id}")  # noqa: B023
         assert "revoked" in why, why
+
+
+def test_a_running_client_follows_a_failover_after_a_ca_rotation(make_ha, tmp_path: Path) -> None:
+    """The CA of an HA pair rotated (the guide's order: bundles first, then the servers'
+    certificates); then the leader died. The running client's connection to it had never needed a
+    new handshake, and at the follower it was refused in one (it still trusted only the old CA),
+    and it never read its TLS directory again: every call failed until its failover timeout. It
+    reads it again as soon as a master refuses its TLS, and goes on."""
+    from cryptography import x509
+
+    from pcache.common.tls import RECHECK, issue_certificate, make_ca, write_tls_dir
+    from tests.pcache.test_tls import _served_serial
+
+    hosts = ("localhost", "127.0.0.1")
+    old_ca, new_ca = make_ca(common_name="old CA"), make_ca(common_name="new CA")
+    write_tls_dir(tmp_path / "ha0" / "tls", old_ca.cert_pem, *issue_certificate(old_ca, hosts))  # make_ha's first
+    client_dir = tmp_path / "client"
+    client_pair = issue_certificate(old_ca, hosts)
+    write_tls_dir(client_dir, old_ca.cert_pem, *client_pair)
+    cluster = make_ha(workers=1, tls=True)
+    assert cluster.tls_dir == str(tmp_path / "ha0" / "tls")
+    with client_of(cluster, token=cluster.token, tls_dir=str(client_dir), short_circuit=False) as pc:
+        pc.write_file("/before", b"b" * 100_000)
+        bundle = old_ca.cert_pem + new_ca.cert_pem
+        served = issue_certificate(new_ca, hosts)
+        write_tls_dir(client_dir, bundle, *client_pair)
+        write_tls_dir(cluster.tls_dir, bundle, *served)
+        serial = x509.load_pem_x509_certificate(served[0]).serial_number
+        for proc in cluster.master_procs:
+            host, port = proc.address.rsplit(":", 1)
+            wait_for(lambda: _served_serial(host, int(port), client_dir, ["h2"]) == serial, RECHECK * 3,  # noqa: B023
+                     f"the new CA's certificate at {proc.address}")  # fmt: skip
+        cluster.wait_in_sync()
+        cluster.kill(cluster.leader(), signal.SIGKILL)
+        t0 = time.monotonic()
+        pc.mkdir("/after")
+        assert time.monotonic() - t0 < 15
+        assert pc.read_file("/before") == b"b" * 100_000

@@ -247,6 +247,15 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> No
         assert {_served_serial(h, p, client_dir, a) for h, p, a in servers} == {serial}
         assert "the new files do not load" in (root / "logs" / "master.log").read_text()
 
+        other_ca = make_ca(common_name="another CA")  # a wrong Secret, a stale copy: never taken
+        for wrong, why in ((issue_certificate(other_ca, hosts), "not signed by a CA"),
+                           (issue_certificate(ca, hosts, days=0), "not valid now")):  # fmt: skip
+            write_tls_dir(root / "tls", ca.cert_pem, *wrong)
+            time.sleep(RECHECK + 1.5)
+            assert {_served_serial(h, p, client_dir, a) for h, p, a in servers} == {serial}
+            for log in ("master", "worker-0", "worker-1"):
+                assert why in (root / "logs" / f"{log}.log").read_text(), (log, why)
+
         renewed = issue_certificate(ca, hosts)
         write_tls_dir(root / "tls", ca.cert_pem, *renewed)
         new_serial = x509.load_pem_x509_certificate(renewed[0]).serial_number
