@@ -85,6 +85,16 @@ TENANT_USAGE = Gauge(
     ["tenant", "kind"],
     registry=_MASTER,
 )
+MASTER_TLS_EXPIRY = Gauge(
+    "pcache_master_tls_certificate_expiry_timestamp_seconds",
+    "When the TLS certificate this master serves expires (seconds since the epoch; 0: no TLS).",
+    registry=_MASTER,
+)
+WORKER_TLS_EXPIRY = Gauge(
+    "pcache_worker_tls_certificate_expiry_timestamp_seconds",
+    "When the TLS certificate this worker serves expires (seconds since the epoch; 0: no TLS).",
+    registry=_WORKER,
+)
 MASTER_IS_LEADER = Gauge(
     "pcache_master_is_leader", "1 while this master leads (or runs standalone), 0 as a follower.", registry=_MASTER
 )

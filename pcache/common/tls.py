@@ -74,6 +74,24 @@ class TLSConfig:
     _contexts: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
     _failed: tuple = field(default=(), repr=False)  # the files whose reload failed last (logged once)
 
+    @property
+    def expires(self) -> float:
+        """When the certificate expires, seconds since the epoch (0: no certificate or unreadable)."""
+        if not self.cert:
+            return 0.0
+        if self._expires_of != self.cert:
+            from cryptography import x509
+
+            try:
+                self._expires = x509.load_pem_x509_certificates(self.cert)[0].not_valid_after_utc.timestamp()
+            except ValueError:
+                self._expires = 0.0
+            self._expires_of = self.cert
+        return self._expires
+
+    _expires: float = field(default=0.0, repr=False)
+    _expires_of: bytes = field(default=b"", repr=False)
+
     @classmethod
     def load(cls, directory: str, *, need_cert: bool) -> TLSConfig:
         """Read ``directory``'s ``ca.pem`` and, when present (or ``need_cert``), ``cert.pem`` and

@@ -37,6 +37,7 @@ from pcache.common.metrics import (
     MASTER_IN_SYNC_FOLLOWERS,
     MASTER_IS_LEADER,
     MASTER_MISSING,
+    MASTER_TLS_EXPIRY,
     MASTER_UNDER_REPLICATED,
     MASTER_WORKERS,
     TENANT_USAGE,
@@ -508,8 +509,10 @@ class MasterServer:
     def upkeep_once(self) -> None:
         """One pass of liveness, orphan and replication upkeep (liveness only on a follower)."""
         self.reload_keys()
-        if self.tls is not None and self.tls.reload_logged() and self.shipper is not None:
-            self.shipper.redial()  # a renewed certificate: served from the next handshake on, and dialled with
+        if self.tls is not None:
+            if self.tls.reload_logged() and self.shipper is not None:
+                self.shipper.redial()  # a renewed certificate: served from the next handshake on, and dialled with
+            MASTER_TLS_EXPIRY.set(self.tls.expires)
         self._switch_block_signer()
         expired_workers = self.registry.expire()
         MASTER_WORKERS.set(len(self.registry.alive()))

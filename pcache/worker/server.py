@@ -47,7 +47,7 @@ from pcache.common.errors import (
     from_name,
 )
 from pcache.common.layout import HOLE
-from pcache.common.metrics import LOST_BLOCKS, serve_metrics
+from pcache.common.metrics import LOST_BLOCKS, WORKER_TLS_EXPIRY, serve_metrics
 from pcache.common.process import lock_data_dir, wait_for_stop_signal, write_ready_file
 from pcache.common.rpc import MAX_BATCH, call, call_stamped, channel_options
 from pcache.common.tls import RECHECK as TLS_RECHECK
@@ -239,6 +239,7 @@ class WorkerServer:
         are fixed; the old channels close once their calls had time to end)."""
         assert self.tls is not None
         while True:
+            WORKER_TLS_EXPIRY.set(self.tls.expires)
             await asyncio.sleep(TLS_RECHECK)
             if not self.tls.reload_logged():
                 continue

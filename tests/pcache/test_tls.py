@@ -232,10 +232,33 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> No
     write_tls_dir(root / "tls", ca.cert_pem, *first)  # the cluster's TLS directory, made before it starts
     client_dir = tmp_path / "client"  # a client's copy: the same CA, a certificate of its own
     write_tls_dir(client_dir, ca.cert_pem, *issue_certificate(ca, hosts))
-    with LocalCluster(str(root), workers=2, tls=True) as cluster:
+    metrics = (["--master.metrics_port=0"], ["--worker.metrics_port=0"])
+    with LocalCluster(str(root), workers=2, tls=True, master_args=metrics[0], worker_args=metrics[1]) as cluster:
         with Client(_cfg(cluster, str(client_dir))) as pc:
             pc.write_file("/before", b"b" * 300_000, replication=2)
             workers = [w.info.addr for w in pc.status().workers]
+            scrapes = [w.info.metrics_addr for w in pc.status().workers]
+        logged = (root / "logs" / "master.log").read_text()
+        scrapes.append(logged.split("metrics on https://", 1)[1].split("/metrics", 1)[0])
+
+        def expiries() -> set[float]:
+            """The certificate expiry each process's /metrics reports (over HTTPS, with a client certificate)."""
+            import ssl
+            import urllib.request
+
+            ctx = ssl.create_default_context(cafile=str(client_dir / "ca.pem"))
+            ctx.load_cert_chain(str(client_dir / "cert.pem"), str(client_dir / "key.pem"))
+            out = set()
+            for where in scrapes:
+                text = urllib.request.urlopen(f"https://{where}/metrics", context=ctx, timeout=5).read().decode()
+                line = next(x for x in text.splitlines() if x.startswith("pcache_") and "tls_certificate_expiry" in x)
+                out.add(float(line.split()[-1]))
+            return out
+
+        def not_after(pem: bytes) -> float:
+            return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+
+        wait_for(lambda: expiries() == {not_after(first[0])}, RECHECK * 2, "the served certificate's expiry")
         master_host, master_port = cluster.master_address.rsplit(":", 1)
         servers = [(master_host, int(master_port), ["h2"]), *((w.host, w.port, None) for w in workers)]
         serial = x509.load_pem_x509_certificate(first[0]).serial_number
@@ -262,6 +285,7 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> No
         for host, port, alpn in servers:
             wait_for(lambda: _served_serial(host, port, client_dir, alpn) == new_serial, RECHECK * 3,  # noqa: B023
                      f"the renewed certificate at {host}:{port}")  # fmt: skip
+        wait_for(lambda: expiries() == {not_after(renewed[0])}, RECHECK * 2, "the renewed certificate's expiry")
         time.sleep(4)  # heartbeats on the workers' new links, past master.dead_after
         with Client(_cfg(cluster, str(client_dir), short_circuit=False)) as pc:
             assert pc.read_file("/before") == b"b" * 300_000
