@@ -74,12 +74,16 @@ def _count(text: str | None) -> int:
 
 
 def echo_tenants(tenants: list[pb.Tenant]) -> None:
-    click.echo(f"{'tenant':<16} {'root':<24} {'used':>10} {'reserved':>10} {'quota':>10} {'inodes':>10} {'of':>10}")
+    click.echo(
+        f"{'tenant':<16} {'root':<24} {'used':>10} {'reserved':>10} {'quota':>10} {'inodes':>10} {'of':>10}"
+        f"  tokens revoked before"
+    )
     for t in tenants:
+        revoked = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t.revoked_before_ms / 1000))
         click.echo(
             f"{t.name:<16} {t.root:<24} {human_bytes(t.used_bytes):>10} {human_bytes(t.reserved_bytes):>10}"
             f" {human_bytes(t.quota_bytes) if t.quota_bytes else '-':>10} {t.used_inodes:>10}"
-            f" {t.quota_inodes or '-':>10}"
+            f" {t.quota_inodes or '-':>10}  {revoked if t.revoked_before_ms else '-'}"
         )
 
 
@@ -129,7 +133,7 @@ def create(ctx: click.Context, name: str, root: str, quota_bytes: str | None, qu
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def list_cmd(ctx: click.Context, as_json: bool) -> None:
-    """Every tenant: root, usage, bytes reserved by open writers, quotas."""
+    """Every tenant: root, usage, bytes reserved by open writers, quotas, token revocation."""
     with admin_client(ctx) as pc:
         tenants = pc.tenants()
     if as_json:

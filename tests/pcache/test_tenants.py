@@ -709,6 +709,13 @@ def test_a_leaked_token_is_revoked_at_once_and_no_other_tenant_is_touched(
         )  # fmt: skip
         assert cli.returncode == 0, cli.stderr
         assert "tokens of tenant leaky issued before" in cli.stderr and str(fresh_file) in cli.stderr
+        listed = subprocess.run(
+            [sys.executable, "-m", "pcache", "--master", cluster.master_address, "tenant", "list"],
+            env=env, capture_output=True, text=True, timeout=60,
+        ).stdout.splitlines()  # fmt: skip
+        assert "tokens revoked before" in listed[0]
+        rows = {line.split()[0]: line for line in listed[1:]}
+        assert rows["leaky"].endswith(" UTC") and rows["ta"].endswith(" -"), listed
         with pytest.raises(E.PermissionDenied, match="token revoked"):
             attacker.stat("/data")
         with pytest.raises(E.PermissionDenied, match="token revoked"):
