@@ -73,6 +73,8 @@ class TLSConfig:
     stamp: tuple = ()
     _contexts: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
     _failed: tuple = field(default=(), repr=False)  # the files whose reload failed last (logged once)
+    _expires: float = field(default=0.0, repr=False)  # of the certificate ``_expires_of``
+    _expires_of: bytes = field(default=b"", repr=False)
 
     @property
     def expires(self) -> float:
@@ -88,9 +90,6 @@ class TLSConfig:
                 self._expires = 0.0
             self._expires_of = self.cert
         return self._expires
-
-    _expires: float = field(default=0.0, repr=False)
-    _expires_of: bytes = field(default=b"", repr=False)
 
     @classmethod
     def load(cls, directory: str, *, need_cert: bool) -> TLSConfig:
@@ -138,16 +137,15 @@ class TLSConfig:
         new = TLSConfig.load(self.directory, need_cert=bool(self.cert))
         if new.cert:
             _check_chain(self.directory, new.ca, new.cert)
-        try:
-            with _pem_files(new) as (cert, key):
+        with _pem_files(new) as (cert, key):  # one copy: the probe loads what the contexts then load
+            try:
                 probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if new.cert else ssl.PROTOCOL_TLS_CLIENT)
                 probe.load_verify_locations(cadata=new.ca.decode())
                 if new.cert:
                     probe.load_cert_chain(cert, key)
-        except (ssl.SSLError, ValueError) as exc:
-            raise InvalidArgument(f"TLS directory {self.directory}: the new files do not load: {exc}") from exc
-        self.ca, self.cert, self.key, self.stamp = new.ca, new.cert, new.key, new.stamp
-        with _pem_files(self) as (cert, key):
+            except (ssl.SSLError, ValueError) as exc:
+                raise InvalidArgument(f"TLS directory {self.directory}: the new files do not load: {exc}") from exc
+            self.ca, self.cert, self.key, self.stamp = new.ca, new.cert, new.key, new.stamp
             for ctx in list(self._contexts):
                 ctx.load_verify_locations(cadata=self.ca.decode())
                 if self.cert:
