@@ -102,10 +102,16 @@ class PCacheOperations(mfusepy.Operations):
         self._newest: OrderedDict[int, int] = OrderedDict()
         # inode -> the version whose attributes (size) the kernel was last given (see ``read``)
         self._told: OrderedDict[int, int] = OrderedDict()
-        # inode -> the version whose bytes the kernel's page cache holds for it (0: unknown).
-        # An open keeps the page cache only when it opens that same version (close-to-open
-        # without libfuse's auto_cache window, in which a second mount read old pages).
-        self._paged: OrderedDict[tuple[int, str], int] = OrderedDict()
+        # (inode, name) -> (version, settled): the version whose bytes the kernel's page cache
+        # holds for it (0: unknown). An open keeps the page cache only when it opens that same
+        # version (close-to-open without libfuse's auto_cache window, in which a second mount read
+        # old pages), and only once settled: the kernel drops the pages of an open not kept in
+        # that opener's open(2), after this answers it, so an open answered meanwhile would keep
+        # the old pages and read them (a reader that opened a rewrite read the version before).
+        self._paged: OrderedDict[tuple[int, str], tuple[int, bool]] = OrderedDict()
+        # handle -> the _paged entry its open had the kernel drop pages for, until a request on
+        # the handle shows that open returned (the entry is then settled)
+        self._dropping: dict[int, tuple[tuple[int, str], int]] = {}
         self._cursors: dict[int, DirCursor] = {}  # directory handle -> its READDIRPLUS cursor
         # inode -> the newest attributes an open or a getattr of an open file had: answered when no master does
         self._stats: OrderedDict[int, FileStat] = OrderedDict()
@@ -154,10 +160,20 @@ class PCacheOperations(mfusepy.Operations):
         return fh
 
     def _get(self, fh: int) -> File:
+        if fh in self._dropping:
+            self._settle(fh)
         try:
             return self._handles[fh]
         except KeyError as exc:
             raise FuseOSError(errno.EBADF) from exc
+
+    def _settle(self, fh: int) -> None:
+        """A request on ``fh`` arrived: its open(2) returned, so the pages its open had the kernel
+        drop are gone (see ``_paged``)."""
+        with self._lock:
+            dropped = self._dropping.pop(fh, None)
+            if dropped is not None and self._paged.get(dropped[0]) == (dropped[1], False):
+                self._paged[dropped[0]] = (dropped[1], True)
 
     def _writer_of(self, path: str) -> File | None:
         """The writer of ``path`` in this mount (its size and bytes are the truth here)."""
@@ -237,8 +253,12 @@ class PCacheOperations(mfusepy.Operations):
             return False
         with self._lock:
             key = (f.inode, f.name)  # the kernel caches pages per name: two hard links, two caches
-            keep = self._paged.get(key) == f.version
-            _remember(self._paged, key, f.version)  # when not kept, the kernel drops the pages now
+            keep = self._paged.get(key) == (f.version, True)
+            if keep:
+                _remember(self._paged, key, (f.version, True))
+            else:  # the kernel drops the pages when this open returns to its caller
+                _remember(self._paged, key, (f.version, False))
+                self._dropping[fh] = (key, f.version)
         return keep
 
     def _committed(self, f: File, before: int) -> None:
@@ -250,8 +270,8 @@ class PCacheOperations(mfusepy.Operations):
             # the pages hold the old version plus this writer's bytes: the new version exactly
             # only when nobody else committed in between (no merge)
             key = (f.inode, f.name)
-            exact = f.version == before + 1 and self._paged.get(key) == before
-            self._paged[key] = f.version if exact else 0
+            exact = f.version == before + 1 and self._paged.get(key) == (before, True)
+            self._paged[key] = (f.version, True) if exact else (0, False)
             if exact:  # the kernel's size came from these writes
                 _remember(self._told, f.inode, f.version)
 
@@ -618,6 +638,7 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def release(self, path: str, fh: int) -> int:
+        self._settle(fh)
         with self._lock:
             f = self._handles.pop(fh, None)
             self._appending.discard(fh)
