@@ -30,9 +30,9 @@ def cli(ctx: click.Context, master: str | None, cluster_dir: str) -> None:
 
 
 def _register() -> None:
-    from pcache.cli import binds, fs, fsck, keys, serve, status, tenant, up
+    from pcache.cli import binds, fs, fsck, ha, keys, serve, status, tenant, up
 
-    for module in (serve, up, fs, status, fsck, keys, tenant, binds):
+    for module in (serve, up, fs, status, fsck, keys, tenant, binds, ha):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -3,10 +3,13 @@ and a follower master; ``../shared/DESIGN.md``, "Leader/follower").
 
 Each master *campaigns* for one key, ``/pcache/<cluster>/leader``, held under a lease of ``ttl``
 seconds: a transaction creates the key only if it does not exist (``create_revision == 0``). The
-winner's **epoch** is the etcd revision of that creation: it grows with every new term, whoever
-wins it, so a deposed leader's epoch is always lower than its successor's, which is what workers,
-followers and clients compare to refuse it (a fencing token, as in Kleppmann's "How to do
-distributed locking" and HDFS's QJM epochs).
+winner's **epoch** is the etcd revision of that creation plus the cluster's *epoch base* (0 until
+an operator recovered the cluster's etcd record: :mod:`.ha`, ``pcache ha recover``): it grows
+with every new term, whoever wins it, so a deposed leader's epoch is always lower than its
+successor's, which is what workers, followers and clients compare to refuse it (a fencing token,
+as in Kleppmann's "How to do distributed locking" and HDFS's QJM epochs). etcd's revision only
+goes back when its data does (emptied, or restored from an older snapshot); the base then lifts
+new epochs above every one the cluster used.
 
 A leader keeps its lease alive every ``ttl / 4`` seconds. It counts itself leader only until
 ``sent + ttl - margin``, where ``sent`` is when the last *successful* keep-alive left: etcd
@@ -211,6 +214,10 @@ class Election:
         self.timeout = timeout
         self.key = leader_key(cluster)
         self.epoch = 0
+        self.revision = 0  # etcd's revision of this master's term (its epoch less the base)
+        # added to the revision of a won term (set by the campaign's guard, which checks it in the
+        # winning transaction; see :mod:`.ha`)
+        self.base = 0
         # the leader key's value at this candidate's last look ("": nobody held it; None: not known)
         self.seen_leader: str | None = None
         self._outage = OutageLog(f"election {cluster}: etcd at {self.endpoint} (no master can lead until it answers)")
@@ -236,7 +243,8 @@ class Election:
         return self._lease is not None and time.monotonic() < self._valid_until
 
     async def leader(self) -> Leader | None:
-        """The current leader as etcd has it, or None when nobody leads.
+        """The current leader as etcd has it, or None when nobody leads (its epoch with the base
+        this candidate last looked at).
 
         Raises:
             Unavailable: etcd does not answer.
@@ -247,7 +255,7 @@ class Election:
             raise Unavailable(f"etcd at {self.endpoint}: {etcd_error(exc)}") from exc
         if got is None:
             return None
-        return Leader(got.value.decode(), got.create_revision)
+        return Leader(got.value.decode(), got.create_revision + self.base)
 
     # -------------------------------------------------------- campaign --
 
@@ -296,7 +304,8 @@ class Election:
             return None
         self._lease = lease
         self.seen_leader = None  # this master: once it steps down, not known until it looks again
-        self.epoch = responses[0].response_put.header.revision
+        self.revision = responses[0].response_put.header.revision
+        self.epoch = self.revision + self.base
         self._valid_until = sent + self.ttl - MARGIN
         self._keeper = asyncio.ensure_future(self._keep_alive())
         logger.info("election %s: %s leads with epoch %d", self.cluster, self.address, self.epoch)

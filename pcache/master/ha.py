@@ -11,6 +11,11 @@ Keys, under ``/pcache/<cluster>/``::
     insync/<member>     "<epoch>": this follower holds every mutation the leader of <epoch>
                         acknowledged; written and removed only by that leader, in transactions
                         that check it still holds the leader key
+    base                the epoch base (absent: 0), added to etcd's revision of each term; set
+                        by ``pcache ha recover`` only
+    halted              present while the cluster's record in etcd is lost: no master may lead
+    reports/<member>    what each master holds (its newest term and log index) when it found
+                        the record lost; ``pcache ha recover`` chooses from them
 
 A follower whose leader's replication stream closes, and whose leader's address then refuses
 connections (the process is gone, its host is up: a crash, an OOM kill, ``kill -9``), revokes
@@ -30,22 +35,38 @@ and the win are one etcd transaction, so a
 follower marked out of sync a moment before can never win. The member id is kept in the
 master's data directory: a master restarted from an empty directory is a new member and can
 never be taken for an in-sync one.
+
+**etcd's record lost.** Those rules stand on etcd's record of the last term. Each master also
+keeps the newest term it holds entries of in its own metastore (``chaterm``, replicated). When etcd
+says the cluster never had a leader while a master holds a term, or names a last term older than
+one a master holds, etcd's data was emptied or restored from an older snapshot: the last leader
+and the in-sync flags are unknown, and etcd's revision (the epochs' source) went back, so a new
+leader's epoch would be lower than the one every worker, follower and client holds, and they would
+refuse it. That master then writes ``halted`` (which every campaign's transaction checks) and its
+report, and no master leads until an operator runs ``pcache ha recover`` (:func:`recover`): it
+makes the master that holds the newest log the last leader and sets the epoch base above every
+reported term. Choosing which master holds the acknowledged mutations is the operator's call, as
+with HDFS's ``-recover`` and etcd's own ``--force-new-cluster``; the masters never guess it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aetcd
+from aetcd.utils import prefix_range_end
 
-from pcache.common.errors import Unavailable
-from pcache.master.election import ETCD_ERRORS, Election, OutageLog, etcd_error
+from pcache.common.errors import InvalidArgument, Unavailable
+from pcache.master.election import ETCD_ERRORS, Election, OutageLog, etcd_client, etcd_error
 from pcache.master.replication import SyncFlags
 
 logger = logging.getLogger(__name__)
@@ -57,6 +78,9 @@ PROBE_TIMEOUT = 0.5  # seconds one connection to a leader that may be gone is wa
 PROBES = 10
 REFUSALS = 2  # refusals in a row that make a leader gone
 PROBE_GAP = 0.15  # seconds
+# added to the newest reported term to make the epoch base at a recovery: room for a term that no
+# surviving master holds (a leader that won and died before any follower took its first entry)
+RECOVERY_MARGIN = 1_000_000
 
 
 async def refuses_connections(address: str, *, probes: int = PROBES, refusals: int = REFUSALS) -> bool:
@@ -136,6 +160,9 @@ class HAControl(SyncFlags):
         self._said_may_not = 0.0
         self.members_outage = OutageLog("the masters' list in etcd")  # the leader's looks at it
         self._started = time.monotonic()
+        # (newest term, log index) this master holds: its metastore's, set by the server
+        self.holds: Callable[[], tuple[int, int]] = lambda: (0, 0)
+        self._reported = ""  # this master's last report (see _report)
 
     @property
     def client(self) -> aetcd.Client:
@@ -213,7 +240,8 @@ class HAControl(SyncFlags):
             Unavailable: etcd does not answer (the revocation may or may not have happened).
         """
         held = await self._etcd(self.client.get(self.election.key))
-        if held is None or held.create_revision != epoch or held.value.decode() != address or not held.lease:
+        base = await self._base()
+        if held is None or held.create_revision + base != epoch or held.value.decode() != address or not held.lease:
             return False
         try:
             await self._etcd(self.client.revoke_lease(held.lease))
@@ -225,17 +253,41 @@ class HAControl(SyncFlags):
 
     # ------------------------------------------------------ eligibility --
 
+    async def _base(self) -> int:
+        """The cluster's epoch base (0 until a recovery)."""
+        got = await self._etcd(self.client.get(self._key("base")))
+        return int(got.value) if got is not None else 0
+
     async def guard(self) -> tuple[list[Any], list[Any]] | None:
         """The campaign condition (see the module docstring); None when this master may not lead."""
         tx = self.client.transactions
-        last_key = self._key("last")
+        last_key, base_key, halted_key = self._key("last"), self._key("base"), self._key("halted")
+        # what this master holds, looked at before etcd is: a term it holds won in etcd first, so
+        # the (linearizable) reads below see it, unless etcd's data went back
+        term, index = self.holds()
         last = await self._etcd(self.client.get(last_key))
+        base_kv = await self._etcd(self.client.get(base_key))
+        halted = await self._etcd(self.client.get(halted_key))
+        base = int(base_kv.value) if base_kv is not None else 0
+        self.election.base = base
+        etcd_term = last.mod_revision + base if last is not None else 0
+        if halted is None and term > etcd_term:
+            await self._halt(term, index, etcd_term)
+            return None
+        if halted is None:
+            self._reported = ""  # a later loss is reported afresh (a recovery deleted the reports)
+        else:
+            await self._report(term, index)
+            self._may_not(self._halted(halted.value.decode()))
+            return None
+        fenced = [tx.mod(base_key) == (base_kv.mod_revision if base_kv is not None else 0), tx.version(halted_key) == 0]
         win = [tx.put(last_key, self.member.encode())]
         if last is None:
-            return self._may([tx.version(last_key) == 0], win)
-        compare = [tx.mod(last_key) == last.mod_revision]
+            return self._may([tx.version(last_key) == 0, *fenced], win)
+        compare = [tx.mod(last_key) == last.mod_revision, *fenced]
+        last_term = last.mod_revision + base
         if last.value.decode() == self.member:
-            if time.monotonic() - self._started < 2 * self.election.ttl and await self._in_sync_peer(last.mod_revision):
+            if time.monotonic() - self._started < 2 * self.election.ttl and await self._in_sync_peer(last_term):
                 # just restarted: a follower in sync with our last term holds all we acknowledged,
                 # perhaps more than our own disk kept (a power loss without sync_writes): it goes first
                 self._may_not("just restarted: a follower in sync with its last term takes over first")
@@ -243,14 +295,47 @@ class HAControl(SyncFlags):
             return self._may(compare, win)
         flag_key = self._key("insync", self.member)
         flag = await self._etcd(self.client.get(flag_key))
-        if flag is None or flag.value.decode() != str(last.mod_revision):
+        if flag is None or flag.value.decode() != str(last_term):
             self._may_not(
-                f"not in sync with the last leader's term (master {last.value.decode()}, term {last.mod_revision}):"
+                f"not in sync with the last leader's term (master {last.value.decode()}, term {last_term}):"
                 " only a master that holds every change it acknowledged may take over; start that master again"
                 " (its data directory holds them)"
             )
             return None
-        return self._may([*compare, tx.value(flag_key) == str(last.mod_revision).encode()], win)
+        return self._may([*compare, tx.value(flag_key) == str(last_term).encode()], win)
+
+    async def _halt(self, term: int, index: int, etcd_term: int) -> None:
+        """etcd's record is older than this master's: stop every campaign (``halted``) and report."""
+        tx = self.client.transactions
+        found = f"etcd's last term is {etcd_term}" if etcd_term else "etcd has no record of any leader"
+        why = (
+            f"master {self.member} holds term {term} (log index {index}) but {found}: etcd's data was emptied or"
+            " restored from an older snapshot"
+        )
+        await self._etcd(
+            self.client.transaction(
+                compare=[tx.version(self._key("halted")) == 0],
+                success=[tx.put(self._key("halted"), why.encode())],
+                failure=[],
+            )
+        )
+        self.may_not_lead, self._said_may_not = self._halted(why), time.monotonic()
+        logger.error("%s", self.may_not_lead)
+        self._reported = ""
+        await self._report(term, index)
+
+    def _halted(self, why: str) -> str:
+        return (
+            f"etcd lost the cluster's record ({why}): no master leads until an operator runs"
+            f" `pcache ha recover --etcd {self.election.endpoint} --cluster {self.cluster}`"
+        )
+
+    async def _report(self, term: int, index: int) -> None:
+        """Record what this master holds for ``pcache ha recover`` (when it changed)."""
+        report = json.dumps({"address": self.address, "term": term, "index": index}, sort_keys=True)
+        if report != self._reported:
+            await self._etcd(self.client.put(self._key("reports", self.member), report.encode()))
+            self._reported = report
 
     def _may(self, compare: list[Any], success: list[Any]) -> tuple[list[Any], list[Any]]:
         self.may_not_lead = ""
@@ -270,14 +355,14 @@ class HAControl(SyncFlags):
 
     async def _flag(self, member: str, *, set_it: bool) -> bool:
         tx = self.client.transactions
-        epoch = self.election.epoch
+        epoch, revision = self.election.epoch, self.election.revision
         if not self.election.is_leader():
             return False
         flag_key = self._key("insync", member)
         op = tx.put(flag_key, str(epoch).encode()) if set_it else tx.delete(flag_key)
         try:
             ok, _ = await self._etcd(
-                self.client.transaction(compare=[tx.create(self.election.key) == epoch], success=[op], failure=[])
+                self.client.transaction(compare=[tx.create(self.election.key) == revision], success=[op], failure=[])
             )
         except Unavailable as exc:
             logger.warning("in-sync flag of %s not %s: %s", member, "set" if set_it else "cleared", exc)
@@ -289,3 +374,140 @@ class HAControl(SyncFlags):
 
     async def clear_in_sync(self, member: str) -> bool:
         return await self._flag(member, set_it=False)
+
+
+# ----------------------------------------------------------------- recovery --
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one master held when it found etcd's record of its cluster lost."""
+
+    member: str
+    address: str
+    term: int  # the newest term it holds entries of (an epoch)
+    index: int  # its last log index
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.term, self.index
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """``pcache ha recover``'s plan: the master to lead next, the new epoch base, every report."""
+
+    chosen: Report
+    base: int
+    reports: list[Report]
+    running: set[str]  # members whose etcd member key is alive now
+    halted: str  # why the cluster halted ("" if it had not)
+    applied: bool
+
+
+async def recover(
+    endpoint: str, cluster: str, *, member: str | None = None, force: bool = False, apply: bool = False,
+    timeout: float = 5.0,
+) -> Recovery:  # fmt: skip
+    """Restore etcd's record of ``cluster`` after etcd lost it (see the module docstring).
+
+    Makes ``member`` (default: the reporting master with the newest ``(term, index)``) the last
+    leader, sets the epoch base to the newest reported term plus :data:`RECOVERY_MARGIN` (so every
+    new epoch is higher than any the workers, followers and clients hold), and clears the in-sync
+    flags, ``halted`` and the reports, in one transaction that requires that no master leads.
+    Nothing is written unless ``apply``.
+
+    Raises:
+        InvalidArgument: a master leads; no master has reported; ``member`` did not report, or
+            holds less than another report and ``force`` is not given.
+        Unavailable: etcd does not answer, or the cluster's keys changed during the recovery.
+    """
+    client = etcd_client(endpoint, timeout)
+    prefix = f"/pcache/{cluster}/"
+
+    async def etcd(coro: Any) -> Any:
+        try:
+            return await asyncio.wait_for(coro, timeout)
+        except ETCD_ERRORS as exc:
+            raise Unavailable(f"etcd at {endpoint}: {etcd_error(exc)}") from exc
+
+    try:
+        leader = await etcd(client.get((prefix + "leader").encode()))
+        if leader is not None:
+            raise InvalidArgument(f"master {leader.value.decode()} leads cluster {cluster!r}: nothing to recover")
+        halted = await etcd(client.get((prefix + "halted").encode()))
+        reports = [
+            _report(kv, prefix + "reports/") for kv in await etcd(client.get_prefix((prefix + "reports/").encode()))
+        ]
+        if not reports:
+            raise InvalidArgument(
+                f"no master of cluster {cluster!r} has reported what it holds: start its masters (each one that finds"
+                " etcd's record lost reports to it within a second), then run this again"
+            )
+        reports.sort(key=lambda r: r.position, reverse=True)
+        newest = reports[0]
+        chosen = newest
+        if member is not None:
+            named = [r for r in reports if r.member == member]
+            if not named:
+                raise InvalidArgument(
+                    f"master {member} has not reported; reports: {', '.join(r.member for r in reports)}"
+                )
+            chosen = named[0]
+            if chosen.position < newest.position and not force:
+                raise InvalidArgument(
+                    f"master {member} holds term {chosen.term} index {chosen.index}, less than master {newest.member}"
+                    f" (term {newest.term} index {newest.index}): recovering from it drops the mutations only the"
+                    " other holds; pass --force to do it anyway"
+                )
+        base_kv = await etcd(client.get((prefix + "base").encode()))
+        old_base = int(base_kv.value) if base_kv is not None else 0
+        base = max(max(r.term for r in reports), old_base) + RECOVERY_MARGIN
+        running = {
+            kv.key.decode()[len(prefix + "members/") :]
+            for kv in await etcd(client.get_prefix((prefix + "members/").encode()))
+        }
+        if apply:
+            tx = client.transactions
+
+            def under(name: str) -> tuple[bytes, bytes]:
+                start = (prefix + name).encode()
+                return start, prefix_range_end(start)
+
+            ok, _ = await etcd(
+                client.transaction(
+                    compare=[
+                        tx.version((prefix + "leader").encode()) == 0,
+                        tx.mod((prefix + "base").encode()) == (base_kv.mod_revision if base_kv is not None else 0),
+                    ],
+                    success=[
+                        tx.put((prefix + "base").encode(), str(base).encode()),
+                        tx.put((prefix + "last").encode(), chosen.member.encode()),
+                        tx.delete(*under("insync/")),
+                        tx.delete(*under("reports/")),
+                        tx.delete((prefix + "halted").encode()),
+                    ],
+                    failure=[],
+                )
+            )
+            if not ok:
+                raise Unavailable(
+                    f"cluster {cluster!r} changed in etcd during the recovery (a master leads?): run it again"
+                )
+        return Recovery(chosen, base, reports, running, halted.value.decode() if halted is not None else "", apply)
+    finally:
+        with contextlib.suppress(*ETCD_ERRORS):
+            await client.close()
+
+
+def _report(kv: Any, prefix: str) -> Report:
+    """A master's report as :meth:`HAControl._report` wrote it.
+
+    Raises:
+        InvalidArgument: not one a master wrote.
+    """
+    try:
+        fields = json.loads(kv.value)
+        return Report(kv.key.decode()[len(prefix) :], fields["address"], int(fields["term"]), int(fields["index"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgument(f"{kv.key.decode()} in etcd is not a report a master wrote: {exc}") from exc

@@ -72,8 +72,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EPOCH_KEY = b"cepoch"
+HA_TERM_KEY = b"chaterm"  # the newest term (epoch) of a pair whose entries this metastore holds (see .ha)
 MEMBERS_POLL = 0.25  # seconds between a leader's looks at etcd's member list (a new follower is found that fast)
 Role = Literal["standalone", "leader", "follower"]
+
+
+def held_term(store: MetaStore) -> int:
+    """The newest leader + follower term whose entries ``store`` holds (0: none)."""
+    raw = store.get(HA_TERM_KEY)
+    return struct.unpack(">Q", raw)[0] if raw else 0
 
 
 def next_epoch(store: MetaStore) -> int:
@@ -271,6 +278,7 @@ class MasterServer:
             token=self.master_token, tls=self.tls,
         )  # fmt: skip
         self._lead(epoch)
+        self.store.write([(HA_TERM_KEY, struct.pack(">Q", epoch))])  # replicated: followers hold it too
         logger.info("master %s leads the cluster with epoch %d at log index %d", self.member, epoch, self.store.index)
         await self._refresh_members()
 
@@ -430,6 +438,7 @@ class MasterServer:
                     ) from exc
                 self.replication.stream_port = self._streams.sockets[0].getsockname()[1]
             self.ha = HAControl(self.cfg.etcd, self.cfg.cluster, self.member, self.address, ttl=self.cfg.lease_ttl)
+            self.ha.holds = lambda: (held_term(self.store), self.store.index)
             MASTER_IS_LEADER.set(0)
             self._ha_task = asyncio.ensure_future(self._ha_loop())
             self._ha_task.add_done_callback(_log_failure)

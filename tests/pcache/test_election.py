@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pcache.common import errors as E
 from pcache.common.errors import Unavailable
 from pcache.master.election import MARGIN, Election, Leader, endpoint_text, etcd_target
 from pcache.testing.etcd import Etcd, start_etcd, start_etcd_cluster
@@ -281,3 +282,46 @@ def test_an_etcd_endpoint_list_is_checked_and_resolved_into_one_grpc_target() ->
     ):  # fmt: skip
         with pytest.raises(ValueError, match=why):
             etcd_target(bad)
+
+
+def test_etcd_restored_from_an_older_snapshot_halts_every_campaign_until_an_operator_recovers(etcd: Etcd) -> None:
+    """etcd restored from a snapshot older than the cluster's newest term (its record names an
+    older last term, its revision went back): the master holding the newer term halts every
+    campaign and reports; a plan recovering from a master holding less needs --force; the
+    recovery makes the master with the newest log lead with an epoch above every term, and a
+    second master is not eligible (it was never in sync with the recovered term)."""
+    from pcache.master.ha import RECOVERY_MARGIN, HAControl, recover
+
+    async def scenario() -> None:
+        a = HAControl(etcd.endpoint, "c7", "ma", "a:1", ttl=TTL)
+        b = HAControl(etcd.endpoint, "c7", "mb", "b:1", ttl=TTL)
+        try:
+            old = await a.election.campaign(guard=a.guard)  # the term the snapshot recorded
+            await a.election.resign()
+            a.holds = lambda: (old, 40)
+            b.holds = lambda: (old + 500, 90)  # terms etcd's restored data never saw
+            assert await b.guard() is None
+            assert f"master mb holds term {old + 500} (log index 90) but etcd's last term is {old}" in b.may_not_lead
+            assert await a.guard() is None  # the last leader of etcd's record may not lead either
+            assert "etcd lost the cluster's record" in a.may_not_lead
+            plan = await recover(etcd.endpoint, "c7")
+            assert not plan.applied and plan.chosen.member == "mb" and plan.halted
+            assert [(r.member, r.term, r.index) for r in plan.reports] == [("mb", old + 500, 90), ("ma", old, 40)]
+            with pytest.raises(E.InvalidArgument, match="holds term .* less than master mb"):
+                await recover(etcd.endpoint, "c7", member="ma")
+            with pytest.raises(E.InvalidArgument, match="master mz has not reported"):
+                await recover(etcd.endpoint, "c7", member="mz")
+            assert await a.guard() is None  # a plan writes nothing
+            done = await recover(etcd.endpoint, "c7", apply=True)
+            assert done.base == old + 500 + RECOVERY_MARGIN
+            assert await a.guard() is None and "not in sync" in a.may_not_lead
+            epoch = await asyncio.wait_for(b.election.campaign(guard=b.guard), 5)
+            assert epoch > old + 500 + RECOVERY_MARGIN and b.may_not_lead == ""
+            assert (await a.election.leader()) is not None
+            with pytest.raises(E.InvalidArgument, match="leads cluster 'c7': nothing to recover"):
+                await recover(etcd.endpoint, "c7", apply=True)
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())

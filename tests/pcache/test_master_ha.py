@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pcache.common import errors as E
 from pcache.common.config import ClientConfig
 from pcache.local import LocalCluster, Proc
 from pcache.proto import pcache_pb2 as pb
-from pcache.testing.faults import wait_for
+from pcache.testing.faults import replica_files, wait_for
 from tests.conftest import FAST_MASTER, REQUIRES_ETCD
 
 pytestmark = REQUIRES_ETCD
@@ -765,3 +766,65 @@ def test_a_running_client_follows_a_failover_after_a_ca_rotation(make_ha, tmp_pa
         pc.mkdir("/after")
         assert time.monotonic() - t0 < 15
         assert pc.read_file("/before") == b"b" * 100_000
+
+
+@pytest.mark.slow
+def test_etcd_that_lost_its_data_halts_the_pair_until_recover_and_epochs_only_grow(make_ha) -> None:
+    """etcd emptied under a running pair (its data directory lost): its revision, the epochs'
+    source, starts again from 1, and its record of the last leader is gone. No master may lead
+    then (a new epoch would be lower than the one workers and clients hold, and an out-of-sync
+    master could win); ``pcache ha recover`` makes the master with the newest log lead again
+    with higher epochs: the client that saw the old epoch goes on, the worker runs the new
+    leader's deletes, nothing acknowledged is lost."""
+    cluster = make_ha(workers=1)
+    assert cluster.etcd is not None
+    etcd_dir = cluster.etcd.data_dir
+    with client_of(cluster, failover_timeout=3.0) as pc:
+        payload = random.Random(5).randbytes(3 << 20)
+        pc.write_file("/before", payload)
+        pc.write_file("/doomed", b"d" * 70_000)
+        old_epoch = pc.status().epoch
+        doomed = [f for copies in replica_files(pc.layout("/doomed")) for f in copies]
+        assert doomed and all(f.exists() for f in doomed)
+        cluster.etcd.stop()
+        shutil.rmtree(etcd_dir)
+        cluster.start_etcd()  # same port, empty: revision 1
+
+        def halted() -> list[str]:
+            why = [role_of(cluster, p).may_not_lead for p in cluster.master_procs]
+            return why if all("etcd lost the cluster's record" in w for w in why) else []
+
+        why = wait_for(halted, 30, "both masters to find etcd's record lost")
+        assert "restored from an older snapshot" in why[0] and "pcache ha recover" in why[0], why
+        assert [role_of(cluster, p).role for p in cluster.master_procs] == ["follower", "follower"]
+        with pytest.raises((E.Unavailable, E.Timeout)):
+            pc.write_file("/while-halted", b"x")
+        shown = subprocess.run(
+            [sys.executable, "-m", "pcache", "ha", "recover", "--etcd", cluster.etcd.endpoint],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert "would lead next" in shown.stdout and "nothing written" in shown.stderr, shown.stdout
+        time.sleep(1.0)
+        assert all(role_of(cluster, p).role == "follower" for p in cluster.master_procs)  # a plan writes nothing
+        applied = subprocess.run(
+            [sys.executable, "-m", "pcache", "ha", "recover", "--etcd", cluster.etcd.endpoint, "--yes"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        assert " leads next; epochs start above " in applied.stdout, applied.stdout
+        leader = cluster.leader(timeout=30)
+        assert leader.address in applied.stdout  # the master the plan named
+        pc.write_file("/after", b"a")  # the same client, holding the old epoch, follows the new leader
+        new_epoch = pc.status().epoch
+        assert new_epoch > old_epoch, (old_epoch, new_epoch)
+        assert pc.read_file("/before") == payload and not pc.exists("/while-halted")
+        pc.unlink("/doomed")  # the worker runs the new leader's delete: its epoch is the newest
+        wait_for(lambda: not any(f.exists() for f in doomed), 30, "the worker to delete the blocks")
+        roles = sorted(role_of(cluster, p).role for p in cluster.master_procs)
+        assert roles == ["follower", "leader"]
+    again = subprocess.run(
+        [sys.executable, "-m", "pcache", "ha", "recover", "--etcd", cluster.etcd.endpoint, "--yes"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert again.returncode == 3 and "leads cluster 'pcache': nothing to recover" in again.stderr, again.stderr
