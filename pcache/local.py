@@ -360,7 +360,11 @@ class LocalCluster:
             "workers": [
                 {"name": p.name, "address": p.address, "data_dir": str(self.root / p.name)} for p in self.worker_procs
             ],
-            **({"etcd": self.etcd.endpoint} if self.etcd else {}),
+            **(
+                {"etcd": self.etcd.endpoint, "etcd_pid": self.etcd.proc.pid, "etcd_data_dir": str(self.etcd.data_dir)}
+                if self.etcd
+                else {}
+            ),
             **(
                 {
                     "masters": [

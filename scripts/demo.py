@@ -15,7 +15,9 @@ Every part is a real process on loopback, started here and stopped at the end:
    shards through the mount and saving asynchronous checkpoints through ``ckpt_adapter``;
 5. the leader master killed with SIGKILL at 35% of the steps (the follower takes over; the stall
    it caused is reported), then rank 1 killed with SIGKILL: the supervisor restarts both ranks
-   from the newest complete checkpoint and the run finishes;
+   from the newest complete checkpoint and the run finishes; then etcd's data is lost (SIGKILL,
+   data directory deleted): the masters stop leading until ``pcache ha recover`` restores a
+   leader with higher epochs, and every checkpoint is still there;
 6. the newest committed checkpoint synced PCache -> region B (data first, ``.metadata`` last);
 7. that checkpoint synced back from region B to local disk, loaded with the stock
    ``torch.distributed.checkpoint`` reader and compared tensor by tensor with the trainer's final
@@ -544,6 +546,56 @@ class Demo:
         return {"name": proc["name"], "pid": proc["pid"], "step": step, "time": t0, "first_mutation_s": took,
                 "epoch_before": before, "epoch_after": after}  # fmt: skip
 
+    def etcd_loss_drill(self) -> None:
+        """Stage 5, a pair on etcd only: etcd's data lost under the running cluster (SIGKILL, data
+        directory deleted; ``pcache up`` restarts it empty). Both masters find their newest term
+        missing from etcd and stop leading (a leader on an emptied etcd would have a lower epoch
+        than every worker and client holds); ``pcache ha recover --yes`` gives the pair a leader
+        again with higher epochs, and nothing written before is lost."""
+        from pcache.client import Client
+        from pcache.common.config import ClientConfig
+        from pcache.common.errors import PCacheError
+
+        if self.masters < 2:
+            log("      one master alone (no etcd): skipped")
+            return
+        doc = json.loads((self.cluster_dir / "cluster.json").read_text())
+        with Client(ClientConfig(master=self.master, rpc_timeout=2.0, failover_timeout=2.0)) as pc:
+            before = pc.status().epoch
+            listed = sorted(e.name for e in pc.listdir(f"/checkpoints/{RUN}"))
+            t0 = time.monotonic()
+            os.kill(doc["etcd_pid"], signal.SIGKILL)
+            shutil.rmtree(doc["etcd_data_dir"], ignore_errors=True)
+            log(
+                f"      SIGKILL to etcd (pid {doc['etcd_pid']}), its data directory deleted; pcache up restarts it empty"
+            )
+            why: list[str] = []
+            while time.monotonic() - t0 < 90 and not (why and all("etcd lost the cluster's record" in w for w in why)):
+                time.sleep(0.5)
+                why = [st.master.may_not_lead for _, st in pc.master_statuses() if not isinstance(st, Exception)]
+            halted = time.monotonic() - t0
+            if not why or not all("etcd lost the cluster's record" in w for w in why):
+                raise StageError(f"the masters did not halt within 90 s after etcd lost its data: {why}")
+            log(f"      both masters stopped leading within {halted:.1f} s: {why[0].split(': no master leads')[0]}")
+            cmd = [sys.executable, "-m", "pcache", "--cluster-dir", str(self.cluster_dir), "ha", "recover", "--yes"]
+            for line in self.run_cmd("pcache ha recover", cmd, timeout=60).stdout.splitlines():
+                log(f"      pcache ha recover: {line}")
+            while True:
+                try:
+                    pc.mkdir("/.demo-etcd-recovered", parents=True)  # the first mutation after the recovery
+                    break
+                except PCacheError as exc:
+                    if time.monotonic() - t0 > 120:
+                        raise StageError(f"no master led within 120 s of etcd's data loss: {exc}") from exc
+            took = time.monotonic() - t0
+            after = pc.status().epoch
+            same = sorted(e.name for e in pc.listdir(f"/checkpoints/{RUN}")) == listed
+        log(f"      a client's next mutation succeeded {took:.1f} s after the loss (epoch {before} -> {after});"
+            f" the {len(listed)} checkpoints are all there: {'yes' if same else 'NO'}")  # fmt: skip
+        self.checks["etcd data loss halted the pair, recovered, nothing lost"] = same and after > before
+        self.result["etcd_loss"] = {"halted_s": halted, "first_mutation_s": took, "epoch_before": before,
+                                    "epoch_after": after, "checkpoints_kept": same}  # fmt: skip
+
     def checkpoint_to_region_b(self) -> str:
         """Stage 6: the newest committed checkpoint PCache -> region B; data first, ``.metadata`` last."""
         from babel.daemon import newest_checkpoint
@@ -699,6 +751,10 @@ def print_summary(demo: Demo, seconds: float) -> None:
         lk = tr["leader_killed"]
         log(f"  master failover     leader SIGKILLed at step {lk['step']}: next mutation after "
             f"{lk['first_mutation_s']:.1f} s, longest training step gap {tr['failover_stall_seconds'] or 0:.1f} s")  # fmt: skip
+    if "etcd_loss" in r:
+        el = r["etcd_loss"]
+        log(f"  etcd data lost      masters halted in {el['halted_s']:.1f} s; `pcache ha recover` -> next mutation "
+            f"after {el['first_mutation_s']:.1f} s (epoch {el['epoch_before']} -> {el['epoch_after']})")  # fmt: skip
     b = ds["bind"]
     log(f"  bound dataset       {b['uri']} at /datasets/{DATASET}: {b['objects']} objects listed lazily, "
         f"{b['bytes'] / 1e6:.1f} MB fetched from region A by `pcache load` in {b['load']['seconds']:.1f} s, "
@@ -779,6 +835,7 @@ def main() -> int:
             demo.dataset_to_pcache,
         ),
         ("train 2 ranks reading through the mount, async checkpoints into PCache", demo.train_with_a_kill),
+        ("lose etcd's data under the running pair, recover with pcache ha recover", demo.etcd_loss_drill),
     ]
     t_all = time.monotonic()
     status = 0

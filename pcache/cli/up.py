@@ -99,6 +99,17 @@ def up(
         reported: set[str] = set()
         restarted: dict[int, float] = {}
         while not stop.wait(1.0):
+            etcd = cluster.etcd
+            if etcd is not None and etcd.proc.poll() is not None and time.monotonic() - restarted.get(-2, -1e9) > 10:
+                restarted[-2] = time.monotonic()  # etcd died: back on its data directory (one try per 10 s)
+                click.echo(
+                    f"pcache up: etcd exited ({etcd.proc.returncode}); restarting it (log {etcd.log_path})", err=True
+                )
+                try:
+                    cluster.start_etcd()
+                    cluster.write_manifest(**({"mount": os.path.abspath(mount_dir)} if mount_dir else {}))
+                except PCacheError as exc:
+                    click.echo(f"pcache up: etcd did not restart: {exc}", err=True)
             for index, proc in enumerate(cluster.master_procs):
                 # a master of the pair died: it comes back as the follower (one try per 10 s)
                 if not proc.alive() and time.monotonic() - restarted.get(index, -1e9) > 10:

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conftest import REQUIRES_ETCD
+
 
 def pid_alive(pid: int) -> bool:
     try:
@@ -105,3 +107,37 @@ def test_second_up_on_a_busy_dir_refuses_and_keeps_the_manifest(tmp_path: Path) 
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
+
+
+@REQUIRES_ETCD
+def test_pcache_up_restarts_a_dead_etcd_and_stops_it_at_the_end(tmp_path: Path) -> None:
+    """`pcache up --masters 2` supervises its etcd as it does its masters: etcd killed, it comes
+    back on its data directory (the pair leads again), and SIGTERM stops the new one too."""
+    data = tmp_path / "cluster"
+    up = subprocess.Popen(
+        [sys.executable, "-m", "pcache", "up", "--data-dir", str(data), "--workers", "1", "--masters", "2",
+         "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        manifest = data / "cluster.json"
+        deadline = time.monotonic() + 90
+        while not manifest.exists():
+            assert up.poll() is None and time.monotonic() < deadline, "cluster.json never appeared"
+            time.sleep(0.1)
+        first = json.loads(manifest.read_text())["etcd_pid"]
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while json.loads(manifest.read_text()).get("etcd_pid") == first:
+            assert up.poll() is None and time.monotonic() < deadline, "etcd was not restarted"
+            time.sleep(0.2)
+        second = json.loads(manifest.read_text())["etcd_pid"]
+        assert pid_alive(second)
+        mk = subprocess.run([sys.executable, "-m", "pcache", "--cluster-dir", str(data), "mkdir", "/after-etcd"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert mk.returncode == 0, mk.stderr  # a leader again: its record in etcd was kept
+    finally:
+        up.send_signal(signal.SIGTERM)
+        _, err = up.communicate(timeout=90)
+    assert "etcd exited" in err and "restarting it" in err, err
+    assert not pid_alive(second)
