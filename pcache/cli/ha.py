@@ -54,6 +54,8 @@ def recover_cmd(ctx: click.Context, etcd: str | None, cluster: str, member: str 
     each reports the newest term and log index it holds. This makes the master with the newest
     log (or --member) the last leader, lifts the epochs above every term the workers and
     clients have seen, and lets the masters campaign again; the others follow it and catch up.
+    With --yes on a pair where no master leads and none halted (the master an earlier recovery
+    chose never came back), it halts them first and takes the running masters' reports.
     """
     from pcache.master.ha import recover
 
@@ -65,9 +67,15 @@ def recover_cmd(ctx: click.Context, etcd: str | None, cluster: str, member: str 
         click.echo(
             f"{r.member:<14} {r.address:<24} {r.term:>12} {r.index:>10}  {'yes' if r.member in plan.running else 'no'}"
         )
-    chosen = plan.chosen
+    chosen, newest = plan.chosen, plan.newest
     verb = "leads next" if plan.applied else "would lead next"
     click.echo(f"master {chosen.member} ({chosen.address}) {verb}; epochs start above {plan.base}")
+    if chosen != newest:
+        click.echo(
+            f"warning: master {newest.member} holds a newer log (term {newest.term} index {newest.index}): the"
+            " mutations only it holds are dropped when it follows",
+            err=True,
+        )
     if chosen.member not in plan.running:
         click.echo(f"warning: master {chosen.member} is not running: no master leads until it is", err=True)
     if not plan.applied:

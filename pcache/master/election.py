@@ -272,6 +272,9 @@ class Election:
         while True:
             try:
                 extra = await guard() if guard is not None else ([], [])
+                if extra is None:  # may not lead: still look who does (``pcache status``, NotLeader answers)
+                    held = await asyncio.wait_for(self._client.get(self.key), self.timeout)
+                    self.seen_leader = held.value.decode() if held is not None else ""
                 epoch = await self._try_once(*extra) if extra is not None else None
                 self._outage.answered()
             except ETCD_ERRORS as exc:

@@ -81,6 +81,11 @@ PROBE_GAP = 0.15  # seconds
 # added to the newest reported term to make the epoch base at a recovery: room for a term that no
 # surviving master holds (a leader that won and died before any follower took its first entry)
 RECOVERY_MARGIN = 1_000_000
+# epochs travel as uint64 and are packed as ">Q": reported terms stay below MAX_TERM, epoch bases
+# (a term plus the margin) below MAX_BASE, and a base plus etcd's revision far below 2^64
+MAX_TERM = 1 << 61
+MAX_BASE = 1 << 62
+REPORT_WAIT = 10.0  # seconds ``pcache ha recover`` waits for the running masters' reports after halting
 
 
 async def refuses_connections(address: str, *, probes: int = PROBES, refusals: int = REFUSALS) -> bool:
@@ -162,7 +167,7 @@ class HAControl(SyncFlags):
         self._started = time.monotonic()
         # (newest term, log index) this master holds: its metastore's, set by the server
         self.holds: Callable[[], tuple[int, int]] = lambda: (0, 0)
-        self._reported = ""  # this master's last report (see _report)
+        self._reported: tuple[str, str] = ("", "")  # the halt and report this master last reported (see _report)
 
     @property
     def client(self) -> aetcd.Client:
@@ -254,9 +259,13 @@ class HAControl(SyncFlags):
     # ------------------------------------------------------ eligibility --
 
     async def _base(self) -> int:
-        """The cluster's epoch base (0 until a recovery)."""
+        """The cluster's epoch base (0 until a recovery).
+
+        Raises:
+            Unavailable: etcd does not answer. InvalidArgument: the key holds no valid base.
+        """
         got = await self._etcd(self.client.get(self._key("base")))
-        return int(got.value) if got is not None else 0
+        return parse_base(got.value if got is not None else None, self.prefix)
 
     async def guard(self) -> tuple[list[Any], list[Any]] | None:
         """The campaign condition (see the module docstring); None when this master may not lead."""
@@ -268,17 +277,20 @@ class HAControl(SyncFlags):
         last = await self._etcd(self.client.get(last_key))
         base_kv = await self._etcd(self.client.get(base_key))
         halted = await self._etcd(self.client.get(halted_key))
-        base = int(base_kv.value) if base_kv is not None else 0
+        if halted is not None:
+            why = halted.value.decode(errors="replace")
+            await self._report(term, index, why)
+            self._may_not(self._halted(why))
+            return None
+        try:
+            base = parse_base(base_kv.value if base_kv is not None else None, self.prefix)
+        except InvalidArgument as exc:
+            self._may_not(f"{exc}: `pcache ha recover --yes` sets it again")
+            return None
         self.election.base = base
         etcd_term = last.mod_revision + base if last is not None else 0
-        if halted is None and term > etcd_term:
+        if term > etcd_term:
             await self._halt(term, index, etcd_term)
-            return None
-        if halted is None:
-            self._reported = ""  # a later loss is reported afresh (a recovery deleted the reports)
-        else:
-            await self._report(term, index)
-            self._may_not(self._halted(halted.value.decode()))
             return None
         fenced = [tx.mod(base_key) == (base_kv.mod_revision if base_kv is not None else 0), tx.version(halted_key) == 0]
         win = [tx.put(last_key, self.member.encode())]
@@ -312,17 +324,18 @@ class HAControl(SyncFlags):
             f"master {self.member} holds term {term} (log index {index}) but {found}: etcd's data was emptied or"
             " restored from an older snapshot"
         )
-        await self._etcd(
+        ok, _ = await self._etcd(
             self.client.transaction(
                 compare=[tx.version(self._key("halted")) == 0],
                 success=[tx.put(self._key("halted"), why.encode())],
                 failure=[],
             )
         )
+        if not ok:
+            return  # another master halted it first: this one reports at its next look
         self.may_not_lead, self._said_may_not = self._halted(why), time.monotonic()
         logger.error("%s", self.may_not_lead)
-        self._reported = ""
-        await self._report(term, index)
+        await self._report(term, index, why)
 
     def _halted(self, why: str) -> str:
         return (
@@ -330,12 +343,13 @@ class HAControl(SyncFlags):
             f" `pcache ha recover --etcd {self.election.endpoint} --cluster {self.cluster}`"
         )
 
-    async def _report(self, term: int, index: int) -> None:
-        """Record what this master holds for ``pcache ha recover`` (when it changed)."""
+    async def _report(self, term: int, index: int, halt: str) -> None:
+        """Record what this master holds for ``pcache ha recover``, once per halt (``halt``: its
+        ``halted`` value) and change."""
         report = json.dumps({"address": self.address, "term": term, "index": index}, sort_keys=True)
-        if report != self._reported:
+        if (halt, report) != self._reported:
             await self._etcd(self.client.put(self._key("reports", self.member), report.encode()))
-            self._reported = report
+            self._reported = (halt, report)
 
     def _may(self, compare: list[Any], success: list[Any]) -> tuple[list[Any], list[Any]]:
         self.may_not_lead = ""
@@ -401,28 +415,39 @@ class Recovery:
     base: int
     reports: list[Report]
     running: set[str]  # members whose etcd member key is alive now
-    halted: str  # why the cluster halted ("" if it had not)
+    halted: str  # why the cluster halted
     applied: bool
+    newest: Report  # the report with the newest log (``chosen`` unless --member --force chose less)
 
 
 async def recover(
     endpoint: str, cluster: str, *, member: str | None = None, force: bool = False, apply: bool = False,
-    timeout: float = 5.0,
+    timeout: float = 5.0, report_wait: float = REPORT_WAIT,
 ) -> Recovery:  # fmt: skip
     """Restore etcd's record of ``cluster`` after etcd lost it (see the module docstring).
 
-    Makes ``member`` (default: the reporting master with the newest ``(term, index)``) the last
-    leader, sets the epoch base to the newest reported term plus :data:`RECOVERY_MARGIN` (so every
-    new epoch is higher than any the workers, followers and clients hold), and clears the in-sync
-    flags, ``halted`` and the reports, in one transaction that requires that no master leads.
-    Nothing is written unless ``apply``.
+    Makes ``member`` (default: the reporting master with the newest ``(term, index)``; on a tie
+    the last leader etcd names) the last leader, sets the epoch base to the newest reported term
+    plus :data:`RECOVERY_MARGIN` (so every new epoch is higher than any the workers, followers and
+    clients hold), and clears the in-sync flags, ``halted`` and the reports, in one transaction
+    that requires that no master leads and that ``halted`` is the one the reports answered.
+
+    When the masters have not halted (no master leads, e.g. the master a recovery chose never came
+    back), ``apply`` halts them first (every election stops), drops the reports of earlier halts
+    and waits up to ``report_wait`` seconds for every running master's report. Nothing is written
+    unless ``apply``.
 
     Raises:
-        InvalidArgument: a master leads; no master has reported; ``member`` did not report, or
-            holds less than another report and ``force`` is not given.
+        InvalidArgument: a master leads; a malformed ``endpoint``; the masters have not halted and
+            ``apply`` is not given; no master reported; ``member`` did not report, or holds less
+            than another report and ``force`` is not given; a key of the cluster holds what no
+            master wrote.
         Unavailable: etcd does not answer, or the cluster's keys changed during the recovery.
     """
-    client = etcd_client(endpoint, timeout)
+    try:
+        client = etcd_client(endpoint, timeout)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from exc
     prefix = f"/pcache/{cluster}/"
 
     async def etcd(coro: Any) -> Any:
@@ -431,27 +456,68 @@ async def recover(
         except ETCD_ERRORS as exc:
             raise Unavailable(f"etcd at {endpoint}: {etcd_error(exc)}") from exc
 
+    def key(name: str) -> bytes:
+        return (prefix + name).encode()
+
+    def under(name: str) -> tuple[bytes, bytes]:
+        return key(name), prefix_range_end(key(name))
+
+    async def members() -> set[str]:
+        return {
+            kv.key[len(key("members/")) :].decode(errors="replace")
+            for kv in await etcd(client.get_prefix(key("members/")))
+        }
+
+    async def reports() -> list[Report]:
+        return [_report(kv, prefix + "reports/") for kv in await etcd(client.get_prefix(key("reports/")))]
+
+    tx = client.transactions
     try:
-        leader = await etcd(client.get((prefix + "leader").encode()))
+        leader = await etcd(client.get(key("leader")))
         if leader is not None:
-            raise InvalidArgument(f"master {leader.value.decode()} leads cluster {cluster!r}: nothing to recover")
-        halted = await etcd(client.get((prefix + "halted").encode()))
-        reports = [
-            _report(kv, prefix + "reports/") for kv in await etcd(client.get_prefix((prefix + "reports/").encode()))
-        ]
-        if not reports:
             raise InvalidArgument(
-                f"no master of cluster {cluster!r} has reported what it holds: start its masters (each one that finds"
-                " etcd's record lost reports to it within a second), then run this again"
+                f"master {leader.value.decode(errors='replace')} leads cluster {cluster!r}: nothing to recover"
             )
-        reports.sort(key=lambda r: r.position, reverse=True)
-        newest = reports[0]
-        chosen = newest
+        halted = await etcd(client.get(key("halted")))
+        if halted is None:
+            if not apply:
+                raise InvalidArgument(
+                    f"no master of cluster {cluster!r} leads, and none found etcd's record lost (an election may be"
+                    " under way: see pcache status); --yes stops every election, has the running masters report"
+                    " what they hold, and recovers from them"
+                )
+            why = f"an operator ran pcache ha recover at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+            ok, _ = await etcd(
+                client.transaction(
+                    compare=[tx.version(key("leader")) == 0, tx.version(key("halted")) == 0],
+                    success=[tx.put(key("halted"), why.encode()), tx.delete(*under("reports/"))],
+                    failure=[],
+                )
+            )
+            if not ok:
+                raise Unavailable(f"cluster {cluster!r} changed in etcd meanwhile (a master leads?): run it again")
+            halted = await etcd(client.get(key("halted")))
+            deadline = time.monotonic() + report_wait
+            while time.monotonic() < deadline:
+                running = await members()
+                if running and running <= {r.member for r in await reports()}:
+                    break
+                await asyncio.sleep(0.2)
+        found = await reports()
+        if not found:
+            raise InvalidArgument(
+                f"no master of cluster {cluster!r} has reported what it holds: start its masters (each one reports"
+                " within a second once the cluster halted), then run this again"
+            )
+        last = await etcd(client.get(key("last")))
+        last_member = last.value.decode(errors="replace") if last is not None else ""
+        found.sort(key=lambda r: (r.term, r.index, r.member == last_member), reverse=True)
+        newest = chosen = found[0]
         if member is not None:
-            named = [r for r in reports if r.member == member]
+            named = [r for r in found if r.member == member]
             if not named:
                 raise InvalidArgument(
-                    f"master {member} has not reported; reports: {', '.join(r.member for r in reports)}"
+                    f"master {member} has not reported; reports: {', '.join(r.member for r in found)}"
                 )
             chosen = named[0]
             if chosen.position < newest.position and not force:
@@ -460,44 +526,51 @@ async def recover(
                     f" (term {newest.term} index {newest.index}): recovering from it drops the mutations only the"
                     " other holds; pass --force to do it anyway"
                 )
-        base_kv = await etcd(client.get((prefix + "base").encode()))
-        old_base = int(base_kv.value) if base_kv is not None else 0
-        base = max(max(r.term for r in reports), old_base) + RECOVERY_MARGIN
-        running = {
-            kv.key.decode()[len(prefix + "members/") :]
-            for kv in await etcd(client.get_prefix((prefix + "members/").encode()))
-        }
+        base_kv = await etcd(client.get(key("base")))
+        try:
+            old_base = parse_base(base_kv.value if base_kv is not None else None, prefix)
+        except InvalidArgument:
+            old_base = 0  # overwritten: the reports name the terms the cluster used
+        base = max(max(r.term for r in found), old_base) + RECOVERY_MARGIN
+        running = await members()
         if apply:
-            tx = client.transactions
-
-            def under(name: str) -> tuple[bytes, bytes]:
-                start = (prefix + name).encode()
-                return start, prefix_range_end(start)
-
             ok, _ = await etcd(
                 client.transaction(
                     compare=[
-                        tx.version((prefix + "leader").encode()) == 0,
-                        tx.mod((prefix + "base").encode()) == (base_kv.mod_revision if base_kv is not None else 0),
+                        tx.version(key("leader")) == 0,
+                        tx.mod(key("halted")) == halted.mod_revision,
+                        tx.mod(key("base")) == (base_kv.mod_revision if base_kv is not None else 0),
                     ],
                     success=[
-                        tx.put((prefix + "base").encode(), str(base).encode()),
-                        tx.put((prefix + "last").encode(), chosen.member.encode()),
+                        tx.put(key("base"), str(base).encode()),
+                        tx.put(key("last"), chosen.member.encode()),
                         tx.delete(*under("insync/")),
                         tx.delete(*under("reports/")),
-                        tx.delete((prefix + "halted").encode()),
+                        tx.delete(key("halted")),
                     ],
                     failure=[],
                 )
             )
             if not ok:
-                raise Unavailable(
-                    f"cluster {cluster!r} changed in etcd during the recovery (a master leads?): run it again"
-                )
-        return Recovery(chosen, base, reports, running, halted.value.decode() if halted is not None else "", apply)
+                raise Unavailable(f"cluster {cluster!r} changed in etcd during the recovery: run it again")
+        return Recovery(chosen, base, found, running, halted.value.decode(errors="replace"), apply, newest)
     finally:
         with contextlib.suppress(*ETCD_ERRORS):
             await client.close()
+
+
+def parse_base(raw: bytes | None, where: str) -> int:
+    """An epoch base as etcd holds it (None: 0).
+
+    Raises:
+        InvalidArgument: not a decimal integer in ``[0, MAX_BASE)``.
+    """
+    if raw is None:
+        return 0
+    text = raw.decode(errors="replace")
+    if not (text.isascii() and text.isdigit()) or int(text) >= MAX_BASE:
+        raise InvalidArgument(f"{where}base in etcd holds {text[:40]!r}, not an epoch base")
+    return int(text)
 
 
 def _report(kv: Any, prefix: str) -> Report:
@@ -506,8 +579,14 @@ def _report(kv: Any, prefix: str) -> Report:
     Raises:
         InvalidArgument: not one a master wrote.
     """
+    name = kv.key.decode(errors="replace")
     try:
+        member = kv.key.decode()[len(prefix) :]  # strict: member ids are text
         fields = json.loads(kv.value)
-        return Report(kv.key.decode()[len(prefix) :], fields["address"], int(fields["term"]), int(fields["index"]))
+        address, term, index = fields["address"], fields["term"], fields["index"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidArgument(f"{kv.key.decode()} in etcd is not a report a master wrote: {exc}") from exc
+        raise InvalidArgument(f"{name} in etcd is not a report a master wrote: {exc}") from exc
+    numbers = all(type(n) is int and 0 <= n < MAX_TERM for n in (term, index))
+    if not isinstance(address, str) or not numbers or not member.isprintable():
+        raise InvalidArgument(f"{name} in etcd is not a report a master wrote: {kv.value[:200]!r}")
+    return Report(member, address, term, index)

@@ -208,6 +208,8 @@ class MasterServer:
         if leader:
             return f"this master is a follower; the leader is {leader}"
         if election is not None and election.seen_leader == "":
+            if self.ha is not None and self.ha.may_not_lead:
+                return f"this master is a follower; no master leads, and this one may not: {self.ha.may_not_lead}"
             return "this master is a follower; no master leads now (an election is under way)"
         return "this master is a follower"
 

@@ -4,6 +4,7 @@ that steps down before its lease can go to another (SIGSTOP, etcd stopped)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -321,6 +322,73 @@ def test_etcd_restored_from_an_older_snapshot_halts_every_campaign_until_an_oper
             with pytest.raises(E.InvalidArgument, match="leads cluster 'c7': nothing to recover"):
                 await recover(etcd.endpoint, "c7", apply=True)
         finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_recover_refuses_what_no_master_wrote_and_halts_a_pair_whose_chosen_master_never_came_back(
+    etcd: Etcd,
+) -> None:
+    """From the side of someone with etcd write access, and of an operator whose recovery chose a
+    master that never came back: a forged report (huge term, wrong types, a key that is not
+    text) is refused by name, never used; a corrupt epoch base stops every campaign with a reason
+    instead of a crash loop, and a recovery sets it again; with no leader and no halt, the plan
+    refuses and --yes halts the running masters, takes their fresh reports and recovers."""
+    from pcache.master.ha import MAX_TERM, RECOVERY_MARGIN, HAControl, recover
+
+    async def scenario() -> None:
+        a = HAControl(etcd.endpoint, "c8", "ma", "a:1", ttl=TTL)
+        b = HAControl(etcd.endpoint, "c8", "mb", "b:1", ttl=TTL)
+        client = a.client
+        looking = True
+
+        async def campaigns() -> None:  # both masters look at etcd as their campaigns do
+            while looking:
+                for ha in (a, b):
+                    with contextlib.suppress(Unavailable):
+                        await ha.guard()
+                await asyncio.sleep(0.1)
+
+        try:
+            a.start()
+            b.start()
+            a.holds, b.holds = (lambda: (0, 0)), (lambda: (0, 0))
+            with pytest.raises(E.InvalidArgument, match="etcd endpoint|HOST:PORT"):
+                await recover("not an endpoint", "c8")
+            await client.put(b"/pcache/c8/base", b"abc")
+            assert await b.guard() is None and "holds 'abc', not an epoch base" in b.may_not_lead
+            await client.put(b"/pcache/c8/halted", b"forged")
+            for forged in (
+                json.dumps({"address": "x:1", "term": MAX_TERM * 4, "index": 1}).encode(),
+                json.dumps({"address": ["x"], "term": 1, "index": 1}).encode(),
+                json.dumps({"address": "x:1", "term": True, "index": 1}).encode(),
+                b"\xff\xfe",
+            ):
+                await client.put(b"/pcache/c8/reports/zz", forged)
+                with pytest.raises(E.InvalidArgument, match="not a report a master wrote"):
+                    await recover(etcd.endpoint, "c8")
+            await client.put(b"/pcache/c8/reports/\xff\xfe", b"{}")
+            with pytest.raises(E.InvalidArgument, match="not a report a master wrote"):
+                await recover(etcd.endpoint, "c8")
+            await client.delete_prefix(b"/pcache/c8/reports/")
+            await client.delete(b"/pcache/c8/halted")
+            with pytest.raises(E.InvalidArgument, match="none found etcd's record lost"):
+                await recover(etcd.endpoint, "c8")  # a plan on a pair that did not halt writes nothing
+            assert await client.get(b"/pcache/c8/halted") is None
+            a.holds, b.holds = (lambda: (70, 12)), (lambda: (70, 15))
+            task = asyncio.ensure_future(campaigns())
+            done = await recover(etcd.endpoint, "c8", apply=True, report_wait=8)
+            assert done.chosen.member == "mb" and {r.member for r in done.reports} == {"ma", "mb"}
+            assert done.halted.startswith("an operator ran pcache ha recover")
+            assert (await client.get(b"/pcache/c8/base")).value == str(70 + RECOVERY_MARGIN).encode()
+            looking = False
+            await task
+            epoch = await asyncio.wait_for(b.election.campaign(guard=b.guard), 5)
+            assert epoch > 70 + RECOVERY_MARGIN
+        finally:
+            looking = False
             await a.close()
             await b.close()
 

@@ -797,8 +797,15 @@ def test_etcd_that_lost_its_data_halts_the_pair_until_recover_and_epochs_only_gr
         why = wait_for(halted, 30, "both masters to find etcd's record lost")
         assert "restored from an older snapshot" in why[0] and "pcache ha recover" in why[0], why
         assert [role_of(cluster, p).role for p in cluster.master_procs] == ["follower", "follower"]
-        with pytest.raises((E.Unavailable, E.Timeout)):
+        wait_for(lambda: all(role_of(cluster, p).leader == "" for p in cluster.master_procs), 10, "no leader named")
+        with pytest.raises((E.Unavailable, E.Timeout)) as info:
             pc.write_file("/while-halted", b"x")
+        assert "etcd lost the cluster's record" in str(info.value), info.value  # the client says why
+        status = subprocess.run(
+            [sys.executable, "-m", "pcache", "--master", cluster.master_address, "status"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert status.returncode == 2 and status.stdout.count("may not take over: etcd lost") == 2, status.stdout
         shown = subprocess.run(
             [sys.executable, "-m", "pcache", "ha", "recover", "--etcd", cluster.etcd.endpoint],
             capture_output=True, text=True, timeout=60,
