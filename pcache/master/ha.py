@@ -274,9 +274,14 @@ class HAControl(SyncFlags):
         # what this master holds, looked at before etcd is: a term it holds won in etcd first, so
         # the (linearizable) reads below see it, unless etcd's data went back
         term, index = self.holds()
-        last = await self._etcd(self.client.get(last_key))
-        base_kv = await self._etcd(self.client.get(base_key))
-        halted = await self._etcd(self.client.get(halted_key))
+        # one transaction: a view of the three keys at one revision (a recovery between separate
+        # reads showed a master the new `halted` gone but the old `last`, and it halted again)
+        _, got = await self._etcd(
+            self.client.transaction(
+                compare=[], success=[tx.get(last_key), tx.get(base_key), tx.get(halted_key)], failure=[]
+            )
+        )
+        last, base_kv, halted = (found[0][1] if found else None for found in got)
         if halted is not None:
             why = halted.value.decode(errors="replace")
             await self._report(term, index, why)
@@ -290,7 +295,11 @@ class HAControl(SyncFlags):
         self.election.base = base
         etcd_term = last.mod_revision + base if last is not None else 0
         if term > etcd_term:
-            await self._halt(term, index, etcd_term)
+            seen = [
+                tx.mod(last_key) == (last.mod_revision if last is not None else 0),
+                tx.mod(base_key) == (base_kv.mod_revision if base_kv is not None else 0),
+            ]
+            await self._halt(term, index, etcd_term, seen)
             return None
         fenced = [tx.mod(base_key) == (base_kv.mod_revision if base_kv is not None else 0), tx.version(halted_key) == 0]
         win = [tx.put(last_key, self.member.encode())]
@@ -316,8 +325,9 @@ class HAControl(SyncFlags):
             return None
         return self._may([*compare, tx.value(flag_key) == str(last_term).encode()], win)
 
-    async def _halt(self, term: int, index: int, etcd_term: int) -> None:
-        """etcd's record is older than this master's: stop every campaign (``halted``) and report."""
+    async def _halt(self, term: int, index: int, etcd_term: int, seen: list[Any]) -> None:
+        """etcd's record is older than this master's: stop every campaign (``halted``) and report;
+        ``seen``: compares that hold while etcd's record is the one this master looked at."""
         tx = self.client.transactions
         found = f"etcd's last term is {etcd_term}" if etcd_term else "etcd has no record of any leader"
         why = (
@@ -326,13 +336,13 @@ class HAControl(SyncFlags):
         )
         ok, _ = await self._etcd(
             self.client.transaction(
-                compare=[tx.version(self._key("halted")) == 0],
+                compare=[tx.version(self._key("halted")) == 0, *seen],
                 success=[tx.put(self._key("halted"), why.encode())],
                 failure=[],
             )
         )
         if not ok:
-            return  # another master halted it first: this one reports at its next look
+            return  # another master halted it first, or a recovery changed the record: looked at again next time
         self.may_not_lead, self._said_may_not = self._halted(why), time.monotonic()
         logger.error("%s", self.may_not_lead)
         await self._report(term, index, why)
@@ -485,6 +495,11 @@ async def recover(
                     f"no master of cluster {cluster!r} leads, and none found etcd's record lost (an election may be"
                     " under way: see pcache status); --yes stops every election, has the running masters report"
                     " what they hold, and recovers from them"
+                )
+            if not await members():
+                raise InvalidArgument(
+                    f"no master of cluster {cluster!r} runs (none has a member key in etcd at {endpoint}): start its"
+                    " masters, or name the cluster they were given (master.cluster)"
                 )
             why = f"an operator ran pcache ha recover at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
             ok, _ = await etcd(

@@ -377,6 +377,9 @@ def test_recover_refuses_what_no_master_wrote_and_halts_a_pair_whose_chosen_mast
             with pytest.raises(E.InvalidArgument, match="none found etcd's record lost"):
                 await recover(etcd.endpoint, "c8")  # a plan on a pair that did not halt writes nothing
             assert await client.get(b"/pcache/c8/halted") is None
+            with pytest.raises(E.InvalidArgument, match="no master of cluster 'nosuch' runs"):
+                await recover(etcd.endpoint, "nosuch", apply=True)  # a misspelt cluster is never halted
+            assert await client.get(b"/pcache/nosuch/halted") is None
             a.holds, b.holds = (lambda: (70, 12)), (lambda: (70, 15))
             task = asyncio.ensure_future(campaigns())
             done = await recover(etcd.endpoint, "c8", apply=True, report_wait=8)
@@ -385,7 +388,10 @@ def test_recover_refuses_what_no_master_wrote_and_halts_a_pair_whose_chosen_mast
             assert (await client.get(b"/pcache/c8/base")).value == str(70 + RECOVERY_MARGIN).encode()
             looking = False
             await task
-            epoch = await asyncio.wait_for(b.election.campaign(guard=b.guard), 5)
+            try:  # no master looking at etcd during the recovery halted the pair again
+                epoch = await asyncio.wait_for(b.election.campaign(guard=b.guard), 5)
+            except TimeoutError:
+                raise AssertionError(f"mb did not lead after the recovery: {b.may_not_lead}") from None
             assert epoch > 70 + RECOVERY_MARGIN
         finally:
             looking = False
