@@ -175,6 +175,10 @@ def mount(mountpoint: str, client_cfg: ClientConfig, opts: MountOptions | None =
             kwargs["allow_other"] = True
         if (mfusepy.fuse_version_major, mfusepy.fuse_version_minor) >= (3, 12):
             kwargs["max_threads"] = opts.max_threads
+            # said explicitly: libfuse 3.12-3.16 passes its unset default (UINT_MAX) to
+            # fuse_loop_cfg_set_idle_threads, which logs "Ignoring invalid max threads value
+            # 4294967295" at every mount; idle workers are kept up to the pool's size
+            kwargs["max_idle_threads"] = opts.max_threads
             ops.max_background = opts.max_threads
         if mfusepy.fuse_version_major == 2:
             kwargs["big_writes"] = True
