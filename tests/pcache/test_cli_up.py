@@ -22,6 +22,17 @@ def pid_alive(pid: int) -> bool:
         return fh.read().split(")")[1].split()[0] != "Z"
 
 
+def up_started(up: subprocess.Popen, data: Path, timeout: float = 60.0) -> Path:
+    """``data/cluster.json`` once ``pcache up`` wrote it (it is up); fails if ``up`` exits first."""
+    manifest = data / "cluster.json"
+    deadline = time.monotonic() + timeout
+    while not manifest.exists():
+        assert up.poll() is None, up.stderr.read() if up.stderr else up.returncode
+        assert time.monotonic() < deadline, "cluster.json never appeared"
+        time.sleep(0.1)
+    return manifest
+
+
 def test_pcache_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
     data = tmp_path / "cluster"
     up = subprocess.Popen(
@@ -30,12 +41,7 @@ def test_pcache_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        manifest = data / "cluster.json"
-        deadline = time.monotonic() + 60
-        while not manifest.exists():
-            assert up.poll() is None, up.stderr.read()
-            assert time.monotonic() < deadline, "cluster.json never appeared"
-            time.sleep(0.1)
+        manifest = up_started(up, data)
         info = json.loads(manifest.read_text())
         assert len(info["workers"]) == 2 and info["master"].startswith("127.0.0.1:")
         pids = list(info["pids"].values())
@@ -75,10 +81,7 @@ def test_second_up_on_a_busy_dir_refuses_and_keeps_the_manifest(tmp_path: Path) 
     cmd = [sys.executable, "-m", "pcache", "up", "--data-dir", str(data), "--workers", "1", "--port", "0"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not (data / "cluster.json").exists():
-            assert first.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        up_started(first, data)
         second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert second.returncode == 3
         assert "in use by a running cluster" in second.stderr and second.stderr.count("\n") == 1
@@ -120,11 +123,7 @@ def test_pcache_up_restarts_a_dead_etcd_and_stops_it_at_the_end(tmp_path: Path) 
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        manifest = data / "cluster.json"
-        deadline = time.monotonic() + 90
-        while not manifest.exists():
-            assert up.poll() is None and time.monotonic() < deadline, "cluster.json never appeared"
-            time.sleep(0.1)
+        manifest = up_started(up, data, timeout=90)
         first = json.loads(manifest.read_text())["etcd_pid"]
         os.kill(first, signal.SIGKILL)
         deadline = time.monotonic() + 30
