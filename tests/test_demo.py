@@ -43,7 +43,7 @@ def leftovers(work_dir: str) -> list[str]:
 def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_at: int) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert s["status"] == 0 and s["checks"] and all(s["checks"].values()), s["checks"]
-    assert len(s["checks"]) == 19  # 15, 2 for the leader master's SIGKILL, 2 for ls -l and fsspec
+    assert len(s["checks"]) == 20  # 15, 2 for the leader master's SIGKILL, 2 for ls -l and fsspec, 1 for etcd
     # 1: two regions and a cluster of a leader + follower pair and 3 workers with a mount
     assert s["services"]["workers"] == 3 and s["services"]["region_a"] != s["services"]["region_b"]
     assert s["services"]["masters"] == 2
@@ -80,6 +80,10 @@ def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_
     lk = tr["leader_killed"]
     assert 0 < lk["step"] < tr["killed"]["step"] and lk["epoch_after"] > lk["epoch_before"]
     assert 0 < lk["first_mutation_s"] < 30 and tr["failover_stall_seconds"] is not None
+    # 5: etcd's data lost under the pair: halted, `pcache ha recover`, higher epochs, nothing lost
+    el = s["etcd_loss"]
+    assert el["checkpoints_kept"] and el["epoch_after"] > el["epoch_before"] + 1_000_000
+    assert 0 < el["halted_s"] <= el["first_mutation_s"] < 120
     # 6: the newest checkpoint (the last step) went to region B, data sampled, nothing failed
     ck = s["checkpoint"]
     assert ck["name"] == f"step-{steps:08d}" and ck["region_b"].startswith("s3://checkpoints/")
@@ -104,7 +108,7 @@ def test_the_main_job_runs_twice_and_leaves_the_machine_clean(tmp_path: Path) ->
     check_outcomes(first, s1, steps=30, kill_at=18)
     png = (out / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
-    assert "checks              19/19 held" in first.stdout
+    assert "checks              20/20 held" in first.stdout
     for needle in (
         "loss                first",
         "tokens/s",
@@ -112,6 +116,7 @@ def test_the_main_job_runs_twice_and_leaves_the_machine_clean(tmp_path: Path) ->
         "where the data lives",
         "region B",
         "other views         ls -l on the mount",
+        "etcd data lost      masters halted in",
     ):
         assert needle in first.stdout
     (out / "loss.png").unlink()
