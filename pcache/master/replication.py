@@ -370,6 +370,9 @@ class ReplicationServicer(pb_grpc.ReplicationServicer):
         # a leader's replication stream closed from its end: (its epoch, its address)
         self.on_stream_lost: Callable[[int, str], None] = lambda epoch, leader: None
         self.stream_port = 0  # where this master takes replication streams (0: none, Append only)
+        # the newest term whose entries this master holds (set by the server): a leader with a
+        # lower epoch won on an etcd whose data went back, and its log must not replace this one
+        self.held_term: Callable[[], int] = lambda: 0
 
     def authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
         """Only another master of this cluster (a master-scope token) may replicate to this one.
@@ -403,6 +406,12 @@ class ReplicationServicer(pb_grpc.ReplicationServicer):
             raise E.StaleEpoch(f"leader epoch {epoch} is older than {self.epoch}, already seen here")
         if epoch <= self.deposed:
             raise E.StaleEpoch(f"the term of epoch {epoch} was ended here (its leader was found gone)")
+        held = self.held_term()
+        if epoch < held:
+            raise E.StaleEpoch(
+                f"leader epoch {epoch} is older than term {held}, whose entries this master holds: etcd's record"
+                " went back (emptied, or restored from an older snapshot); see pcache ha recover"
+            )
         if self.is_leader():
             raise E.StaleEpoch(f"this master leads (epoch {self.store.epoch}); it takes no log entries")
         self.epoch, self.leader = epoch, leader

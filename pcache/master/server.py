@@ -151,6 +151,7 @@ class MasterServer:
         self.replication = ReplicationServicer(
             self.store, "", is_leader=self._leads_now, guard=Guard(self.keys.tokens, REPLICATION_SCOPES)
         )
+        self.replication.held_term = lambda: held_term(self.store)
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.address = ""

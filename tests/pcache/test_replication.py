@@ -310,6 +310,22 @@ def test_a_follower_refuses_the_term_it_found_gone() -> None:
     assert servicer.apply_append(pb.AppendRequest(epoch=9, leader="b:1", prev_index=leader.index, prev_epoch=7)).ok
 
 
+def test_a_follower_refuses_a_leader_older_than_a_term_it_holds() -> None:
+    """A leader whose epoch is below a term this master holds entries of won on an etcd whose
+    data went back: its log (and a checkpoint of it) must never replace this one, even after
+    this master restarted and forgot the epochs it had seen."""
+    from pcache.common.auth import Guard
+    from pcache.master.replication import ReplicationServicer
+
+    store = ReplicatedStore(MemoryMetaStore())
+    servicer = ReplicationServicer(store, "f", lambda: False, Guard([], {}))
+    servicer.held_term = lambda: 5000
+    with pytest.raises(E.StaleEpoch, match="older than term 5000, whose entries this master holds"):
+        servicer.apply_append(pb.AppendRequest(epoch=12, leader="new:1", prev_index=0, prev_epoch=0))
+    assert store.index == 0 and servicer.epoch == 0
+    assert servicer.apply_append(pb.AppendRequest(epoch=5000, leader="a:1", prev_index=0, prev_epoch=0)).ok
+
+
 class _Recorder(MemoryMetaStore):
     """A memory store that records each local write batch (a list of (puts, deletes))."""
 
