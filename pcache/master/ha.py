@@ -296,12 +296,12 @@ class HAControl(SyncFlags):
         etcd_term = last.mod_revision + base if last is not None else 0
         if term > etcd_term:
             seen = [
-                tx.mod(last_key) == (last.mod_revision if last is not None else 0),
-                tx.mod(base_key) == (base_kv.mod_revision if base_kv is not None else 0),
+                unchanged(tx, last_key, last),
+                unchanged(tx, base_key, base_kv),
             ]
             await self._halt(term, index, etcd_term, seen)
             return None
-        fenced = [tx.mod(base_key) == (base_kv.mod_revision if base_kv is not None else 0), tx.version(halted_key) == 0]
+        fenced = [unchanged(tx, base_key, base_kv), tx.version(halted_key) == 0]
         win = [tx.put(last_key, self.member.encode())]
         if last is None:
             return self._may([tx.version(last_key) == 0, *fenced], win)
@@ -479,7 +479,7 @@ async def recover(
         }
 
     async def reports() -> list[Report]:
-        return [_report(kv, prefix + "reports/") for kv in await etcd(client.get_prefix(key("reports/")))]
+        return [_parse_report(kv, prefix + "reports/") for kv in await etcd(client.get_prefix(key("reports/")))]
 
     tx = client.transactions
     try:
@@ -554,7 +554,7 @@ async def recover(
                     compare=[
                         tx.version(key("leader")) == 0,
                         tx.mod(key("halted")) == halted.mod_revision,
-                        tx.mod(key("base")) == (base_kv.mod_revision if base_kv is not None else 0),
+                        unchanged(tx, key("base"), base_kv),
                     ],
                     success=[
                         tx.put(key("base"), str(base).encode()),
@@ -574,6 +574,11 @@ async def recover(
             await client.close()
 
 
+def unchanged(tx: Any, key: bytes, kv: Any) -> Any:
+    """An etcd transaction compare: ``key`` is as ``kv`` (its value read earlier, None: absent) found it."""
+    return tx.mod(key) == (kv.mod_revision if kv is not None else 0)
+
+
 def parse_base(raw: bytes | None, where: str) -> int:
     """An epoch base as etcd holds it (None: 0).
 
@@ -588,7 +593,7 @@ def parse_base(raw: bytes | None, where: str) -> int:
     return int(text)
 
 
-def _report(kv: Any, prefix: str) -> Report:
+def _parse_report(kv: Any, prefix: str) -> Report:
     """A master's report as :meth:`HAControl._report` wrote it.
 
     Raises:
