@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError, Message
 
 from pcache.common import errors as E
 from pcache.common import ufs
-from pcache.common.auth import Claims, mint_block_token, mint_token
+from pcache.common.auth import MAX_CLOCK_SKEW, Claims, mint_block_token, mint_token
 from pcache.common.layout import HOLE
 from pcache.common.metrics import RPC_SECONDS
 from pcache.common.paths import normalize
@@ -158,7 +158,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         them from its replica of the records: a worker that registers with it first, its leader
         away, takes them with its keys)."""
         tenants = self.m.ns.tenants if self.m.ns is not None else Tenants(self.m.store)
-        return dict(tenants.revoked)
+        return tenants.for_workers(self.m.cfg.block_token_ttl + MAX_CLOCK_SKEW)
 
     @property
     def epoch(self) -> int:

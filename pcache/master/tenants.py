@@ -41,7 +41,7 @@ from pcache.proto import pcache_pb2 as pb
 
 RESERVED_TENANTS = frozenset({"cluster"})  # the tenant of block tokens no tenant owns (admin files, worker transfers)
 PREFIX = b"t"
-GONE = b"T"  # T<name> -> the ids of the token keys in the ring when tenant <name> was deleted
+GONE = b"T"  # T<name> -> the token key ids in the ring when tenant <name> was deleted; its revocation (ms)
 
 
 def _key(name: str) -> bytes:
@@ -104,6 +104,11 @@ class Tenants:
             rec = pb.Tenant()
             rec.ParseFromString(raw)
             self._cache(rec)
+        for key, raw in store.scan(GONE):  # deleted tenants: their block tokens stay refused
+            name = key[len(GONE) :].decode(errors="replace")
+            instant = _tombstone(raw)[1]
+            if name not in self._roots and instant:
+                self._revoked[name] = instant
 
     def _cache(self, rec: pb.Tenant) -> None:
         self._roots[rec.name] = (rec.root, rec.root_inode)
@@ -155,7 +160,8 @@ class Tenants:
     @property
     def revoked(self) -> dict[str, int]:
         """Tenant -> the instant (ms since the epoch) before which its tokens are refused, for
-        every tenant that has had a revocation (the workers refuse its block tokens alike)."""
+        every tenant that has had a revocation, and every deleted one (whose block tokens the
+        workers refuse alike: :meth:`for_workers`)."""
         return self._revoked
 
     def revoke(self, name: str, now: float | None = None) -> pb.Tenant:
@@ -171,11 +177,15 @@ class Tenants:
         if name in RESERVED_TENANTS:
             raise E.InvalidArgument(f"{name!r} is not a tenant: its block tokens are the admin's and the workers'")
         rec = self.get(name)
-        # ahead of this clock by the skew a token's issue time may have (auth.MAX_CLOCK_SKEW): a
-        # token minted just now by a master or host whose clock is ahead is revoked too
-        instant = int(((time.time() if now is None else now) + MAX_CLOCK_SKEW) * 1000) + 1
-        rec.revoked_before_ms = max(rec.revoked_before_ms, instant)
+        rec.revoked_before_ms = max(rec.revoked_before_ms, _revocation_instant(now))
         return rec
+
+    def for_workers(self, horizon: float, now: float | None = None) -> dict[str, int]:
+        """The revocations the workers enforce on block tokens: every live tenant's, and a deleted
+        tenant's until ``horizon`` seconds (the longest a block token lives, plus the clock skew)
+        after its deletion, when every block token minted before it has expired."""
+        cutoff = int(((time.time() if now is None else now) - horizon) * 1000)
+        return {name: ms for name, ms in self._revoked.items() if name in self._roots or ms > cutoff}
 
     def root_inodes(self) -> dict[int, str]:
         """Root inode -> tenant name."""
@@ -193,6 +203,8 @@ class Tenants:
             quota_bytes=quota_bytes,
             quota_inodes=quota_inodes,
             created=time.time(),
+            # a deleted tenant of that name: block tokens minted to it stay refused (b3 from now on)
+            revoked_before_ms=self._revoked.get(name, 0),
         )
 
     def put(self, rec: pb.Tenant) -> tuple[bytes, bytes]:
@@ -201,16 +213,22 @@ class Tenants:
         return _key(rec.name), _stored(rec)
 
     def remove(self, name: str) -> bytes:
-        """The batch delete of ``name``'s record; the root map forgets it."""
+        """The batch delete of ``name``'s record; the root map forgets it (store its
+        :meth:`tombstone` in the same batch)."""
         self._roots.pop(name, None)
-        self._revoked.pop(name, None)
         return _key(name)
 
-    def tombstone(self, name: str, key_ids: Iterable[str]) -> tuple[bytes, bytes]:
-        """The batch entry remembering that ``name`` was deleted while the token keys ``key_ids``
-        were in the ring: its tokens (a token names its tenant, nothing more) must not come back
-        to life in a new tenant of the same name while one of those keys still verifies."""
-        return GONE + name.encode(), ",".join(sorted(key_ids)).encode()
+    def tombstone(self, name: str, key_ids: Iterable[str], now: float | None = None) -> tuple[bytes, bytes]:
+        """The batch entry remembering that ``name`` was deleted (at ``now``, seconds since the
+        epoch) while the token keys ``key_ids`` were in the ring: its tokens (a token names its
+        tenant, nothing more) must not come back to life in a new tenant of the same name while
+        one of those keys still verifies. Its block tokens (another key ring, each living
+        ``master.block_token_ttl``) are revoked from now on, as by :meth:`revoke`: the workers
+        refuse them (:meth:`for_workers`), and a new tenant of that name starts with that
+        revocation."""
+        instant = max(self._revoked.get(name, 0), _revocation_instant(now))
+        self._revoked[name] = instant
+        return GONE + name.encode(), f"{','.join(sorted(key_ids))};{instant}".encode()
 
     def deleted(self, name: str) -> bool:
         """Whether a tenant ``name`` was deleted (and its tombstone stands)."""
@@ -226,7 +244,7 @@ class Tenants:
         raw = self.store.get(GONE + name.encode())
         if raw is None:
             return []
-        live = sorted(set(raw.decode().split(",")) & set(key_ids))
+        live = sorted(set(_tombstone(raw)[0]) & set(key_ids))
         if live:
             raise E.AlreadyExists(
                 f"tenant {name!r} was deleted, and tokens issued to it are signed by keys still in the ring"
@@ -283,6 +301,21 @@ class Tenants:
                 f" that failed or died, whose allocations end after master.orphan_grace); a {nbytes} byte block"
                 " does not fit (pcache tenant quota)"
             )
+
+
+def _revocation_instant(now: float | None) -> int:
+    """The revocation instant (ms since the epoch) of a revocation made at ``now`` (seconds;
+    None: this clock): ahead of it by the skew a token's issue time may have
+    (:data:`~pcache.common.auth.MAX_CLOCK_SKEW`), so that a token minted just now by a master or
+    host whose clock is ahead is revoked too."""
+    return int(((time.time() if now is None else now) + MAX_CLOCK_SKEW) * 1000) + 1
+
+
+def _tombstone(raw: bytes) -> tuple[list[str], int]:
+    """A tombstone's token key ids and its block token revocation (ms; 0 in one stored before
+    tombstones carried it): ``KEY,KEY;MS``."""
+    keys, _, instant = raw.decode(errors="replace").partition(";")
+    return [k for k in keys.split(",") if k], int(instant) if instant.isascii() and instant.isdigit() else 0
 
 
 def add(deltas: dict[str, list[int]], tenant: str, inodes: int = 0, nbytes: int = 0) -> None:

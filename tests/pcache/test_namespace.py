@@ -1098,6 +1098,40 @@ def test_a_deleted_tenants_name_is_free_once_no_key_of_its_time_verifies(ns: Nam
         ns.create_tenant("t", key_ids=["k3"])
 
 
+def test_a_deleted_tenants_block_tokens_stay_revoked_at_the_workers(store: MetaStore) -> None:
+    """A tenant's block tokens live ``block_token_ttl`` and name the tenant only: deleting it
+    dropped its revocation (the workers' map lost it) and never revoked anything. Its deletion
+    revokes them until the last one has expired, across a restart; a new tenant of that name
+    starts with the revocation (its block tokens carry their issue time), and a revocation made
+    before the deletion is kept."""
+    from pcache.common.auth import MAX_CLOCK_SKEW
+    from pcache.master.tenants import GONE
+
+    ns = Namespace(store, default_block_size=BLOCK, default_replication=1)
+    ns.create_tenant("t", key_ids=["k1"])
+    ns.create_tenant("other", key_ids=["k1"])
+    later = ns.tenants.revoke("t", now=time.time() + 1000)  # revoked first, with a later instant
+    ns.store.write([ns.tenants.put(later)])
+    before = time.time()
+    ns.delete_tenant("t", key_ids=["k1"])
+    ns.delete_tenant("other", key_ids=["k1"])
+    instant = ns.tenants.for_workers(3600.0)["other"]
+    assert (before + MAX_CLOCK_SKEW) * 1000 < instant <= (time.time() + MAX_CLOCK_SKEW) * 1000 + 1
+    assert ns.tenants.for_workers(3600.0)["t"] == later.revoked_before_ms  # never moves back
+    reopened = Namespace(store, default_block_size=BLOCK, default_replication=1)  # a restart, or a follower
+    assert reopened.tenants.for_workers(3600.0) == {"t": later.revoked_before_ms, "other": instant}
+    past = time.time() + MAX_CLOCK_SKEW + 3600.0 + 1  # every block token of theirs has expired
+    assert reopened.tenants.for_workers(3600.0, now=past) == {"t": later.revoked_before_ms}
+    assert reopened.tenants.for_workers(3600.0, now=past + 1000) == {}
+    store.write([(GONE + b"old", b"k0,k1")])  # a tombstone stored before they carried the instant
+    assert "old" not in Namespace(store, default_block_size=BLOCK, default_replication=1).tenants.revoked
+    with pytest.raises(E.AlreadyExists, match="k0, k1"):
+        reopened.create_tenant("old", key_ids=["k1", "k0"])
+    rec = reopened.create_tenant("other", key_ids=["k3", "k2"])  # the keys rotated twice: the name is free
+    assert rec.revoked_before_ms == instant
+    assert reopened.tenants.for_workers(3600.0, now=past + 1000) == {"other": instant}  # a live tenant's
+
+
 def test_a_deleted_default_tenant_is_not_made_again_at_the_next_start(store: MetaStore) -> None:
     """The embedded default's tenant is made at a master's first start; once an admin deleted it,
     a restart must not bring it (and its old tokens) back."""

@@ -445,6 +445,25 @@ def test_a_deleted_tenants_name_is_not_reused_while_its_tokens_would_verify(
         pc.listdir("/")
 
 
+def test_a_deleted_tenants_block_tokens_are_refused_by_the_workers(cluster: LocalCluster, admin: Client) -> None:
+    """A block token names its tenant and lives ``block_token_ttl`` (an hour): the workers took a
+    deleted tenant's tokens until they expired, and a revocation made before the deletion was
+    dropped with the tenant. Once the masters' next heartbeat answer reaches them, the workers
+    refuse every block token the deleted tenant was handed."""
+    admin.create_tenant("leaver")
+    token = admin.issue_token("leaver")
+    with _client(cluster, token) as pc:
+        pc.write_file("/f", b"L" * 100_000)
+        held = pc.layout("/f").blocks[0]  # what a member of the team kept
+        assert held.token.startswith("b2.") and raw_read_refusal(held.replicas[0], held) == ""
+    admin.delete_tenant("leaver", purge=True)
+    for replica in held.replicas:
+        why = wait_for(lambda: raw_read_refusal(replica, held), 10, "a refusal")  # noqa: B023
+        assert "revoked" in why, why
+    with _client(cluster, token) as pc, pytest.raises(E.PermissionDenied, match="does not exist"):
+        pc.stat("/")
+
+
 def test_a_directory_above_a_tenant_root_does_not_move(cluster: LocalCluster, admin: Client) -> None:
     """Tenant roots are found by path: an admin's rename of a directory above one would leave the
     tenant's token pointing at nothing, and a later tenant there sharing it."""
