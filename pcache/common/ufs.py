@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -21,6 +22,9 @@ from objstore.tree import parse_mtime_ns
 from pcache.common import errors as E
 
 T = TypeVar("T")
+
+OUTAGE_WAIT = 1.0  # seconds a call waits for a store that failed to answer (OUTAGE_MEMORY), while one call tries it
+OUTAGE_MEMORY = 30.0  # seconds a store's failure to answer is remembered (:class:`OutageGate`)
 
 
 def version_tag(info: ObjectInfo) -> str:
@@ -78,6 +82,78 @@ async def call(aw: Awaitable[T], uri: str, timeout: float, key: str = "") -> T:
             return await aw
     except (S.StoreError, OSError, TimeoutError) as exc:
         raise translate(exc, uri, key) from exc
+
+
+class OutageGate:
+    """One call at a time tries a store that failed to answer; the others wait for it briefly.
+
+    A store that refuses or hangs costs each call its whole budget of retries and timeouts
+    (seconds each): a data loader reading uncached files through an outage waited that long for
+    every block. For ``memory`` seconds after a call of a store (named by its URI) failed with
+    :class:`~pcache.common.errors.StoreUnavailable` or :class:`~pcache.common.errors.StoreTimeout`,
+    one call tries it again (the *probe*, with its full budget, in the background) and every call,
+    the probe's own caller too, waits at most ``wait`` seconds for its outcome: a store that is
+    back answers within it, and the callers go on; one that is still down fails them in ``wait``
+    seconds instead of its whole budget. Any answer of the store (an object, or NotFound) ends the
+    outage. The master answers metadata calls the same way (:mod:`pcache.master.service`,
+    ``UFS_OUTAGE_WAIT``): the circuit breaker of Nygard's *Release It!*, half-open with one probe.
+    """
+
+    def __init__(self, *, wait: float = OUTAGE_WAIT, memory: float = OUTAGE_MEMORY) -> None:
+        self.wait = wait
+        self.memory = memory
+        self._failed: dict[str, float] = {}  # URI -> when a call of it last failed (monotonic seconds)
+        self._probes: dict[str, asyncio.Future] = {}  # URI -> the call trying it again
+
+    def down(self, uri: str) -> bool:
+        """Whether a call of ``uri`` failed to get an answer in the last ``memory`` seconds."""
+        failed = self._failed.get(uri)
+        return failed is not None and time.monotonic() - failed < self.memory
+
+    async def call(self, uri: str, make: Callable[[], Awaitable[T]]) -> T:
+        """``await make()``, or while ``uri`` is down, as the class says.
+
+        Raises:
+            StoreTimeout: the store is down and its probe did not end within ``wait`` seconds.
+            PCacheError: ``make()``'s error, or while the store is down its probe's.
+        """
+        if not self.down(uri):
+            return await self._watched(uri, make())
+        probe = self._probes.get(uri)
+        mine = probe is None
+        if probe is None:
+            probe = self._probes[uri] = asyncio.ensure_future(self._watched(uri, make()))
+            probe.add_done_callback(lambda f: self._probes.pop(uri, None) if self._probes.get(uri) is f else None)
+            probe.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, even if no caller waits
+        done, _ = await asyncio.wait([probe], timeout=self.wait)
+        if not done:
+            age = time.monotonic() - self._failed.get(uri, time.monotonic())
+            raise E.StoreTimeout(
+                f"under-store {uri} has not answered since a call failed {age:.0f} s ago; it is being tried"
+                f" again, and this call waited {self.wait:g} s for it"
+            )
+        if probe.cancelled():
+            raise E.StoreTimeout(f"under-store {uri}: the call trying it again was cancelled")
+        exc = probe.exception()
+        if exc is not None:
+            if mine or not isinstance(exc, E.PCacheError):
+                raise exc
+            raise type(exc)(str(exc)) from exc  # another call's error: a fresh one for this caller
+        if mine:
+            return probe.result()
+        return await self._watched(uri, make())  # the store answered the probe: this call's own request
+
+    async def _watched(self, uri: str, call: Awaitable[T]) -> T:
+        try:
+            result = await call
+        except (E.StoreUnavailable, E.StoreTimeout):
+            self._failed[uri] = time.monotonic()
+            raise
+        except E.PCacheError:
+            self._failed.pop(uri, None)  # an answer (NotFound, a changed object, refused credentials)
+            raise
+        self._failed.pop(uri, None)
+        return result
 
 
 async def probe(uri: str, timeout: float) -> None:

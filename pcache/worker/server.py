@@ -124,6 +124,7 @@ class WorkerServer:
             release_space=self.release_space,
         )
         self._ufs_stores: dict[str, ObjectStore] = {}  # bound stores, by URI (credentials of this host)
+        self._outages = ufs.OutageGate()  # a store that stopped answering: one fetch tries it, the others wait 1 s
         # concurrent fetches ask where their blocks come from, and report them stored, together
         self._sources: Coalescer[int, pb.UfsSource] = Coalescer(self._ask_sources, MAX_BATCH)
         self._received: Coalescer[pb.BlockReport, None] = Coalescer(self._report_received, MAX_BATCH)
@@ -493,16 +494,21 @@ class WorkerServer:
 
         Raises:
             NotFound: no such block or object. StaleHandle: the object changed upstream.
-            PermissionDenied, Unavailable, Timeout: the store's answer (``worker.ufs_timeout``).
+            PermissionDenied, Unavailable, Timeout: the store's answer (``worker.ufs_timeout``);
+                StoreTimeout within a second while the store does not answer
+                (:class:`~pcache.common.ufs.OutageGate`).
         """
         src = await self._sources.call(block_id)
         store, prefix = self._ufs_store(src.uri)
         # only the version listed: S3 If-Match on its ETag; file:// checks size and mtime around the read
-        data = await ufs.call(
-            store.get(prefix + src.key, src.offset, src.length, if_match=src.etag),
+        data = await self._outages.call(
             src.uri,
-            self.cfg.ufs_timeout,
-            key=prefix + src.key,
+            lambda: ufs.call(
+                store.get(prefix + src.key, src.offset, src.length, if_match=src.etag),
+                src.uri,
+                self.cfg.ufs_timeout,
+                key=prefix + src.key,
+            ),
         )
         if len(data) != src.length:
             raise StaleHandle(

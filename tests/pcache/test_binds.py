@@ -670,6 +670,51 @@ def test_with_its_store_down_a_cached_file_still_reads_and_an_uncached_one_fails
     admin.unbind("/down2")
 
 
+def test_through_a_store_outage_uncached_reads_fail_within_a_second_and_the_store_back_serves_at_once(
+    admin: Client,
+) -> None:
+    """A store that stopped answering cost every uncached read its whole budget of retries (here
+    6 tries, ~6 s; a hung store: its timeouts): a data loader reading through an outage spent
+    hours failing. Once a worker's fetch from a store failed, one fetch tries it again while the
+    others wait at most a second for it; the store back, the next read is served."""
+    from moto.server import ThreadedMotoServer
+
+    from pcache.common.process import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    names = [f"f{i}" for i in range(8)]
+    try:
+        bucket = create_bucket(endpoint)
+        s3 = _s3(endpoint)
+        for name in names:
+            s3.put_object(Bucket=bucket, Key=name, Body=name.encode() * 100)
+        admin.bind("/outage", f"s3://{bucket}/?endpoint_url={endpoint}&max_attempts=6", meta_ttl=IMMUTABLE)
+        assert sorted(e.name for e in admin.scandir("/outage")) == names  # listed; no block fetched
+    finally:
+        server.stop()
+    took = []
+    for name in names[:6]:
+        t0 = time.monotonic()
+        with pytest.raises((E.Unavailable, E.Timeout)):
+            admin.read_file(f"/outage/{name}")
+        took.append(time.monotonic() - t0)
+    slow = [t for t in took if t > 3.0]
+    assert len(slow) <= 2 and max(took) < 30, took  # the first failure each of the 2 workers saw
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)  # moto keeps its buckets
+    server.start()
+    try:
+        t0 = time.monotonic()
+        assert admin.read_file("/outage/f6") == b"f6" * 100
+        assert admin.read_file("/outage/f7") == b"f7" * 100
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        server.stop()
+    admin.unbind("/outage")
+
+
 def test_the_bound_a_listing_must_pass_for_a_page_is_in_store_key_order() -> None:
     from pcache.master.understore import _key_bound
 
