@@ -85,63 +85,59 @@ async def call(aw: Awaitable[T], uri: str, timeout: float, key: str = "") -> T:
 
 
 class OutageGate:
-    """One call at a time tries a store that failed to answer; the others wait for it briefly.
+    """Calls of a store that failed to answer wait briefly for one cheap probe of it, not each
+    for its whole budget.
 
     A store that refuses or hangs costs each call its whole budget of retries and timeouts
     (seconds each): a data loader reading uncached files through an outage waited that long for
     every block. For ``memory`` seconds after a call of a store (named by its URI) failed with
     :class:`~pcache.common.errors.StoreUnavailable` or :class:`~pcache.common.errors.StoreTimeout`,
-    one call tries it again (the *probe*, with its full budget, in the background) and every call,
-    the probe's own caller too, waits at most ``wait`` seconds for its outcome: a store that is
-    back answers within it, and the callers go on; one that is still down fails them in ``wait``
-    seconds instead of its whole budget. Any answer of the store (an object, or NotFound) ends the
-    outage. The master answers metadata calls the same way (:mod:`pcache.master.service`,
-    ``UFS_OUTAGE_WAIT``): the circuit breaker of Nygard's *Release It!*, half-open with one probe.
+    a call first needs the store to answer a *probe* (a HEAD: one at a time, with its own full
+    budget, in the background) and waits at most ``wait`` seconds for it. A store that is back
+    answers within it and the calls go on, each with its whole budget (a slow store is not taken
+    for a dead one); one still down fails them in ``wait`` seconds. Any answer of the store (an
+    object, NotFound) ends the outage. The master answers metadata calls the same way
+    (:mod:`pcache.master.service`, ``UFS_OUTAGE_WAIT``): the circuit breaker of Nygard's *Release
+    It!*, half-open with one trial request.
     """
 
     def __init__(self, *, wait: float = OUTAGE_WAIT, memory: float = OUTAGE_MEMORY) -> None:
         self.wait = wait
         self.memory = memory
         self._failed: dict[str, float] = {}  # URI -> when a call of it last failed (monotonic seconds)
-        self._probes: dict[str, asyncio.Future] = {}  # URI -> the call trying it again
+        self._probes: dict[str, asyncio.Future] = {}  # URI -> the probe of it under way
 
     def down(self, uri: str) -> bool:
         """Whether a call of ``uri`` failed to get an answer in the last ``memory`` seconds."""
         failed = self._failed.get(uri)
         return failed is not None and time.monotonic() - failed < self.memory
 
-    async def call(self, uri: str, make: Callable[[], Awaitable[T]]) -> T:
-        """``await make()``, or while ``uri`` is down, as the class says.
+    async def call(self, uri: str, make: Callable[[], Awaitable[T]], probe: Callable[[], Awaitable[object]]) -> T:
+        """``await make()``; while ``uri`` is down, once ``probe()`` (shared with every call
+        meanwhile) got an answer of the store.
 
         Raises:
-            StoreTimeout: the store is down and its probe did not end within ``wait`` seconds.
-            PCacheError: ``make()``'s error, or while the store is down its probe's.
+            StoreTimeout: the store is down and the probe did not end within ``wait`` seconds.
+            StoreUnavailable, StoreTimeout: the store is down and the probe failed so.
+            PCacheError: ``make()``'s error.
         """
-        if not self.down(uri):
-            return await self._watched(uri, make())
-        probe = self._probes.get(uri)
-        mine = probe is None
-        if probe is None:
-            probe = self._probes[uri] = asyncio.ensure_future(self._watched(uri, make()))
-            probe.add_done_callback(lambda f: self._probes.pop(uri, None) if self._probes.get(uri) is f else None)
-            probe.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, even if no caller waits
-        done, _ = await asyncio.wait([probe], timeout=self.wait)
-        if not done:
-            age = time.monotonic() - self._failed.get(uri, time.monotonic())
-            raise E.StoreTimeout(
-                f"under-store {uri} has not answered since a call failed {age:.0f} s ago; it is being tried"
-                f" again, and this call waited {self.wait:g} s for it"
-            )
-        if probe.cancelled():
-            raise E.StoreTimeout(f"under-store {uri}: the call trying it again was cancelled")
-        exc = probe.exception()
-        if exc is not None:
-            if mine or not isinstance(exc, E.PCacheError):
-                raise exc
-            raise type(exc)(str(exc)) from exc  # another call's error: a fresh one for this caller
-        if mine:
-            return probe.result()
-        return await self._watched(uri, make())  # the store answered the probe: this call's own request
+        if self.down(uri):
+            running = self._probes.get(uri)
+            if running is None:
+                running = self._probes[uri] = asyncio.ensure_future(self._watched(uri, probe()))
+                running.add_done_callback(lambda f: self._probes.pop(uri, None) if self._probes.get(uri) is f else None)
+                running.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, even if no caller waits
+            done, _ = await asyncio.wait([running], timeout=self.wait)
+            if not done:
+                age = time.monotonic() - self._failed.get(uri, time.monotonic())
+                raise E.StoreTimeout(
+                    f"under-store {uri} has not answered since a call failed {age:.0f} s ago; it is being tried"
+                    f" again, and this call waited {self.wait:g} s for it"
+                )
+            exc = None if running.cancelled() else running.exception()
+            if isinstance(exc, E.StoreUnavailable | E.StoreTimeout):
+                raise type(exc)(str(exc)) from exc  # the probe's error: a fresh one for each caller
+        return await self._watched(uri, make())
 
     async def _watched(self, uri: str, call: Awaitable[T]) -> T:
         try:

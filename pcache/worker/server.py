@@ -124,7 +124,7 @@ class WorkerServer:
             release_space=self.release_space,
         )
         self._ufs_stores: dict[str, ObjectStore] = {}  # bound stores, by URI (credentials of this host)
-        self._outages = ufs.OutageGate()  # a store that stopped answering: one fetch tries it, the others wait 1 s
+        self._outages = ufs.OutageGate()  # a store that stopped answering: fetches wait 1 s for one HEAD of it
         # concurrent fetches ask where their blocks come from, and report them stored, together
         self._sources: Coalescer[int, pb.UfsSource] = Coalescer(self._ask_sources, MAX_BATCH)
         self._received: Coalescer[pb.BlockReport, None] = Coalescer(self._report_received, MAX_BATCH)
@@ -501,14 +501,13 @@ class WorkerServer:
         src = await self._sources.call(block_id)
         store, prefix = self._ufs_store(src.uri)
         # only the version listed: S3 If-Match on its ETag; file:// checks size and mtime around the read
+        key = prefix + src.key
         data = await self._outages.call(
             src.uri,
             lambda: ufs.call(
-                store.get(prefix + src.key, src.offset, src.length, if_match=src.etag),
-                src.uri,
-                self.cfg.ufs_timeout,
-                key=prefix + src.key,
+                store.get(key, src.offset, src.length, if_match=src.etag), src.uri, self.cfg.ufs_timeout, key=key
             ),
+            probe=lambda: ufs.call(store.head(key), src.uri, self.cfg.ufs_timeout, key=key),
         )
         if len(data) != src.length:
             raise StaleHandle(

@@ -675,8 +675,8 @@ def test_through_a_store_outage_uncached_reads_fail_within_a_second_and_the_stor
 ) -> None:
     """A store that stopped answering cost every uncached read its whole budget of retries (here
     6 tries, ~6 s; a hung store: its timeouts): a data loader reading through an outage spent
-    hours failing. Once a worker's fetch from a store failed, one fetch tries it again while the
-    others wait at most a second for it; the store back, the next read is served."""
+    hours failing. Once a worker's fetch from a store failed, its fetches wait at most a second
+    for one probe (HEAD) of the store; the store back, the next read is served."""
     from moto.server import ThreadedMotoServer
 
     from pcache.common.process import free_port

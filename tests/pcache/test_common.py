@@ -487,52 +487,57 @@ def test_a_coalescer_whose_send_fails_fails_that_batch_only_and_goes_on() -> Non
         Coalescer(lambda items: None, max_batch=0)  # type: ignore[arg-type, return-value]
 
 
-def test_an_outage_gate_lets_one_call_try_a_store_that_failed_and_the_others_wait_briefly() -> None:
+def test_an_outage_gate_has_calls_of_a_store_that_failed_wait_briefly_for_one_probe() -> None:
     """The worker's fetches through an under-store outage (:class:`~pcache.common.ufs.OutageGate`)."""
     from pcache.common.ufs import OutageGate
 
     calls: list[str] = []
-    state = {"up": False, "delay": 0.0}
+    state = {"up": False, "delay": 0.0, "get_delay": 0.0}
 
-    async def get(name: str) -> str:
+    async def request(name: str) -> str:
         calls.append(name)
-        await asyncio.sleep(state["delay"])
+        await asyncio.sleep(state["delay"] + (state["get_delay"] if name != "head" else 0.0))
         if not state["up"]:
             raise E.StoreUnavailable("refused")
         return name
 
+    def get(name: str):
+        return lambda: request(name)
+
+    head = get("head")
+
     async def run() -> None:
         gate = OutageGate(wait=0.2, memory=60.0)
         with pytest.raises(E.StoreUnavailable):
-            await gate.call("s3://b/", lambda: get("first"))  # the whole budget: it was not known down
-        assert gate.down("s3://b/") and not gate.down("s3://other/")
+            await gate.call("s3://b/", get("first"), head)  # its whole budget: not known down yet
+        assert gate.down("s3://b/") and not gate.down("s3://other/") and calls == ["first"]
         state["delay"] = 1.0  # the store hangs now: one probe tries it, every caller waits 0.2 s
         t0 = time.monotonic()
-        outcomes = await asyncio.gather(
-            *(gate.call("s3://b/", lambda n=n: get(n)) for n in ("a", "b", "c")), return_exceptions=True
-        )
-        assert time.monotonic() - t0 < 0.6 and calls == ["first", "a"]
+        outcomes = await asyncio.gather(*(gate.call("s3://b/", get(n), head) for n in "abc"), return_exceptions=True)
+        assert time.monotonic() - t0 < 0.6 and calls == ["first", "head"]
         assert all(isinstance(o, E.StoreTimeout) and "being tried again" in str(o) for o in outcomes), outcomes
-        assert await gate.call("s3://other/", lambda: asyncio.sleep(0, "other")) == "other"  # another store
+        assert await gate.call("s3://other/", lambda: asyncio.sleep(0, "other"), head) == "other"  # another store
         await asyncio.sleep(1.0)  # the probe failed (after its own budget): still down
         assert gate.down("s3://b/")
-        state["up"], state["delay"] = True, 0.05  # back: the probe answers within the wait
-        assert await asyncio.gather(gate.call("s3://b/", lambda: get("d")), gate.call("s3://b/", lambda: get("e"))) == [
-            "d",
+        state["delay"] = 0.0
+        with pytest.raises(E.StoreUnavailable, match="refused"):  # the probe's own error, within the wait
+            await gate.call("s3://b/", get("d"), head)
+        assert calls[-1] == "head"
+        state["up"], state["get_delay"] = True, 0.5  # back, slow to send: every call goes on with its own budget
+        assert await asyncio.gather(gate.call("s3://b/", get("e"), head), gate.call("s3://b/", get("f"), head)) == [
             "e",
+            "f",
         ]
-        assert not gate.down("s3://b/") and calls[-2:] == ["d", "e"]  # e waited for d's probe, then asked
-        state["up"] = False
+        assert not gate.down("s3://b/") and calls[-3:] == ["head", "e", "f"]  # one probe for both
+        state["up"], state["get_delay"] = False, 0.0
         with pytest.raises(E.StoreUnavailable):
-            await gate.call("s3://b/", lambda: get("f"))
+            await gate.call("s3://b/", get("g"), head)
 
         async def missing() -> str:
             raise E.NotFound("no such key")
 
-        with pytest.raises(E.StoreUnavailable):  # down again: the probe's own error, within the wait
-            await gate.call("s3://b/", lambda: get("g"))
         with pytest.raises(E.NotFound):
-            await gate.call("s3://b/", missing)  # an answer of the store: the outage is over
+            await gate.call("s3://b/", missing, missing)  # the probe got an answer of the store
         assert not gate.down("s3://b/")
 
     asyncio.run(run())
