@@ -23,8 +23,11 @@ from pcache.common import errors as E
 
 T = TypeVar("T")
 
-OUTAGE_WAIT = 1.0  # seconds a call waits for a store that failed to answer (OUTAGE_MEMORY), while one call tries it
-OUTAGE_MEMORY = 30.0  # seconds a store's failure to answer is remembered (:class:`OutageGate`)
+OUTAGE_WAIT = 1.0  # seconds a call of a store that failed to answer waits for the probe of it (:class:`OutageGate`)
+PROBE_TIMEOUT = 2.0  # seconds a probe of such a store may take (a HEAD: well under a second when it answers)
+# the key a probe HEADs under a bind's prefix: any answer, "no such key" the likeliest, is the store
+# up (not a key being read: one broken object must not keep its bucket down)
+PROBE_KEY = ".pcache-probe"
 
 
 def version_tag(info: ObjectInfo) -> str:
@@ -89,31 +92,31 @@ class OutageGate:
     for its whole budget.
 
     A store that refuses or hangs costs each call its whole budget of retries and timeouts
-    (seconds each): a data loader reading uncached files through an outage waited that long for
-    every block. For ``memory`` seconds after a call of a store (named by its URI) failed with
-    :class:`~pcache.common.errors.StoreUnavailable` or :class:`~pcache.common.errors.StoreTimeout`,
-    a call first needs the store to answer a *probe* (a HEAD: one at a time, with its own full
-    budget, in the background) and waits at most ``wait`` seconds for it. A store that is back
-    answers within it and the calls go on, each with its whole budget (a slow store is not taken
-    for a dead one); one still down fails them in ``wait`` seconds. Any answer of the store (an
-    object, NotFound) ends the outage. The master answers metadata calls the same way
-    (:mod:`pcache.master.service`, ``UFS_OUTAGE_WAIT``): the circuit breaker of Nygard's *Release
-    It!*, half-open with one trial request.
+    (``worker.ufs_timeout``, a minute): a data loader reading uncached files through an outage
+    waited that long for every block. Once a call of a store (named by its bucket's root URI:
+    every bind of the bucket shares it) failed with :class:`~pcache.common.errors.StoreUnavailable`
+    or :class:`~pcache.common.errors.StoreTimeout`, the store is *down* until it answers a
+    *probe*: a call of a down store starts one (the caller's ``probe``, a HEAD of
+    :data:`PROBE_KEY` bounded by :data:`PROBE_TIMEOUT`; one at a time, in the background) and every call waits at
+    most ``wait`` seconds for its outcome. A store that is back answers within it and the calls go
+    on, each with its whole budget (a slow transfer is not taken for a dead store); one still down
+    fails them in ``wait`` seconds. Any answer (NotFound, AccessDenied) is the store up; one
+    failed object does not keep it down, since the probe does not read that object.
+    The master answers metadata calls alike (:mod:`pcache.master.service`, ``UFS_OUTAGE_WAIT``):
+    the circuit breaker of Nygard's *Release It!*, half-open with one trial request.
     """
 
-    def __init__(self, *, wait: float = OUTAGE_WAIT, memory: float = OUTAGE_MEMORY) -> None:
+    def __init__(self, *, wait: float = OUTAGE_WAIT) -> None:
         self.wait = wait
-        self.memory = memory
-        self._failed: dict[str, float] = {}  # URI -> when a call of it last failed (monotonic seconds)
-        self._probes: dict[str, asyncio.Future] = {}  # URI -> the probe of it under way
+        self._failed: dict[str, float] = {}  # store -> when a call of it last failed (monotonic seconds)
+        self._probes: dict[str, asyncio.Future] = {}  # store -> the probe of it under way
 
-    def down(self, uri: str) -> bool:
-        """Whether a call of ``uri`` failed to get an answer in the last ``memory`` seconds."""
-        failed = self._failed.get(uri)
-        return failed is not None and time.monotonic() - failed < self.memory
+    def down(self, store: str) -> bool:
+        """Whether a call of ``store`` failed to get an answer and no probe got one since."""
+        return store in self._failed
 
-    async def call(self, uri: str, make: Callable[[], Awaitable[T]], probe: Callable[[], Awaitable[object]]) -> T:
-        """``await make()``; while ``uri`` is down, once ``probe()`` (shared with every call
+    async def call(self, store: str, make: Callable[[], Awaitable[T]], probe: Callable[[], Awaitable[object]]) -> T:
+        """``await make()``; while ``store`` is down, once ``probe()`` (shared with every call
         meanwhile) got an answer of the store.
 
         Raises:
@@ -121,34 +124,36 @@ class OutageGate:
             StoreUnavailable, StoreTimeout: the store is down and the probe failed so.
             PCacheError: ``make()``'s error.
         """
-        if self.down(uri):
-            running = self._probes.get(uri)
+        if store in self._failed:
+            running = self._probes.get(store)
             if running is None:
-                running = self._probes[uri] = asyncio.ensure_future(self._watched(uri, probe()))
-                running.add_done_callback(lambda f: self._probes.pop(uri, None) if self._probes.get(uri) is f else None)
+                running = self._probes[store] = asyncio.ensure_future(self._watched(store, probe()))
+                running.add_done_callback(
+                    lambda f: self._probes.pop(store, None) if self._probes.get(store) is f else None
+                )
                 running.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, even if no caller waits
             done, _ = await asyncio.wait([running], timeout=self.wait)
             if not done:
-                age = time.monotonic() - self._failed.get(uri, time.monotonic())
+                age = time.monotonic() - self._failed.get(store, time.monotonic())
                 raise E.StoreTimeout(
-                    f"under-store {uri} has not answered since a call failed {age:.0f} s ago; it is being tried"
-                    f" again, and this call waited {self.wait:g} s for it"
+                    f"under-store {store} has not answered since a call failed {age:.0f} s ago; it is being probed,"
+                    f" and this call waited {self.wait:g} s for the probe"
                 )
             exc = None if running.cancelled() else running.exception()
             if isinstance(exc, E.StoreUnavailable | E.StoreTimeout):
                 raise type(exc)(str(exc)) from exc  # the probe's error: a fresh one for each caller
-        return await self._watched(uri, make())
+        return await self._watched(store, make())
 
-    async def _watched(self, uri: str, call: Awaitable[T]) -> T:
+    async def _watched(self, store: str, call: Awaitable[T]) -> T:
         try:
             result = await call
         except (E.StoreUnavailable, E.StoreTimeout):
-            self._failed[uri] = time.monotonic()
+            self._failed[store] = time.monotonic()
             raise
         except E.PCacheError:
-            self._failed.pop(uri, None)  # an answer (NotFound, a changed object, refused credentials)
+            self._failed.pop(store, None)  # an answer (NotFound, a changed object, refused credentials)
             raise
-        self._failed.pop(uri, None)
+        self._failed.pop(store, None)
         return result
 
 

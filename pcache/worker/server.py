@@ -124,7 +124,7 @@ class WorkerServer:
             release_space=self.release_space,
         )
         self._ufs_stores: dict[str, ObjectStore] = {}  # bound stores, by URI (credentials of this host)
-        self._outages = ufs.OutageGate()  # a store that stopped answering: fetches wait 1 s for one HEAD of it
+        self._outages = ufs.OutageGate()  # a store that stopped answering: fetches wait 1 s for one probe of it
         # concurrent fetches ask where their blocks come from, and report them stored, together
         self._sources: Coalescer[int, pb.UfsSource] = Coalescer(self._ask_sources, MAX_BATCH)
         self._received: Coalescer[pb.BlockReport, None] = Coalescer(self._report_received, MAX_BATCH)
@@ -503,11 +503,13 @@ class WorkerServer:
         # only the version listed: S3 If-Match on its ETag; file:// checks size and mtime around the read
         key = prefix + src.key
         data = await self._outages.call(
-            src.uri,
+            ufs.bucket_root(src.uri)[0],
             lambda: ufs.call(
                 store.get(key, src.offset, src.length, if_match=src.etag), src.uri, self.cfg.ufs_timeout, key=key
             ),
-            probe=lambda: ufs.call(store.head(key), src.uri, self.cfg.ufs_timeout, key=key),
+            probe=lambda: ufs.call(
+                store.head(prefix + ufs.PROBE_KEY), src.uri, min(ufs.PROBE_TIMEOUT, self.cfg.ufs_timeout)
+            ),
         )
         if len(data) != src.length:
             raise StaleHandle(

@@ -492,11 +492,15 @@ def test_an_outage_gate_has_calls_of_a_store_that_failed_wait_briefly_for_one_pr
     from pcache.common.ufs import OutageGate
 
     calls: list[str] = []
-    state = {"up": False, "delay": 0.0, "get_delay": 0.0}
+    state = {"up": False, "delay": 0.0, "get_delay": 0.0, "probe_timeout": 10.0}
 
     async def request(name: str) -> str:
         calls.append(name)
-        await asyncio.sleep(state["delay"] + (state["get_delay"] if name != "head" else 0.0))
+        delay = state["delay"] + (state["get_delay"] if name != "head" else 0.0)
+        if name == "head" and delay > state["probe_timeout"]:  # the probe's own bound
+            await asyncio.sleep(state["probe_timeout"])
+            raise E.StoreTimeout("the probe timed out")
+        await asyncio.sleep(delay)
         if not state["up"]:
             raise E.StoreUnavailable("refused")
         return name
@@ -504,34 +508,38 @@ def test_an_outage_gate_has_calls_of_a_store_that_failed_wait_briefly_for_one_pr
     def get(name: str):
         return lambda: request(name)
 
-    head = get("head")
+    probe = get("head")
 
     async def run() -> None:
-        gate = OutageGate(wait=0.2, memory=60.0)
+        gate = OutageGate(wait=0.2)
         with pytest.raises(E.StoreUnavailable):
-            await gate.call("s3://b/", get("first"), head)  # its whole budget: not known down yet
+            await gate.call("s3://b/", get("first"), probe)  # its whole budget: not known down yet
         assert gate.down("s3://b/") and not gate.down("s3://other/") and calls == ["first"]
         state["delay"] = 1.0  # the store hangs now: one probe tries it, every caller waits 0.2 s
         t0 = time.monotonic()
-        outcomes = await asyncio.gather(*(gate.call("s3://b/", get(n), head) for n in "abc"), return_exceptions=True)
+        outcomes = await asyncio.gather(*(gate.call("s3://b/", get(n), probe) for n in "abc"), return_exceptions=True)
         assert time.monotonic() - t0 < 0.6 and calls == ["first", "head"]
-        assert all(isinstance(o, E.StoreTimeout) and "being tried again" in str(o) for o in outcomes), outcomes
-        assert await gate.call("s3://other/", lambda: asyncio.sleep(0, "other"), head) == "other"  # another store
-        await asyncio.sleep(1.0)  # the probe failed (after its own budget): still down
-        assert gate.down("s3://b/")
+        assert all(isinstance(o, E.StoreTimeout) and "being probed" in str(o) for o in outcomes), outcomes
+        assert await gate.call("s3://other/", lambda: asyncio.sleep(0, "other"), probe) == "other"  # another store
+        await asyncio.sleep(1.0)  # the probe failed, after its own budget
+        assert gate.down("s3://b/")  # down until a probe gets an answer, however long that takes
         state["delay"] = 0.0
         with pytest.raises(E.StoreUnavailable, match="refused"):  # the probe's own error, within the wait
-            await gate.call("s3://b/", get("d"), head)
+            await gate.call("s3://b/", get("d"), probe)
         assert calls[-1] == "head"
-        state["up"], state["get_delay"] = True, 0.5  # back, slow to send: every call goes on with its own budget
-        assert await asyncio.gather(gate.call("s3://b/", get("e"), head), gate.call("s3://b/", get("f"), head)) == [
-            "e",
+        state["delay"], state["probe_timeout"] = 100.0, 0.3  # hung: a probe ends at its own timeout
+        with pytest.raises(E.StoreTimeout):
+            await gate.call("s3://b/", get("e"), probe)
+        await asyncio.sleep(0.2)
+        state["up"], state["delay"], state["get_delay"] = True, 0.0, 0.5  # back, slow to send: own budgets
+        assert await asyncio.gather(gate.call("s3://b/", get("f"), probe), gate.call("s3://b/", get("g"), probe)) == [
             "f",
+            "g",
         ]
-        assert not gate.down("s3://b/") and calls[-3:] == ["head", "e", "f"]  # one probe for both
+        assert not gate.down("s3://b/") and calls[-3:] == ["head", "f", "g"]  # one probe for both
         state["up"], state["get_delay"] = False, 0.0
         with pytest.raises(E.StoreUnavailable):
-            await gate.call("s3://b/", get("g"), head)
+            await gate.call("s3://b/", get("h"), probe)
 
         async def missing() -> str:
             raise E.NotFound("no such key")
