@@ -6,6 +6,7 @@ The destination is always checked with an independent client (boto3, or the file
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -909,8 +910,8 @@ def test_copies_start_while_the_source_is_listed_and_random_kills_lose_nothing(
 
     uri, bucket = new_bucket()
     want = {f"{random.Random(i).getrandbits(64):016x}.bin": os.urandom(2000 + i) for i in range(1500)}
-    for key, body in want.items():
-        s3.put_object(Bucket=bucket, Key=f"data/{key}", Body=body)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda item: s3.put_object(Bucket=bucket, Key=f"data/{item[0]}", Body=item[1]), want.items()))
     with S3Proxy(moto_endpoint, delay=2.0, ops={"list"}) as proxy:
         slow = uri.replace(moto_endpoint, proxy.endpoint)
         dst = tmp_path / "dst"

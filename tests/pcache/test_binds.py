@@ -728,12 +728,12 @@ def test_a_directory_larger_than_a_page_is_listed_whole_and_in_order(admin: Clie
     s3 = _s3(moto_endpoint)
     # the first store page ends at "data.csv"; the directory "data" (key "data/") comes in the
     # second, yet sorts before "data.csv" by name: a page must not be answered without it
-    keys = [f"a{i:04d}" for i in range(999)] + ["data.csv", "data/x", "data-1"] + [f"k{i:05d}" for i in range(1500)]
+    keys = [f"a{i:04d}" for i in range(999)] + ["data.csv", "data/x", "data-1"] + [f"k{i:05d}" for i in range(500)]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: s3.put_object(Bucket=bucket, Key=f"p/{k}", Body=b"."), keys))
     names = sorted({k.split("/")[0] for k in keys})
     admin.bind("/pages", f"s3://{bucket}/p/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
-    assert admin.stat("/pages/k01234").size == 1  # one name looked up alone, before any listing
+    assert admin.stat("/pages/k00234").size == 1  # one name looked up alone, before any listing
     assert [e.name for e in admin.scandir("/pages")] == names
     assert [e.name for e in admin.scandir("/pages")] == names  # from the cache
     admin.unbind("/pages")
