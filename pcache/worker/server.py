@@ -196,6 +196,7 @@ class WorkerServer:
             await self.sc.stop()
         if self.server is not None:
             self.server.close()
+        self.data.close_peers()
         for link in self.links:
             await link.channel.close()
         for store in self._ufs_stores.values():
