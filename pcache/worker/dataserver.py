@@ -768,8 +768,9 @@ def check_pipeline(grant: BlockGrant, pipeline: Iterable[pb.WorkerAddr]) -> None
 
 def _usable(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
     """Whether an idle connection may carry another request: the peer has not closed it (a
-    restarted or stopped worker's end is closed by its kernel, and the event loop reads that
-    end of file as it arrives) and nothing failed on it."""
+    killed or restarted worker's end is closed by its kernel, and the event loop reads that end
+    of file as it arrives) and nothing failed on it. A stopped worker's stays open: a block
+    sent on it stalls as one sent on a new connection would (its PING stalls)."""
     return not (reader.at_eof() or reader.exception() is not None or writer.is_closing())
 
 
