@@ -220,6 +220,14 @@ class PCacheOperations(mfusepy.Operations):
         self._answers[threading.get_native_id()] = (path, st, time.monotonic())
         return st
 
+    def _unanswered(self) -> None:
+        """Drop what :meth:`_answer` kept on this thread. Called first by every operation that
+        may keep an answer and by ``truncate``: libfuse runs one SETATTR as chmod, chown,
+        truncate and utimens in turn, then one getattr, and none when a step fails; an answer
+        kept by an earlier step must not answer that getattr (the truncate came after it) nor
+        a later one (a step failed, and the answer stayed behind for the thread's next call)."""
+        self._answers.pop(threading.get_native_id(), None)
+
     def _answered(self, path: str) -> FileStat | None:
         """The attributes :meth:`_answer` kept on this thread for ``path``, used once."""
         last = self._answers.pop(threading.get_native_id(), None)
@@ -312,11 +320,13 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def chmod(self, path: str, mode: int) -> int:
+        self._unanswered()
         self._answer(path, self.client.setattr(path, mode=stat_mod.S_IMODE(mode)))
         return 0
 
     @translate_errors
     def chown(self, path: str, uid: int, gid: int) -> int:
+        self._unanswered()
         # -1 (as unsigned) means "leave unchanged"
         st = self.client.setattr(
             path, uid=None if uid in (-1, 0xFFFFFFFF) else uid, gid=None if gid in (-1, 0xFFFFFFFF) else gid
@@ -326,6 +336,7 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        self._unanswered()
         now = _now_ns()
         atime, mtime = times if times is not None else (now, now)
         # libfuse passes utimensat's UTIME_NOW / UTIME_OMIT as a bare tv_nsec (tv_sec 0)
@@ -432,6 +443,7 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def mkdir(self, path: str, mode: int) -> int:
+        self._unanswered()
         self._answer(path, self.client.mkdir(path, stat_mod.S_IMODE(mode), owner=_caller()))
         return 0
 
@@ -466,12 +478,14 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def link(self, target: str, source: str) -> int:
+        self._unanswered()
         # mfusepy: link(the new name, the existing file)
         self._answer(target, self.client.link(source, target))
         return 0
 
     @translate_errors
     def mknod(self, path: str, mode: int, dev: int) -> int:
+        self._unanswered()
         if stat_mod.S_ISREG(mode):
             self.client.open(path, "xb", perm=stat_mod.S_IMODE(mode), owner=_caller()).close()
         else:  # FIFOs, sockets, device nodes: the inode is ours, their behaviour the kernel's
@@ -500,6 +514,7 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def create(self, path: str, mode: int, fi: Any = None) -> int:
+        self._unanswered()
         flags = fi if isinstance(fi, int) else os.O_RDWR
         kind = "xb" if flags & os.O_EXCL else "w+b"
         shared = None if flags & os.O_EXCL else self._writer_of(path)
@@ -614,6 +629,7 @@ class PCacheOperations(mfusepy.Operations):
 
     @translate_errors
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        self._unanswered()
         f = self._handles.get(fh) if fh is not None else self._writer_of(path)
         if f is not None and f.writable():
             before = f.version

@@ -99,3 +99,54 @@ def test_without_allow_other_no_other_uid_gets_in(mounted_cluster) -> None:
     finally:
         mount.stop()
         shutil.rmtree(where, ignore_errors=True)
+
+
+def test_a_truncate_by_another_uid_of_a_setuid_file_shows_the_truncate_not_the_mode_change(mounted_cluster) -> None:
+    """Another uid's truncate of a set-id file reaches the mount as one SETATTR that libfuse runs
+    as a chmod (the kernel clears the set-id bits) then a truncate, then one getattr: that getattr
+    must give the truncate's attributes, not the chmod's (the mtime before the truncate stayed in
+    the kernel for the attribute timeout). A truncate that fails after the chmod (EFBIG) leaves
+    nothing behind: the mount's next getattr on that thread gave the chmod's mode, after another
+    client had changed it (one FUSE thread, so that it is the same thread)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (setpriv to another uid)")
+    import stat as stat_mod
+    import sys
+    import time
+
+    from pcache.client import Client
+
+    cluster, _ = mounted_cluster
+    where = reachable_dir()
+    client = Client(master=cluster.master_address)
+    cached = Mount(cluster.master_address, where / "cached", "--allow-other", "--attr-timeout", "1",
+                   "--entry-timeout", "1").start()  # fmt: skip
+    try:
+        path = cached.path / "setuid"
+        path.write_bytes(b"0123456789")
+        os.chmod(path, 0o4777)
+        time.sleep(0.05)  # the truncate's mtime is later than the chmod's
+        script = "import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY)\nos.ftruncate(fd, 3)\nst = os.fstat(fd)\nprint(st.st_mode, st.st_size, st.st_mtime_ns)"  # noqa: E501
+        r = as_user(sys.executable, "-c", script, str(path))
+        assert r.returncode == 0, r.stderr
+        mode, size, mtime_ns = map(int, r.stdout.split())
+        truth = client.stat("/setuid")
+        assert (stat_mod.S_IMODE(mode), size) == (0o777, 3) == (truth.mode & 0o7777, truth.size)
+        assert mtime_ns == int(truth.mtime * 1e9)  # the truncate's, as the master has it
+    finally:
+        cached.stop()
+    one = Mount(cluster.master_address, where / "one", "--allow-other", "--attr-timeout", "0", "--entry-timeout", "0",
+                "--max-threads", "1").start()  # fmt: skip
+    try:
+        path = one.path / "setuid"
+        with open(path, "rb") as f:  # an fstat of it: a getattr on the one FUSE thread, no path walk
+            for _ in range(5):
+                os.chmod(path, 0o4777)
+                r = as_user(sys.executable, "-c", "import os, sys\nos.truncate(sys.argv[1], 1 << 43)", str(path))
+                assert r.returncode != 0 and "File too large" in r.stderr  # after the chmod step
+                client.setattr("/setuid", mode=0o700)  # another client, after the failed SETATTR
+                assert stat_mod.S_IMODE(os.fstat(f.fileno()).st_mode) == 0o700
+    finally:
+        client.close()
+        one.stop()
+        shutil.rmtree(where, ignore_errors=True)
