@@ -61,6 +61,7 @@ FETCHES_AT_ONCE = 32
 # round trip per block (0.7 ms of a 4 KiB block's 3-4 ms on loopback; a TLS handshake with TLS)
 PEER_IDLE = 30.0  # seconds one waits unused (well inside the peer's IDLE_TIMEOUT, when it drops it)
 PEER_POOL = 8  # idle connections kept per peer
+PEER_SWEEP = 5.0  # seconds between closings of idle connections past PEER_IDLE or closed by their peer
 ROOM_TRIES = 8  # evictions a writer out of room asks for before NoSpace
 ROOM_POLL = 0.05  # seconds between looks at the writes a writer out of room waits for
 
@@ -127,6 +128,7 @@ class DataServer:
         self.accepted = 0  # data connections accepted (tests)
         # peer "id@host:port" -> idle connections to it, newest last: (reader, writer, idle since)
         self._idle_peers: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]]] = {}
+        self._sweeping: asyncio.TimerHandle | None = None  # the next _sweep_peers, while any is idle
         self._throttle_until = 0.0
         self.bandwidth_limit = bandwidth_limit  # bytes/s, 0 = unlimited
         self.tls = tls  # client side of this worker's own connections (pipelines, re-replication)
@@ -393,18 +395,39 @@ class DataServer:
 
     def _keep_peer(self, addr: pb.WorkerAddr, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Keep a connection whose request was answered whole for the next block to ``addr``."""
-        now = time.monotonic()
         idle = self._idle_peers.setdefault(_peer_key(addr), [])
-        for old in [entry for entry in idle if now - entry[2] >= PEER_IDLE or not _usable(entry[0], entry[1])]:
-            idle.remove(old)
-            framing.close_writer(old[1])
         if len(idle) < PEER_POOL and _usable(reader, writer):
-            idle.append((reader, writer, now))
+            idle.append((reader, writer, time.monotonic()))
+            if self._sweeping is None:
+                self._sweeping = asyncio.get_running_loop().call_later(PEER_SWEEP, self._sweep_peers)
         else:
             framing.close_writer(writer)
 
+    def _sweep_peers(self) -> None:
+        """Close the idle connections of every peer that sat unused for :data:`PEER_IDLE` or that
+        their peer closed, every :data:`PEER_SWEEP` seconds while any is kept: a peer restarted
+        on another port is never asked again under its old address, and its connections were
+        left half closed."""
+        self._sweeping = None
+        now = time.monotonic()
+        for key, idle in list(self._idle_peers.items()):
+            for entry in [e for e in idle if now - e[2] >= PEER_IDLE or not _usable(e[0], e[1])]:
+                idle.remove(entry)
+                framing.close_writer(entry[1])
+            if not idle:
+                del self._idle_peers[key]
+        if self._idle_peers:
+            self._sweeping = asyncio.get_running_loop().call_later(PEER_SWEEP, self._sweep_peers)
+
+    def idle_peers(self) -> int:
+        """Idle worker-to-worker connections kept now (tests)."""
+        return sum(len(idle) for idle in self._idle_peers.values())
+
     def close_peers(self) -> None:
         """Close the idle worker-to-worker connections (the worker stops)."""
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            self._sweeping = None
         for idle in self._idle_peers.values():
             for _reader, writer, _since in idle:
                 framing.close_writer(writer)

@@ -75,6 +75,8 @@ def test_blocks_to_one_worker_share_a_connection_and_a_restarted_peer_gets_a_new
         return await src.send_block(block_id, crc32c(body), len(body), piece, targets, token=token(block_id),
                                     pipeline=True)  # fmt: skip
 
+    monkeypatch.setattr(dataserver, "PEER_SWEEP", 0.1)
+
     async def scenario() -> None:
         w0 = await Served("w0", tmp_path, ring).start()  # the sender (a short-circuit writer's worker)
         w1 = await Served("w1", tmp_path, ring).start()
@@ -98,6 +100,20 @@ def test_blocks_to_one_worker_share_a_connection_and_a_restarted_peer_gets_a_new
             assert await send(w0.ds, 12, [w1.addr(), w2.addr()]) == ["w1", "w2"]
             assert await send(w0.ds, 13, [w1.addr(), w2.addr()]) == ["w1", "w2"]
             assert (w1.ds.accepted, w2.ds.accepted) == (2, 2)
+
+            # restarted on another port: never asked again under the old address, its kept
+            # connection (closed at the far end) is closed by the sweep (it was left half closed)
+            monkeypatch.setattr(dataserver, "PEER_IDLE", 30.0)
+            old = w2.addr()
+            await w2.stop()
+            w2 = await Served("w2", tmp_path / "moved", ring).start()
+            assert w2.addr().port != old.port and w1.ds.idle_peers() == 1
+            assert await send(w0.ds, 14, [w1.addr(), w2.addr()]) == ["w1", "w2"]
+            for _ in range(50):
+                if w1.ds.idle_peers() == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert w1.ds.idle_peers() == 1 and w1.ds._idle_peers.keys() == {dataserver._peer_key(w2.addr())}
         finally:
             for served in (w0, w1, w2):
                 await served.stop()
