@@ -736,6 +736,12 @@ class DataClient:
             ok = not reply.error
             self.health.answered(head.worker_id, started=started)
             framing.raise_if_error(reply)
+            if reply.op != pb.RESPONSE or reply.block_id != block_id or head.worker_id not in reply.replicas:
+                # not that worker's answer (another service took its port and echoed the request)
+                ok = False
+                raise Unavailable(
+                    f"{head.host}:{head.port} did not answer as worker {head.worker_id} storing block {block_id}"
+                )
             return list(reply.replicas)
         except (Unavailable, Timeout):
             self.health.suspect(head.worker_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import random
@@ -351,3 +352,50 @@ def test_the_master_ends_an_idle_batch_stream_and_the_client_opens_another(make_
         assert time.monotonic() - start < 2
         assert pc.stat("/idle").size == 7
         assert pc.aio.master._streams[0] is not first and not pc.aio.master._streams[0].done()
+
+
+def test_a_dead_workers_port_answered_by_another_service_costs_no_write(make_cluster, caplog) -> None:
+    """A dead worker's data port taken by another service before the master declares the worker
+    dead (here one that echoes every byte): a block written there goes to another worker. The
+    echoed request was taken for the answer, a block stored on no replica, and the file's close
+    failed EINVAL ("block N has no replica")."""
+    import socket
+
+    cluster = make_cluster(workers=2, master_args=["--master.default_replication=1", "--master.dead_after=60"])
+    dead = cluster.worker_procs[1]
+    port = int(dead.address.rsplit(":", 1)[1])
+    cluster.kill(dead)
+    stop = threading.Event()
+
+    def echo(server: socket.socket) -> None:
+        def serve(conn: socket.socket) -> None:
+            with conn, contextlib.suppress(OSError):
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                threading.Thread(target=serve, args=(server.accept()[0],), daemon=True).start()
+
+    server = socket.create_server(("127.0.0.1", port))
+    server.settimeout(0.2)
+    squatter = threading.Thread(target=echo, args=(server,))
+    squatter.start()
+    written: dict[str, bytes] = {}
+    try:
+        with (
+            caplog.at_level("WARNING", logger="pcache.client"),
+            Client(ClientConfig(master=cluster.master_address, short_circuit=False)) as pc,
+        ):
+            for i in range(60):
+                written[f"/f{i}"] = os.urandom(1000 + i)
+                pc.write_file(f"/f{i}", written[f"/f{i}"])
+                if "did not answer as worker" in caplog.text and i >= 10:
+                    break
+            assert "did not answer as worker" in caplog.text  # blocks were placed on the dead worker
+            for path, data in written.items():
+                assert pc.read_file(path) == data
+    finally:
+        stop.set()
+        squatter.join()
+        server.close()
