@@ -217,6 +217,8 @@ class PCacheOperations(mfusepy.Operations):
         ``setattr`` 1.0 ms; ``tar x`` makes four such operations per file). The attributes are
         this mutation's own and answer only a getattr of the same path within :data:`ANSWER_TTL`
         seconds, well inside the attribute timeout the kernel then caches them for."""
+        if len(self._answers) > KNOWN_STATS:  # threads libfuse ended with an answer kept (a failed SETATTR)
+            self._answers.clear()
         self._answers[threading.get_native_id()] = (path, st, time.monotonic())
         return st
 
