@@ -140,31 +140,43 @@ class LocalCluster:
             args += ["--config", self.config]
         return args
 
-    def _spawn(self, proc: Proc) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            proc.ready_file.unlink()
-        with open(proc.log, "ab") as log:
-            proc.popen = subprocess.Popen(
-                # a launcher killed with -9 takes them along
-                [*die_with_parent(signal.SIGTERM), *proc.args, "--ready-file", str(proc.ready_file)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C in a terminal reaches the launcher, which stops them in order
-            )
-        deadline = time.monotonic() + self.start_timeout
+    def _spawn(self, *procs: Proc) -> None:
+        """Start ``procs`` at once and wait until each has written its ready file (address).
+
+        Raises:
+            Unavailable: one exited at start (its log's tail is in the message).
+            Timeout: one did not start within ``start_timeout`` seconds.
+        """
         try:
-            while not proc.ready_file.exists():
-                if proc.popen.poll() is not None:
-                    tail = proc.log.read_text(errors="replace")[-2000:]
-                    raise Unavailable(f"{proc.name} exited with {proc.popen.returncode} at start:\n{tail}")
-                if time.monotonic() > deadline:
-                    raise Timeout(f"{proc.name} did not start within {self.start_timeout}s (log: {proc.log})")
-                time.sleep(0.05)
+            for proc in procs:
+                with contextlib.suppress(FileNotFoundError):
+                    proc.ready_file.unlink()
+                with open(proc.log, "ab") as log:
+                    proc.popen = subprocess.Popen(
+                        # a launcher killed with -9 takes them along
+                        [*die_with_parent(signal.SIGTERM), *proc.args, "--ready-file", str(proc.ready_file)],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,  # Ctrl-C in a terminal reaches the launcher, which stops them in order
+                    )
+            deadline = time.monotonic() + self.start_timeout
+            for proc in procs:  # they start side by side: a cluster of 3 workers starts in the time of about 2
+                assert proc.popen is not None
+                while not proc.ready_file.exists():
+                    if proc.popen.poll() is not None:
+                        tail = proc.log.read_text(errors="replace")[-2000:]
+                        raise Unavailable(f"{proc.name} exited with {proc.popen.returncode} at start:\n{tail}")
+                    if time.monotonic() > deadline:
+                        raise Timeout(f"{proc.name} did not start within {self.start_timeout}s (log: {proc.log})")
+                    time.sleep(0.05)
         except BaseException:  # Ctrl-C or a failed start: leave no half-started process behind
-            self.kill(proc, signal.SIGKILL)
+            for proc in procs:
+                if proc.popen is not None:
+                    self.kill(proc, signal.SIGKILL)
             raise
-        proc.address = proc.ready_file.read_text().strip()
+        for proc in procs:
+            proc.address = proc.ready_file.read_text().strip()
 
     def start_master(self) -> Proc:
         """Start (or restart) the master on the same data directory."""
@@ -200,32 +212,38 @@ class LocalCluster:
 
     def start_ha_master(self, index: int, *, wipe: bool = False) -> Proc:
         """Start (or restart) master ``index`` of an HA pair; ``wipe`` empties its data directory first."""
-        assert self.etcd is not None, "start etcd first"
-        data = self.root / f"master-{index}"
-        if wipe:
-            import shutil
+        return self._start_ha_masters([index], wipe=wipe)[0]
 
-            shutil.rmtree(data, ignore_errors=True)
-        port = self._master_ports.get(index, self.master_port + index if self.master_port else 0)
+    def _start_ha_masters(self, indices: list[int], *, wipe: bool = False) -> list[Proc]:
+        assert self.etcd is not None, "start etcd first"
         self._credentials()
-        args = self._base("master") + [
-            f"--master.data_dir={data}",
-            f"--master.port={port}",
-            f"--master.etcd={self.etcd.endpoint}",
-            f"--master.keys_file={self.keys_file}",
-            *([f"--master.tls_dir={self.tls_dir}"] if self.tls_dir else []),
-            *self.master_args,
-        ]
-        name = f"master-{index}"
-        proc = Proc(name, args, self.root / "logs" / f"{name}.log", self.root / f"{name}.ready")
-        self._spawn(proc)
-        self._remember(proc.address)
-        self._master_ports[index] = int(proc.address.rsplit(":", 1)[1])
-        if index < len(self.master_procs):
-            self.master_procs[index] = proc
-        else:
-            self.master_procs.append(proc)
-        return proc
+        procs = []
+        for index in indices:
+            data = self.root / f"master-{index}"
+            if wipe:
+                import shutil
+
+                shutil.rmtree(data, ignore_errors=True)
+            port = self._master_ports.get(index, self.master_port + index if self.master_port else 0)
+            args = self._base("master") + [
+                f"--master.data_dir={data}",
+                f"--master.port={port}",
+                f"--master.etcd={self.etcd.endpoint}",
+                f"--master.keys_file={self.keys_file}",
+                *([f"--master.tls_dir={self.tls_dir}"] if self.tls_dir else []),
+                *self.master_args,
+            ]
+            name = f"master-{index}"
+            procs.append(Proc(name, args, self.root / "logs" / f"{name}.log", self.root / f"{name}.ready"))
+        self._spawn(*procs)
+        for index, proc in zip(indices, procs, strict=True):
+            self._remember(proc.address)
+            self._master_ports[index] = int(proc.address.rsplit(":", 1)[1])
+            if index < len(self.master_procs):
+                self.master_procs[index] = proc
+            else:
+                self.master_procs.append(proc)
+        return procs
 
     def leader(self, timeout: float = 30.0) -> Proc:
         """The master process that leads now (waits for one).
@@ -278,40 +296,51 @@ class LocalCluster:
 
         ``extra_args`` (``--worker.key=value``) apply to this worker only, after ``worker_args``.
         """
+        return self._start_workers([index], extra_args)[0]
+
+    def _start_workers(self, indices: list[int], extra_args: list[str] | None = None) -> list[Proc]:
         assert self.master is not None or self.master_procs, "start the master first"
-        extra = extra_args if extra_args is not None else self.per_worker_args.get(index, [])
-        args = self._base("worker") + [
-            f"--worker.data_dir={self.root / f'worker-{index}'}",
-            f"--worker.master={self.master_address}",
-            f"--worker.token_file={self.secrets / 'worker.token'}",
-            *([f"--worker.tls_dir={self.tls_dir}"] if self.tls_dir else []),
-            *self.worker_args,
-            *extra,
-        ]
-        proc = Proc(
-            f"worker-{index}", args, self.root / "logs" / f"worker-{index}.log", self.root / f"worker-{index}.ready"
-        )
-        self._spawn(proc)
-        if index < len(self.worker_procs):
-            self.worker_procs[index] = proc
-        else:
-            self.worker_procs.append(proc)
-        return proc
+        procs = []
+        for index in indices:
+            extra = extra_args if extra_args is not None else self.per_worker_args.get(index, [])
+            args = self._base("worker") + [
+                f"--worker.data_dir={self.root / f'worker-{index}'}",
+                f"--worker.master={self.master_address}",
+                f"--worker.token_file={self.secrets / 'worker.token'}",
+                *([f"--worker.tls_dir={self.tls_dir}"] if self.tls_dir else []),
+                *self.worker_args,
+                *extra,
+            ]
+            log = self.root / "logs" / f"worker-{index}.log"
+            procs.append(Proc(f"worker-{index}", args, log, self.root / f"worker-{index}.ready"))
+        self._spawn(*procs)
+        for index, proc in zip(indices, procs, strict=True):
+            if index < len(self.worker_procs):
+                self.worker_procs[index] = proc
+            else:
+                self.worker_procs.append(proc)
+        return procs
 
     def start(self, *, manifest: bool = True) -> LocalCluster:
-        """Start everything, wait until every worker has registered, write ``cluster.json``."""
-        if self.masters > 1:
-            self.start_etcd()
-            for i in range(self.masters):
-                self.start_ha_master(i)
-            self.leader(self.start_timeout)
-        else:
-            self.start_master()
-        for i in range(self.workers):
-            self.start_worker(i)
-        self.wait_workers(self.workers)
-        if self.masters > 1:
-            self.wait_in_sync()
+        """Start everything, wait until every worker has registered, write ``cluster.json``.
+
+        Raises:
+            Unavailable, Timeout: a process did not start; every one this call started is stopped.
+        """
+        try:
+            if self.masters > 1:
+                self.start_etcd()
+                self._start_ha_masters(list(range(self.masters)))
+                self.leader(self.start_timeout)
+            else:
+                self.start_master()
+            self._start_workers(list(range(self.workers)))
+            self.wait_workers(self.workers)
+            if self.masters > 1:
+                self.wait_in_sync()
+        except BaseException:
+            self.stop()
+            raise
         if manifest:
             self.write_manifest()
         return self

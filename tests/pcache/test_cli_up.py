@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REQUIRES_ETCD
 
 
@@ -140,3 +142,27 @@ def test_pcache_up_restarts_a_dead_etcd_and_stops_it_at_the_end(tmp_path: Path) 
         _, err = up.communicate(timeout=90)
     assert "etcd exited" in err and "restarting it" in err, err
     assert not pid_alive(second)
+
+
+def test_a_worker_that_cannot_start_stops_the_ones_started_beside_it(tmp_path: Path) -> None:
+    """The workers of a cluster start side by side: one that exits at start fails the start by
+    name with its log's tail, and the others and the master, already running, are stopped (the
+    master and worker-0 were left running before)."""
+    from pcache.common.errors import Unavailable
+    from pcache.local import LocalCluster
+
+    cluster = LocalCluster(str(tmp_path / "c"), workers=3, per_worker_args={1: ["--worker.no_such_option=1"]})
+    with pytest.raises(Unavailable, match="worker-1 exited with 3 at start:\n.*unknown option worker.no_such_option"):
+        cluster.start()
+    assert cluster.worker_procs == []
+    started = list((tmp_path / "c").glob("worker-*.ready"))
+    assert started, "the others were not started beside worker-1"
+    for log in ("worker-0.log", "worker-2.log"):
+        assert (tmp_path / "c" / "logs" / log).exists()
+    cmdlines = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
+        except OSError:
+            continue
+    assert not [c for c in cmdlines if str(tmp_path / "c") in c]  # nor the master
