@@ -80,7 +80,11 @@ def test_pjdfstest_suite(suite: str, pjdfstest: Path, strict_mount: Path) -> Non
     work = strict_mount / f"pjd-{suite}"
     work.mkdir()
     res = subprocess.run(
-        ["prove", "-r", str(pjdfstest / "tests" / suite)], cwd=work, capture_output=True, text=True, timeout=800
+        ["prove", "-j", "4", "-r", str(pjdfstest / "tests" / suite)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=800,
     )
     failed = [line for line in res.stdout.splitlines() if "Failed" in line or "not ok" in line]
     summary = [line for line in res.stdout.splitlines() if line.startswith(("Files=", "Result:"))]

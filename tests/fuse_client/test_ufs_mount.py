@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from babel.testing.servers import Server
 from pcache.client import Client
 from pcache.common.config import ClientConfig
 from pcache.local import LocalCluster
 from tests.conftest import FAST_MASTER, create_bucket, stdlib_copy
 from tests.fuse_client.conftest import Mount
-from tests.pcache.test_binds import counting_gets
+from tests.pcache.test_binds import _Gets
 
 
 def _files(root: Path) -> dict[str, Path]:
@@ -31,7 +32,7 @@ def _files(root: Path) -> dict[str, Path]:
 
 @pytest.mark.slow
 def test_the_stdlib_in_a_bucket_reads_through_the_mount_and_a_second_pass_makes_no_get(
-    fuse_ready, moto_endpoint: str, tmp_path: Path
+    fuse_ready, moto_endpoint: str, moto_server: Server, tmp_path: Path
 ) -> None:
     import boto3
 
@@ -48,18 +49,18 @@ def test_the_stdlib_in_a_bucket_reads_through_the_mount_and_a_second_pass_makes_
         mount = Mount(cluster.master_address, tmp_path / "mnt").start()  # the default tenant's view
         try:
             root = mount.path / "stdlib"
-            with counting_gets(bucket, "lib/") as gets:
-                seen = _files(root)
-                assert set(seen) == set(files)
-                for rel, path in files.items():
-                    assert (root / rel).read_bytes() == path.read_bytes(), rel
-                first = gets.count
-                assert first >= sum(1 for p in files.values() if p.stat().st_size)  # one GET a non-empty file
-                print(f"\n{len(files)} files, {sum(p.stat().st_size for p in files.values()) / 1e6:.1f} MB; "
-                      f"first pass {first} GETs")  # fmt: skip
-                for rel, path in files.items():
-                    assert (root / rel).read_bytes() == path.read_bytes(), rel
-                assert gets.count == first  # the second pass never reached the store
+            gets = _Gets(moto_server, bucket, "lib/")
+            seen = _files(root)
+            assert set(seen) == set(files)
+            for rel, path in files.items():
+                assert (root / rel).read_bytes() == path.read_bytes(), rel
+            first = gets.count
+            assert first >= sum(1 for p in files.values() if p.stat().st_size)  # one GET a non-empty file
+            print(f"\n{len(files)} files, {sum(p.stat().st_size for p in files.values()) / 1e6:.1f} MB; "
+                  f"first pass {first} GETs")  # fmt: skip
+            for rel, path in files.items():
+                assert (root / rel).read_bytes() == path.read_bytes(), rel
+            assert gets.count == first  # the second pass never reached the store
         finally:
             mount.stop()
 

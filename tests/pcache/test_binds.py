@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import errno
 import json
-import logging
 import os
 import re
 import signal
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from babel.testing.servers import Server
 from pcache.client import Client
 from pcache.common import errors as E
 from pcache.common import framing
@@ -32,7 +31,7 @@ from pcache.master.metastore import open_metastore
 from pcache.master.namespace import Namespace
 from pcache.proto import pcache_pb2 as pb
 from pcache.worker.blockstore import block_file
-from tests.conftest import create_bucket
+from tests.conftest import create_bucket, log_mark, logged_requests
 
 BLOCK = 4096
 SECRET = "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY"
@@ -562,35 +561,19 @@ def test_a_file_tree_bound_without_etags_tells_versions_apart_by_size_and_mtime(
 # ----------------------------------------------------------- read-through --
 
 
-class _Gets(logging.Handler):
-    """Counts the object GETs under a key prefix that moto's server (in this process) answers."""
+class _Gets:
+    """Counts the object GETs under a key prefix that the moto server answered since this was made."""
 
-    def __init__(self, bucket: str, key: str) -> None:
-        super().__init__()
-        self.path = f"GET /{bucket}/{key}"
-        self.count = 0
+    def __init__(self, moto: Server, bucket: str, key: str) -> None:
+        self.moto, self.since, self.path = moto, log_mark(moto), f"GET /{bucket}/{key}"
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.path in record.getMessage():
-            self.count += 1
-
-
-@contextlib.contextmanager
-def counting_gets(bucket: str, key: str):
-    handler = _Gets(bucket, key)
-    log = logging.getLogger("werkzeug")
-    old = log.level
-    log.setLevel(logging.INFO)
-    log.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old)
+    @property
+    def count(self) -> int:
+        return sum(1 for line in logged_requests(self.moto, self.since) if line.startswith(self.path))
 
 
 def test_read_through_fetches_each_block_once_for_every_concurrent_reader_and_then_serves_the_cache(
-    admin: Client, moto_endpoint: str
+    admin: Client, moto_endpoint: str, moto_server: Server
 ) -> None:
     bucket = create_bucket(moto_endpoint)
     body = os.urandom(3 * BOUND_BLOCK + 12345)  # 4 blocks, the last one short
@@ -599,20 +582,20 @@ def test_read_through_fetches_each_block_once_for_every_concurrent_reader_and_th
     assert admin.layout("/rt/big.bin").blocks[0].crc32c == 0  # block records made, nothing cached yet
     report = admin.fsck("/rt")
     assert (report.files, report.blocks, list(report.damaged)) == (1, 4, [])  # not cached is not missing
-    with counting_gets(bucket, "big.bin") as gets:
-        results: list[bytes] = []
-        threads = [threading.Thread(target=lambda: results.append(admin.read_file("/rt/big.bin"))) for _ in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert len(results) == 8 and all(r == body for r in results)
-        assert gets.count == 4  # one ranged GET per block, shared by the 8 readers
-        with admin.open("/rt/big.bin", "rb") as f:  # ranges across block boundaries, from the cache now
-            f.seek(BOUND_BLOCK - 10)
-            assert f.read(20) == body[BOUND_BLOCK - 10 : BOUND_BLOCK + 10]
-        assert admin.read_file("/rt/big.bin") == body
-        assert gets.count == 4
+    gets = _Gets(moto_server, bucket, "big.bin")
+    results: list[bytes] = []
+    threads = [threading.Thread(target=lambda: results.append(admin.read_file("/rt/big.bin"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 8 and all(r == body for r in results)
+    assert gets.count == 4  # one ranged GET per block, shared by the 8 readers
+    with admin.open("/rt/big.bin", "rb") as f:  # ranges across block boundaries, from the cache now
+        f.seek(BOUND_BLOCK - 10)
+        assert f.read(20) == body[BOUND_BLOCK - 10 : BOUND_BLOCK + 10]
+    assert admin.read_file("/rt/big.bin") == body
+    assert gets.count == 4
     assert admin.stat("/rt/big.bin").blocks == 4
     layout = admin.layout("/rt/big.bin")
     assert all(b.crc32c for b in layout.blocks) and all(b.replicas for b in layout.blocks)  # CRCs known now
@@ -1225,49 +1208,43 @@ def test_a_fetch_request_fetches_only_what_each_token_allows_and_fails_each_bloc
 # ------------------------------------------------------------- write-back --
 
 
-class _Completes(logging.Handler):
-    """The keys moto's server completes multipart uploads of (or PUTs), in order."""
+class _Completes:
+    """The keys the moto server completed multipart uploads of (or PUT) since this was made, in order."""
 
-    def __init__(self, bucket: str) -> None:
-        super().__init__()
-        self.bucket = bucket
-        self.keys: list[str] = []
+    def __init__(self, moto: Server, bucket: str) -> None:
+        self.moto, self.since, self.bucket = moto, log_mark(moto), bucket
 
-    def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage()
-        for verb in ("POST", "PUT"):
-            marker = f"{verb} /{self.bucket}/"
-            if marker in text:
-                key, _, query = text.split(marker, 1)[1].split(" ", 1)[0].partition("?")
-                if (verb == "POST" and query.startswith("uploadId=")) or (verb == "PUT" and not query):
-                    self.keys.append(key)
+    @property
+    def keys(self) -> list[str]:
+        keys = []
+        for line in logged_requests(self.moto, self.since):
+            for verb in ("POST", "PUT"):
+                marker = f"{verb} /{self.bucket}/"
+                if line.startswith(marker):
+                    key, _, query = line[len(marker) :].split(" ", 1)[0].partition("?")
+                    if (verb == "POST" and query.startswith("uploadId=")) or (verb == "PUT" and not query):
+                        keys.append(key)
+        return keys
 
 
 def test_write_back_uploads_closed_files_in_close_order_and_deletes_and_renames_follow(
-    admin: Client, moto_endpoint: str
+    admin: Client, moto_endpoint: str, moto_server: Server
 ) -> None:
     bucket = create_bucket(moto_endpoint)
     s3 = _s3(moto_endpoint)
     admin.bind("/wbk", f"s3://{bucket}/run/?endpoint_url={moto_endpoint}", mode="writeback")
     admin.mkdir("/wbk/step-1")
     shards = {f"step-1/shard-{i}.pt": os.urandom(3 * BOUND_BLOCK + 99 * i) for i in range(3)}
-    handler = _Completes(bucket)
-    log = logging.getLogger("werkzeug")
-    old, log.level = log.level, logging.INFO
-    log.addHandler(handler)
-    try:
-        for key, body in shards.items():
-            admin.write_file(f"/wbk/{key}", body)
-        admin.write_file("/wbk/step-1/.metadata", b"meta")
-        admin.write_file("/wbk/empty", b"")
-        assert admin.stat("/wbk/step-1/.metadata").persist in ("pending", "done")
-        assert admin.wait_persisted("/wbk", timeout=60) == 5
-        deadline = time.monotonic() + 5  # the server logs a request after answering it
-        while len(handler.keys) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old)
+    handler = _Completes(moto_server, bucket)
+    for key, body in shards.items():
+        admin.write_file(f"/wbk/{key}", body)
+    admin.write_file("/wbk/step-1/.metadata", b"meta")
+    admin.write_file("/wbk/empty", b"")
+    assert admin.stat("/wbk/step-1/.metadata").persist in ("pending", "done")
+    assert admin.wait_persisted("/wbk", timeout=60) == 5
+    deadline = time.monotonic() + 5  # the server logs a request after answering it
+    while len(handler.keys) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
     expected = [f"run/{k}" for k in shards] + ["run/step-1/.metadata", "run/empty"]
     assert handler.keys == expected  # visible in the order the files were closed
     for key, body in {**shards, "step-1/.metadata": b"meta", "empty": b""}.items():
