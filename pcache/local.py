@@ -161,7 +161,7 @@ class LocalCluster:
                         start_new_session=True,  # Ctrl-C in a terminal reaches the launcher, which stops them in order
                     )
             deadline = time.monotonic() + self.start_timeout
-            for proc in procs:  # they start side by side: a cluster of 3 workers starts in the time of about 2
+            for proc in procs:  # they start side by side: their interpreters start and import at once
                 assert proc.popen is not None
                 while not proc.ready_file.exists():
                     if proc.popen.poll() is not None:

@@ -277,4 +277,8 @@ def channel_options(max_message_bytes: int = 64 << 20, *, retries: bool = True) 
         ("grpc.keepalive_timeout_ms", 5_000),
         ("grpc.initial_reconnect_backoff_ms", 200),
         ("grpc.max_reconnect_backoff_ms", 1_000),
+        # a channel of its own connections: gRPC shares connections (subchannels) between the
+        # channels of a process, and a new client to a master that had just been restarted
+        # inherited an older client's reconnect backoff, failing fast with its "Connection refused"
+        ("grpc.use_local_subchannel_pool", 1),
     ]

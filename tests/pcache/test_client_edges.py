@@ -672,3 +672,29 @@ async def _client_of(servicer) -> AsyncIterator:
     finally:
         await client.close()
         await server.stop(None)
+
+
+def test_a_new_client_reaches_a_restarted_master_at_once(make_cluster) -> None:
+    """gRPC shares connections between the channels of a process: a client made right after a
+    master came back inherited another client's reconnect backoff to it and failed with that
+    client's "Connection refused" (an HA test saw it on `master_statuses` after a restart)."""
+    import signal
+    import time
+
+    cluster = make_cluster(workers=1)
+    address = cluster.master_address
+    with Client(ClientConfig(master=address, token=cluster.token, rpc_timeout=2.0)) as old:
+        old.status()
+        cluster.kill(cluster.master, signal.SIGKILL)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:  # its connection fails and backs off, to 1 s between tries
+            ((_, answer),) = old.master_statuses()
+            assert isinstance(answer, E.Unavailable)
+            time.sleep(0.05)
+        cluster.start_master()
+        assert cluster.master_address == address
+        started = time.monotonic()
+        with Client(ClientConfig(master=address, token=cluster.token, rpc_timeout=2.0)) as new:
+            ((_, answer),) = new.master_statuses()
+        assert not isinstance(answer, E.PCacheError), answer
+        assert time.monotonic() - started < 1.0
