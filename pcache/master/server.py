@@ -518,6 +518,14 @@ class MasterServer:
         (HDFS's safe mode, by time)."""
         return max(0.0, self.cfg.dead_after - (time.monotonic() - max(self._started, self._led_since)))
 
+    def reports_left(self) -> float:
+        """Seconds until every live worker has registered with this master since it started:
+        a worker registers with every master, leader or follower, within a heartbeat or two of
+        its start, so one not registered ``dead_after`` seconds after it is not alive (a
+        follower restarted just before the leader died may take over before its workers' first
+        registrations: see :meth:`MasterServicer._reported`)."""
+        return max(0.0, self.cfg.dead_after - (time.monotonic() - self._started))
+
     def upkeep_once(self) -> None:
         """One pass of liveness, orphan and replication upkeep (liveness only on a follower)."""
         self.reload_keys()

@@ -51,6 +51,10 @@ UFS_CLIENT_WAIT = 8.0
 # files or a dataset's reads during an outage are not 8 s each; a store back answers well within it
 UFS_OUTAGE_WAIT = 1.0
 OUTAGE_MEMORY = 30.0
+# right after a master (re)started, a layout naming no live copy of a block waits this long at most
+# (seconds; below clients' 10 s rpc_timeout) for the workers' registrations (MasterServer.reports_left)
+REPORT_WAIT = 5.0
+REPORT_POLL = 0.05
 
 
 _CLIENT = frozenset({"tenant", "admin"})
@@ -478,6 +482,9 @@ class MasterServicer(pb_grpc.MasterServicer):
                     except E.PCacheError as exc:
                         result.error, result.message = type(exc).__name__, str(exc)
             await self.m.commit()
+        for op, result in zip(request.ops, out.results, strict=True):
+            if op.WhichOneof("op") == "layout" and not result.error and _unplaced(result.layout):
+                result.layout.CopyFrom(await self._reported(op.layout, result.layout, None))
         return out
 
     @rpc_method
@@ -550,7 +557,33 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def GetLayout(self, request: pb.LayoutRequest, context: grpc.aio.ServicerContext) -> pb.FileLayout:
         await self._ready(request.path)
         self._ufs_blocks(request)
-        return await self._read(request.header, "GetLayout", self._layout_of(request))
+        layout = await self._read(request.header, "GetLayout", self._layout_of(request))
+        if _unplaced(layout):
+            layout = await self._reported(request, layout, context.time_remaining())
+        return layout
+
+    async def _reported(
+        self, request: pb.LayoutRequest, layout: pb.FileLayout, time_left: float | None
+    ) -> pb.FileLayout:
+        """``layout``, with a block that names no live copy looked up again until one shows, while
+        the workers report in: right after this master started (a restart, or a follower
+        restarted just before it took over), a worker holding the block may not have registered
+        with it yet, and the reader would fail with "no replica" a moment before it does. The wait
+        ends when every block names a copy, after :meth:`MasterServer.reports_left` (workers
+        register with every master, leader or follower, within a heartbeat or two of its start),
+        after :data:`REPORT_WAIT` seconds, or half a second before the caller's deadline
+        (``time_left`` seconds; None: none). Then the layout is answered as it is: a block with
+        no copy is missing (HDFS likewise answers reads in safe mode with the replicas reported so far)."""
+        wait = min(self.m.reports_left(), REPORT_WAIT, REPORT_WAIT if time_left is None else time_left - 0.5)
+        deadline = time.monotonic() + wait
+        if time.monotonic() >= deadline:
+            return layout
+        while _unplaced(layout) and time.monotonic() < deadline:
+            await asyncio.sleep(REPORT_POLL)
+            ns, blocks = self.m.leading()
+            layout = _in_scope(self._layout_of(request), ns, blocks, self._scope(ns))
+        await self.m.commit()  # what it read is on the follower too
+        return layout
 
     def _layout_of(self, request: pb.LayoutRequest) -> Apply[pb.FileLayout]:
         """A file's blocks, where each is and a block token for each (read; fetch too for a
@@ -1104,3 +1137,8 @@ def _create(request: pb.CreateRequest) -> Apply[pb.Inode]:
         return node
 
     return apply
+
+
+def _unplaced(layout: pb.FileLayout) -> bool:
+    """Whether a block of ``layout`` that stores data names no live copy (and no fetcher)."""
+    return any(b.block_id != HOLE and not b.replicas for b in layout.blocks)

@@ -20,6 +20,7 @@ from pcache.client import Client
 from pcache.common import errors as E
 from pcache.common.checksum import crc32c
 from pcache.common.config import ClientConfig
+from pcache.proto import pcache_pb2 as pb
 from pcache.testing.faults import replica_file, wait_for
 from pcache.worker.blockstore import block_file
 
@@ -158,6 +159,44 @@ def test_a_new_file_whose_close_failed_in_a_master_outage_is_removed_once_it_is_
                 "the failed writer's empty file removed",
             )
             assert other.read_file("/out/kept.bin") == b"kept"
+
+
+def test_a_read_right_after_a_master_restart_waits_for_its_workers_registrations(make_cluster) -> None:
+    """Seen on CI: a follower restarted just before the leader died took over before its workers
+    had registered with it (their reconnects to its port were in backoff), and a read answered
+    at once "no replica of block 1 could be read". A layout naming no live copy of a block waits,
+    for ``dead_after`` seconds after the master's start at most, for the workers to report.
+    Here: the workers are stopped while the master restarts, and go on 1 s after it serves."""
+    cluster = make_cluster(workers=2)
+    data = os.urandom(3 * MiB)
+    with Client(master=cluster.master_address) as pc:
+        pc.write_file("/kept.bin", data, replication=2)
+        pc.write_file("/small.bin", b"s" * 100, replication=2)
+    cluster.kill(cluster.master, signal.SIGKILL)
+    for proc in cluster.worker_procs:
+        os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        cluster.start_master()
+        threading.Timer(1.0, lambda: [os.kill(p.pid, signal.SIGCONT) for p in cluster.worker_procs]).start()
+        with Client(master=cluster.master_address) as pc:
+            master = pc.aio.master
+
+            async def at_once() -> tuple[pb.FileLayout, bytes, bytes]:
+                # a GetLayout of its own, and two reads whose layouts go in one batch
+                request = pb.LayoutRequest(header=master.header(), path="/kept.bin")
+                return await asyncio.gather(
+                    master._call("GetLayout", request), pc.aio.read_file("/small.bin"), pc.aio.read_file("/kept.bin")
+                )
+
+            start = time.monotonic()
+            layout, small, kept = pc._run(at_once())
+            waited = time.monotonic() - start
+        assert small == b"s" * 100 and kept == data
+        assert [len(b.replicas) for b in layout.blocks] == [2]
+        assert 0.8 < waited < 3.0, waited  # until the workers registered, within dead_after (3 s)
+    finally:
+        for proc in cluster.worker_procs:
+            os.kill(proc.pid, signal.SIGCONT)
 
 
 def test_status_right_after_a_master_restart_waits_for_the_block_reports(make_cluster) -> None:

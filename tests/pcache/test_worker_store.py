@@ -286,7 +286,9 @@ def test_writers_out_of_room_fail_within_io_timeout_not_one_after_another(tmp_pa
 
     took = asyncio.run(run())
     assert max(took) < 2.5, took  # one io_timeout each (and a poll), not six in a row
-    assert 10 in asked  # the first one asked the master for room before giving up
+    # the first of them to make room asked the master for it before giving up (which one is
+    # first is the order their threads' first tries came back in: 11 before 10 on CI)
+    assert asked and set(asked) <= set(range(10, 16)), asked
     stalled.abort()
     assert store.reserved_bytes == 0
     w = store.begin_write(20, 4 * MiB)  # the room is back: a write fits again
