@@ -450,6 +450,8 @@ class MasterServicer(pb_grpc.MasterServicer):
             except E.PCacheError as exc:
                 failed[index] = exc
 
+        if any(op.WhichOneof("op") == "layout" for op in request.ops):
+            await self._workers_in(None)
         ns, _ = self.m.leading()
         if ns.binds.inodes():  # the ops' store lookups at once: a hung store costs the batch one wait, not one each
             await asyncio.gather(*(ready(index, op) for index, op in enumerate(request.ops)))
@@ -557,10 +559,24 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def GetLayout(self, request: pb.LayoutRequest, context: grpc.aio.ServicerContext) -> pb.FileLayout:
         await self._ready(request.path)
         self._ufs_blocks(request)
+        await self._workers_in(context.time_remaining())  # a bound file's uncached block names a live fetcher
         layout = await self._read(request.header, "GetLayout", self._layout_of(request))
         if _unplaced(layout):
             layout = await self._reported(request, layout, context.time_remaining())
         return layout
+
+    def _report_wait(self, time_left: float | None) -> float:
+        """Seconds a call may wait for workers' registrations (:meth:`_reported`)."""
+        return min(self.m.reports_left(), REPORT_WAIT, REPORT_WAIT if time_left is None else time_left - 0.5)
+
+    async def _workers_in(self, time_left: float | None) -> None:
+        """Right after this master started, while no worker has registered yet, wait for one, as
+        :meth:`_reported` does: a new block (a checkpoint written just after a master restart)
+        or a bound file's fetch gets a worker, not "no live worker". With none after the wait,
+        the call goes on and says so."""
+        deadline = time.monotonic() + self._report_wait(time_left)
+        while time.monotonic() < deadline and not self.m.registry.alive():
+            await asyncio.sleep(REPORT_POLL)
 
     async def _reported(
         self, request: pb.LayoutRequest, layout: pb.FileLayout, time_left: float | None
@@ -574,8 +590,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         after :data:`REPORT_WAIT` seconds, or half a second before the caller's deadline
         (``time_left`` seconds; None: none). Then the layout is answered as it is: a block with
         no copy is missing (HDFS likewise answers reads in safe mode with the replicas reported so far)."""
-        wait = min(self.m.reports_left(), REPORT_WAIT, REPORT_WAIT if time_left is None else time_left - 0.5)
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + self._report_wait(time_left)
         if time.monotonic() >= deadline:
             return layout
         while _unplaced(layout) and time.monotonic() < deadline:
@@ -667,6 +682,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             loc.token = self.block_token(loc.block_id, "rw", node.tenant, workers, length=loc.length)
             return loc
 
+        await self._workers_in(context.time_remaining())
         return await self._read(request.header, "AllocateBlock", apply)
 
     @rpc_method
