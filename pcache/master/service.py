@@ -404,7 +404,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             InvalidArgument: more than ``MAX_BATCH`` ops (one request must not hold the event loop
                 that every tenant's calls and the workers' heartbeats share).
         """
-        return await self._batch(request)
+        return await self._batch(request, _caller_deadline(context))
 
     @rpc_stream_method
     async def BatchStream(
@@ -435,7 +435,9 @@ class MasterServicer(pb_grpc.MasterServicer):
             reply.epoch = self.m.epoch
             yield reply
 
-    async def _batch(self, request: pb.BatchRequest) -> pb.BatchResponse:
+    async def _batch(self, request: pb.BatchRequest, caller_deadline: float | None = None) -> pb.BatchResponse:
+        """The ops of one batch (``caller_deadline``: the caller's, ``time.monotonic()``; None:
+        a stream's message, which has none of its own)."""
         if len(request.ops) > MAX_BATCH:
             raise E.InvalidArgument(f"a batch holds at most {MAX_BATCH} ops, not {len(request.ops)}")
         failed: dict[int, E.PCacheError] = {}
@@ -451,7 +453,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                 failed[index] = exc
 
         if any(op.WhichOneof("op") == "layout" for op in request.ops):
-            await self._workers_in(None)
+            await self._workers_in(caller_deadline)
         ns, _ = self.m.leading()
         if ns.binds.inodes():  # the ops' store lookups at once: a hung store costs the batch one wait, not one each
             await asyncio.gather(*(ready(index, op) for index, op in enumerate(request.ops)))
@@ -486,7 +488,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             await self.m.commit()
         for op, result in zip(request.ops, out.results, strict=True):
             if op.WhichOneof("op") == "layout" and not result.error and _unplaced(result.layout):
-                result.layout.CopyFrom(await self._reported(op.layout, result.layout, None))
+                result.layout.CopyFrom(await self._reported(op.layout, result.layout, caller_deadline))
         return out
 
     @rpc_method
@@ -559,27 +561,31 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def GetLayout(self, request: pb.LayoutRequest, context: grpc.aio.ServicerContext) -> pb.FileLayout:
         await self._ready(request.path)
         self._ufs_blocks(request)
-        await self._workers_in(context.time_remaining())  # a bound file's uncached block names a live fetcher
+        caller_deadline = _caller_deadline(context)
+        await self._workers_in(caller_deadline)  # a bound file's uncached block names a live fetcher
         layout = await self._read(request.header, "GetLayout", self._layout_of(request))
         if _unplaced(layout):
-            layout = await self._reported(request, layout, context.time_remaining())
+            layout = await self._reported(request, layout, caller_deadline)
         return layout
 
-    def _report_wait(self, time_left: float | None) -> float:
-        """Seconds a call may wait for workers' registrations (:meth:`_reported`)."""
-        return min(self.m.reports_left(), REPORT_WAIT, REPORT_WAIT if time_left is None else time_left - 0.5)
+    def _report_deadline(self, caller_deadline: float | None) -> float:
+        """Until when (``time.monotonic()``) a call may wait for workers' registrations (:meth:`_reported`)."""
+        now = time.monotonic()
+        until = now + min(self.m.reports_left(), REPORT_WAIT)
+        return until if caller_deadline is None else min(until, caller_deadline - 0.5)
 
-    async def _workers_in(self, time_left: float | None) -> None:
+    async def _workers_in(self, caller_deadline: float | None) -> None:
         """Right after this master started, while no worker has registered yet, wait for one, as
         :meth:`_reported` does: a new block (a checkpoint written just after a master restart)
         or a bound file's fetch gets a worker, not "no live worker". With none after the wait,
         the call goes on and says so."""
-        deadline = time.monotonic() + self._report_wait(time_left)
+        self.m.leading()  # a follower says so at once
+        deadline = self._report_deadline(caller_deadline)
         while time.monotonic() < deadline and not self.m.registry.alive():
             await asyncio.sleep(REPORT_POLL)
 
     async def _reported(
-        self, request: pb.LayoutRequest, layout: pb.FileLayout, time_left: float | None
+        self, request: pb.LayoutRequest, layout: pb.FileLayout, caller_deadline: float | None
     ) -> pb.FileLayout:
         """``layout``, with a block that names no live copy looked up again until one shows, while
         the workers report in: right after this master started (a restart, or a follower
@@ -587,10 +593,10 @@ class MasterServicer(pb_grpc.MasterServicer):
         with it yet, and the reader would fail with "no replica" a moment before it does. The wait
         ends when every block names a copy, after :meth:`MasterServer.reports_left` (workers
         register with every master, leader or follower, within a heartbeat or two of its start),
-        after :data:`REPORT_WAIT` seconds, or half a second before the caller's deadline
-        (``time_left`` seconds; None: none). Then the layout is answered as it is: a block with
+        after :data:`REPORT_WAIT` seconds, or half a second before ``caller_deadline``
+        (``time.monotonic()``; None: none). Then the layout is answered as it is: a block with
         no copy is missing (HDFS likewise answers reads in safe mode with the replicas reported so far)."""
-        deadline = time.monotonic() + self._report_wait(time_left)
+        deadline = self._report_deadline(caller_deadline)
         if time.monotonic() >= deadline:
             return layout
         while _unplaced(layout) and time.monotonic() < deadline:
@@ -682,7 +688,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             loc.token = self.block_token(loc.block_id, "rw", node.tenant, workers, length=loc.length)
             return loc
 
-        await self._workers_in(context.time_remaining())
+        await self._workers_in(_caller_deadline(context))
         return await self._read(request.header, "AllocateBlock", apply)
 
     @rpc_method
@@ -1153,6 +1159,12 @@ def _create(request: pb.CreateRequest) -> Apply[pb.Inode]:
         return node
 
     return apply
+
+
+def _caller_deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The caller's deadline as a ``time.monotonic()`` (None: it set none)."""
+    left = context.time_remaining()
+    return None if left is None else time.monotonic() + left
 
 
 def _unplaced(layout: pb.FileLayout) -> bool:
