@@ -131,7 +131,8 @@ def test_a_candidate_leads_within_seconds_of_etcd_coming_back_after_a_long_outag
             os.kill(etcd.proc.pid, signal.SIGKILL)
             etcd.proc.wait()
             waiting = asyncio.ensure_future(a.campaign(poll=0.1))
-            await asyncio.sleep(40)  # the backoff of the default channel is past 26 s by now
+            # a default channel tries next at ~43 s (backoff 1 s × 1.6ⁿ): without the options this fails
+            await asyncio.sleep(30)
             assert not waiting.done()
             server = await asyncio.to_thread(start_etcd, etcd.data_dir, client_port=port)
             etcd.proc = server.proc  # the fixture stops this one
