@@ -26,7 +26,7 @@ def test_serve_metrics_serves_the_role_registry() -> None:
     assert "pcache_worker_ops_total" in text and "pcache_master_" not in text
 
 
-def test_a_scraper_that_stalls_holds_no_thread_and_tls_needs_the_clusters_certificate(tmp_path) -> None:
+def test_a_scraper_that_stalls_holds_no_thread_and_tls_needs_the_clusters_certificate(tmp_path, monkeypatch) -> None:
     """The endpoint's connections time out (a half-sent request no longer pins a thread for
     good); with the cluster's TLS context it serves HTTPS to a scraper holding a certificate of
     the cluster CA, and refuses plaintext and a scraper without one."""
@@ -39,6 +39,7 @@ def test_a_scraper_that_stalls_holds_no_thread_and_tls_needs_the_clusters_certif
 
     from pcache.common.tls import TLSConfig, make_local_tls
 
+    monkeypatch.setattr(metrics._MetricsHandler, "timeout", 3.0)  # 10 s in service: the same, faster
     port = metrics.serve_metrics(0, role="master")
     before = threading.active_count()
     stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
@@ -46,17 +47,17 @@ def test_a_scraper_that_stalls_holds_no_thread_and_tls_needs_the_clusters_certif
         s.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
     time.sleep(1)
     assert threading.active_count() <= before + 2 * metrics.METRICS_CONNECTIONS  # the rest were closed
-    time.sleep(10.5)
+    time.sleep(3.5)
     assert threading.active_count() <= before + 2  # every stalled one was cut at its deadline
     trickle = socket.create_connection(("127.0.0.1", port))
     started, cut = time.monotonic(), None
-    while time.monotonic() - started < 25 and cut is None:  # one byte every 2 s: still cut at the deadline
+    while time.monotonic() - started < 10 and cut is None:  # one byte every 0.6 s: still cut at the deadline
         try:
             trickle.sendall(b"G")
-            time.sleep(2)
+            time.sleep(0.6)
         except OSError:
             cut = time.monotonic() - started
-    assert cut is not None and 8 < cut < 20, cut  # seen at the send after the next (2 s apart)
+    assert cut is not None and 2.5 < cut < 6.5, cut  # seen at the send after the next (0.6 s apart)
     for s in [*stalled, trickle]:
         s.close()
 
