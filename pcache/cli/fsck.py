@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 from google.protobuf.json_format import MessageToDict
 
 from pcache.cli.common import resolve_master
 from pcache.common.cli import EXIT_OK, EXIT_PARTIAL
+
+if TYPE_CHECKING:
+    from pcache.client import Client
 
 
 @click.command(
@@ -28,6 +32,7 @@ def fsck(ctx: click.Context, path: str, dest: str | None, as_json: bool) -> int:
     from pcache.client import Client
 
     with Client(master=resolve_master(ctx)) as pc:
+        _wait_for_block_reports(pc)
         report = pc.fsck(path)
         result = pc.salvage(path, dest) if dest else None
         damaged = [d for d in report.damaged if d.state in ("corrupt", "missing")]
@@ -68,4 +73,23 @@ def fsck(ctx: click.Context, path: str, dest: str | None, as_json: bool) -> int:
     return EXIT_PARTIAL if damaged or (result is not None and result.lost) else EXIT_OK
 
 
+def _wait_for_block_reports(pc: Client) -> None:
+    """Right after a master (re)started or took over, wait until the workers have reported
+    their blocks (``starting_left``, at most :data:`REPORT_WAIT_MAX` seconds): until then a
+    block of a worker not re-registered yet looks missing, and a cron job's fsck would raise a
+    false alarm (``pcache status`` exits 0 then, for the same reason)."""
+    import sys
+    import time
+
+    deadline = time.monotonic() + REPORT_WAIT_MAX
+    said = False
+    while (left := pc.status().starting_left) > 0 and time.monotonic() < deadline:
+        if not said:
+            print(f"pcache fsck: the master started moments ago: waiting {left:.1f} s for the workers to report"
+                  " their blocks", file=sys.stderr)  # fmt: skip
+            said = True
+        time.sleep(min(left, 1.0) + 0.05)
+
+
+REPORT_WAIT_MAX = 120.0  # seconds fsck waits for a (re)started master's block reports
 COMMANDS = [fsck]

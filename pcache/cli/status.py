@@ -53,11 +53,20 @@ def status(ctx: click.Context, as_json: bool) -> int:
     else:
         _echo_masters(st.master)
         alive = sum(1 for w in st.workers if w.alive)
-        click.echo(f"epoch {st.epoch}  workers {alive}/{len(st.workers)} alive  inodes {st.inodes}  blocks {st.blocks}")
-        click.echo(
-            f"under-replicated {st.under_replicated_blocks}  missing {st.missing_blocks}  corrupt {st.corrupt_blocks}"
-            f"  damaged files {st.damaged_files}" + ("  (pcache fsck names them)" if st.damaged_files else "")
-        )
+        if st.starting_left > 0:  # the workers that have not registered yet are not known here
+            click.echo(f"epoch {st.epoch}  workers {alive} registered so far  inodes {st.inodes}  blocks {st.blocks}")
+            click.echo(
+                f"under-replicated {st.under_replicated_blocks}  not reported yet {st.missing_blocks}"
+                f"  corrupt {st.corrupt_blocks}  damaged files: known once the workers have reported"
+            )
+        else:
+            click.echo(
+                f"epoch {st.epoch}  workers {alive}/{len(st.workers)} alive  inodes {st.inodes}  blocks {st.blocks}"
+            )
+            click.echo(
+                f"under-replicated {st.under_replicated_blocks}  missing {st.missing_blocks}  corrupt {st.corrupt_blocks}"
+                f"  damaged files {st.damaged_files}" + ("  (pcache fsck names them)" if st.damaged_files else "")
+            )
         if st.starting_left > 0:
             click.echo(
                 f"STARTING: the master waits {st.starting_left:.1f} s more for workers to report their blocks;"

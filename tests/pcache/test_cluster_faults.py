@@ -228,24 +228,40 @@ def test_a_write_right_after_a_master_restart_waits_for_a_worker_to_register(mak
                 os.kill(pid, signal.SIGCONT)
 
 
-def test_status_right_after_a_master_restart_waits_for_the_block_reports(make_cluster) -> None:
+def test_status_and_fsck_right_after_a_master_restart_wait_for_the_block_reports(make_cluster) -> None:
     """No false alarm while the workers re-register: for ``dead_after`` seconds the restarted
-    master says it is starting, and `pcache status` does not exit 1 for blocks not reported yet."""
-    cluster = make_cluster(workers=2, master_args=["--master.dead_after=8"])
+    master says it is starting, `pcache status` does not exit 1 for blocks not reported yet nor
+    count the workers it has not heard from, and `pcache fsck` waits for the reports (from a
+    helper's drill: fsck named every block of the stopped workers MISSING and exited 1, and
+    status said "workers 1/1 alive" with 3 deployed and pointed at fsck)."""
+    cluster = make_cluster(workers=2, master_args=["--master.dead_after=5"])
     with Client(master=cluster.master_address) as pc:
         pc.write_file("/reported.bin", os.urandom(3 * MiB), replication=2)
     cluster.kill(cluster.master, signal.SIGKILL)
-    cluster.start_master()
-    cmd = [sys.executable, "-m", "pcache", "--master", cluster.master_address, "status"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "STARTING: the master waits" in out.stdout, out.stdout + out.stderr
-    cluster.wait_workers(2, timeout=30)
+    stopped = [proc.pid for proc in cluster.worker_procs]
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        cluster.start_master()
+        cmd = [sys.executable, "-m", "pcache", "--master", cluster.master_address]
+        out = subprocess.run([*cmd, "status"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "STARTING: the master waits" in out.stdout, out.stdout + out.stderr
+        assert "workers 0 registered so far" in out.stdout and "not reported yet 1" in out.stdout, out.stdout
+        assert "fsck names" not in out.stdout and "missing 1" not in out.stdout, out.stdout
+        threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGCONT) for pid in stopped]).start()
+        out = subprocess.run([*cmd, "fsck", "/"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "waiting" in out.stderr and "0 damaged blocks in 0 files, 0 under-replicated" in out.stdout, out
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     with Client(master=cluster.master_address) as pc:
         wait_for(lambda: pc.status().starting_left == 0, 15, "the start-up wait to end")
         st = pc.status()
         assert st.missing_blocks == 0 and st.under_replicated_blocks == 0
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "STARTING" not in out.stdout, out.stdout + out.stderr
+    out = subprocess.run([*cmd, "status"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "STARTING" not in out.stdout and "workers 2/2 alive" in out.stdout, out.stdout
 
 
 def test_fsck_names_the_dead_workers_to_bring_back_for_a_missing_block(make_cluster) -> None:
