@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -221,8 +222,6 @@ class LocalCluster:
         for index in indices:
             data = self.root / f"master-{index}"
             if wipe:
-                import shutil
-
                 shutil.rmtree(data, ignore_errors=True)
             port = self._master_ports.get(index, self.master_port + index if self.master_port else 0)
             args = self._base("master") + [

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +17,9 @@ from pcache.common.config import load_config
 from pcache.common.credentials import tokens_file
 from pcache.common.errors import InvalidArgument, PCacheError
 from pcache.common.process import die_with_parent, process_alive, stop_process
+
+if TYPE_CHECKING:
+    from pcache.local import Proc
 
 
 @click.command(
@@ -98,6 +103,33 @@ def up(
         click.echo("cluster is up; Ctrl-C or SIGTERM stops it", err=True)
         reported: set[str] = set()
         restarted: dict[int, float] = {}
+        failed: set[int] = set()  # masters whose last restart failed: still down, not "exited" again
+        handed: set[int] = set()  # masters whose data directory another process took: not ours now
+
+        def restart_due(index: int, proc: Proc) -> bool:
+            """Whether master ``index`` (-1: the single one) is down and due a restart; one whose
+            data directory another process holds (a master restarted by hand, as the operator
+            guide describes) is left to it, once said."""
+            if proc.alive() or index in handed or time.monotonic() - restarted.get(index, -1e9) <= 10:
+                return False
+            if _held_by_another(cluster.root / proc.name / "meta"):
+                handed.add(index)
+                click.echo(f"pcache up: {proc.name} exited, and another process holds its data directory (a master"
+                           " started by hand?): it is left to that process, not restarted nor stopped by pcache up",
+                           err=True)  # fmt: skip
+                return False
+            restarted[index] = time.monotonic()
+            return True
+
+        def restart_failed(index: int, name: str, exc: PCacheError) -> None:
+            failed.add(index)
+            click.echo(f"pcache up: {name} did not restart: {exc}", err=True)
+
+        def exited(index: int, proc: Proc) -> str:
+            if index in failed:
+                return f"{proc.name} is still down"
+            return f"{proc.name} exited ({proc.popen.returncode if proc.popen else '?'})"
+
         while not stop.wait(1.0):
             etcd = cluster.etcd
             if etcd is not None and etcd.proc.poll() is not None and time.monotonic() - restarted.get(-2, -1e9) > 10:
@@ -112,25 +144,23 @@ def up(
                     click.echo(f"pcache up: etcd did not restart: {exc}", err=True)
             for index, proc in enumerate(cluster.master_procs):
                 # a master of the pair died: it comes back as the follower (one try per 10 s)
-                if not proc.alive() and time.monotonic() - restarted.get(index, -1e9) > 10:
-                    restarted[index] = time.monotonic()
-                    click.echo(f"pcache up: {proc.name} exited ({proc.popen.returncode if proc.popen else '?'});"
-                               " restarting it as a follower", err=True)  # fmt: skip
+                if restart_due(index, proc):
+                    click.echo(f"pcache up: {exited(index, proc)}; restarting it as a follower", err=True)
                     try:
                         cluster.start_ha_master(index)
                         cluster.write_manifest(**({"mount": os.path.abspath(mount_dir)} if mount_dir else {}))
+                        failed.discard(index)
                     except PCacheError as exc:
-                        click.echo(f"pcache up: {proc.name} did not restart: {exc}", err=True)
+                        restart_failed(index, proc.name, exc)
             master = cluster.master
-            if master is not None and not master.alive() and time.monotonic() - restarted.get(-1, -1e9) > 10:
-                restarted[-1] = time.monotonic()  # the single master died: back on its data directory
-                click.echo(f"pcache up: master exited ({master.popen.returncode if master.popen else '?'});"
-                           f" restarting it (log {master.log})", err=True)  # fmt: skip
+            if master is not None and restart_due(-1, master):  # the single master died: back on its data directory
+                click.echo(f"pcache up: {exited(-1, master)}; restarting it (log {master.log})", err=True)
                 try:
                     cluster.start_master()
                     cluster.write_manifest(**({"mount": os.path.abspath(mount_dir)} if mount_dir else {}))
+                    failed.discard(-1)
                 except PCacheError as exc:
-                    click.echo(f"pcache up: the master did not restart: {exc}", err=True)
+                    restart_failed(-1, "the master", exc)
             for child in cluster.worker_procs:
                 if child is not None and not child.alive() and child.name not in reported:
                     reported.add(child.name)
@@ -140,6 +170,27 @@ def up(
             _unmount(mount_proc, mount_dir)
         cluster.stop()
         click.echo("cluster stopped", err=True)
+
+
+def _held_by_another(meta_dir: Path) -> bool:
+    """Whether another process holds the RocksDB ``LOCK`` of the metastore ``meta_dir`` (a
+    master runs on it). RocksDB locks the file with ``fcntl`` record locks, which a probe from
+    this process takes and gives back at once when nobody holds them."""
+    import fcntl
+
+    try:
+        fd = os.open(meta_dir / "LOCK", os.O_RDWR)
+    except OSError:
+        return False  # never opened: nobody holds it
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _running_process(root: str) -> tuple[str, int] | None:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol
 from urllib.parse import urlparse
 
-from pcache.common.errors import InvalidArgument
+from pcache.common.errors import Busy, InvalidArgument, PCacheError
 
 
 class MetaStore(Protocol):
@@ -118,7 +118,15 @@ class RocksMetaStore:
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(True)
         self._rd = rocksdict
-        self._db = rocksdict.Rdict(path, opts)
+        try:
+            self._db = rocksdict.Rdict(path, opts)
+        except Exception as exc:  # rocksdict raises a bare Exception ("IO error: ... LOCK: ...")
+            if "LOCK" in str(exc):
+                raise Busy(
+                    f"the metastore {path} is in use by another process (its RocksDB LOCK is held):"
+                    " another master runs on this data directory"
+                ) from exc
+            raise PCacheError(f"cannot open the metastore {path}: {exc}") from exc
         self._wopts = rocksdict.WriteOptions()
         self._wopts.sync = sync
         self._cache: dict[bytes, bytes | None] = {}

@@ -166,3 +166,55 @@ def test_a_worker_that_cannot_start_stops_the_ones_started_beside_it(tmp_path: P
         except OSError:
             continue
     assert not [c for c in cmdlines if str(tmp_path / "c") in c]  # nor the master
+
+
+def test_a_master_restarted_by_hand_is_left_to_it_and_a_second_one_is_refused_in_one_line(tmp_path: Path) -> None:
+    """From a helper's drill: an operator restarted a killed master by hand, as the operator
+    guide says, before ``pcache up`` did. ``pcache up``'s own restart then died on the RocksDB
+    lock with a full traceback, and it said "master exited (-9); restarting it" with another
+    traceback every 10 s, for ever. Now it leaves that master to its operator, once said, and a
+    second master on a data directory in use says so in one line."""
+    data = tmp_path / "cluster"
+    up = subprocess.Popen(
+        [sys.executable, "-m", "pcache", "up", "--data-dir", str(data), "--workers", "1", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    by_hand: subprocess.Popen | None = None
+    try:
+        info = json.loads(up_started(up, data).read_text())
+        master_cmd = [
+            sys.executable, "-m", "pcache", "master", f"--master.data_dir={data / 'master'}",
+            f"--master.port={info['master'].rsplit(':', 1)[1]}", f"--master.keys_file={data / 'secrets' / 'keys.json'}",
+        ]  # fmt: skip
+        os.kill(up.pid, signal.SIGSTOP)  # the operator is first
+        try:
+            os.kill(info["pids"]["master"], signal.SIGKILL)
+            time.sleep(0.5)
+            ready = tmp_path / "by-hand.ready"
+            by_hand = subprocess.Popen([*master_cmd, "--ready-file", str(ready)], stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 30
+            while not ready.exists():
+                assert by_hand.poll() is None and time.monotonic() < deadline, (
+                    "the master started by hand did not serve"
+                )
+                time.sleep(0.05)
+        finally:
+            os.kill(up.pid, signal.SIGCONT)
+        time.sleep(2.5)  # pcache up looks every second
+        second = subprocess.run(master_cmd, capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and "in use by another process" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+        env = {**os.environ, "PCACHE_CLUSTER_DIR": str(data)}
+        status = subprocess.run([sys.executable, "-m", "pcache", "status"], env=env, capture_output=True, text=True,
+                                timeout=60)  # fmt: skip
+        assert status.returncode == 0, status.stdout + status.stderr  # the hand-started master serves the cluster
+    finally:
+        up.send_signal(signal.SIGTERM)
+        _, err = up.communicate(timeout=90)
+        if by_hand is not None:
+            alive_after_up = by_hand.poll() is None
+            by_hand.terminate()
+            by_hand.wait(30)
+    assert "another process holds its data directory" in err and "restarting it" not in err, err
+    assert "Traceback" not in err, err
+    assert alive_after_up  # not ours to stop
