@@ -128,6 +128,12 @@ def _echo_masters(role) -> None:
                 f" expired: dead, stopped or cut off), last answer {age}; not replicated to until it is back"
             )
             continue
+        if f.last_contact_age < 0 and not f.in_sync:  # (re)joined, or never reached: its position is not known
+            click.echo(
+                f"  follower {f.address} (member {f.member}): OUT OF SYNC, {f.state}, not answered yet"
+                " (its log position is not known)"
+            )
+            continue
         click.echo(
             f"  follower {f.address} (member {f.member}): {sync}, {f.state}, lag {f.lag} entries, "
             f"applied {f.applied_index}, last answer {age}"

@@ -374,3 +374,25 @@ def test_a_mutation_and_its_reply_record_reach_the_disk_in_one_write() -> None:
         assert [k for k, _ in store.scan(b"ns/")] == [b"ns/a", b"ns/b", b"ns/c"]
         store.write([(b"ns/d", b"4")])
     assert store.get(b"ns/d") == b"4" and local.get(b"ns/d") == b"4"
+
+
+def test_status_names_a_follower_not_answered_yet_without_a_made_up_lag(capsys) -> None:
+    """From a helper's drill: right after ``pcache up`` restarted a killed master, status said
+    "OUT OF SYNC, down, lag 5790 entries, applied 0, last answer never" of a follower whose
+    metastore held thousands of entries: the leader had not heard from it yet."""
+    from pcache.cli.status import _echo_masters
+
+    role = pb.MasterRole(role="leader", member="m1", address="127.0.0.1:1", applied_index=5790)
+    role.followers.add(member="m2", address="127.0.0.1:2", state="down", lag=5790, last_contact_age=-1.0)
+    role.followers.add(member="m3", address="127.0.0.1:3", state="replicating", in_sync=True, applied_index=5790,
+                       last_contact_age=0.2)  # fmt: skip
+    _echo_masters(role)
+    out = capsys.readouterr().out
+    assert (
+        "follower 127.0.0.1:2 (member m2): OUT OF SYNC, down, not answered yet (its log position is not known)" in out
+    )
+    assert "lag 5790" not in out and "applied 0" not in out
+    assert (
+        "follower 127.0.0.1:3 (member m3): in sync, replicating, lag 0 entries, applied 5790, last answer 0.2 s ago"
+        in out
+    )
