@@ -148,3 +148,17 @@ def tree_digest(root: Path) -> dict[str, tuple[int, bytes]]:
             data = path.read_bytes()
             out[str(path.relative_to(root))] = (len(data), hashlib.sha256(data).digest())
     return out
+
+
+def leftovers(work_dir: str) -> list[str]:
+    """Processes whose command line names ``work_dir``, and mounts under it."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if work_dir in cmdline:
+            found.append(f"pid {pid}: {cmdline[:200]}")
+    found += [line for line in Path("/proc/mounts").read_text().splitlines() if work_dir in line]
+    return found

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import leftovers
+
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs FUSE (/dev/fuse)")
@@ -24,20 +26,6 @@ def run_demo(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     )  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     return proc, summary
-
-
-def leftovers(work_dir: str) -> list[str]:
-    """Processes whose command line names ``work_dir``, and mounts under it."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if work_dir in cmdline:
-            found.append(f"pid {pid}: {cmdline[:200]}")
-    found += [line for line in Path("/proc/mounts").read_text().splitlines() if work_dir in line]
-    return found
 
 
 def check_outcomes(proc: subprocess.CompletedProcess, s: dict, steps: int, kill_at: int) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REQUIRES_ETCD
+from tests.conftest import REQUIRES_ETCD, leftovers
 
 
 def pid_alive(pid: int) -> bool:
@@ -159,13 +159,7 @@ def test_a_worker_that_cannot_start_stops_the_ones_started_beside_it(tmp_path: P
     assert started, "the others were not started beside worker-1"
     for log in ("worker-0.log", "worker-2.log"):
         assert (tmp_path / "c" / "logs" / log).exists()
-    cmdlines = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
-        except OSError:
-            continue
-    assert not [c for c in cmdlines if str(tmp_path / "c") in c]  # nor the master
+    assert leftovers(str(tmp_path / "c")) == []  # nor the master
 
 
 def test_a_master_restarted_by_hand_is_left_to_it_and_a_second_one_is_refused_in_one_line(tmp_path: Path) -> None:
