@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,33 @@ def test_a_new_file_whose_close_failed_in_a_master_outage_is_removed_once_it_is_
             assert other.read_file("/out/kept.bin") == b"kept"
 
 
+@contextlib.contextmanager
+def workers_stopped_across_a_master_restart(cluster) -> Iterator[Callable[[float], None]]:
+    """Kill the master, SIGSTOP every worker, start the master again; yields ``resume(after)``,
+    which lets the workers go on ``after`` seconds from now (they register then). On exit every
+    worker runs again, whatever happened."""
+    cluster.kill(cluster.master, signal.SIGKILL)
+    stopped = [proc.pid for proc in cluster.worker_procs]
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+
+    def go_on() -> None:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    def resume(after: float) -> None:
+        timer = threading.Timer(after, go_on)
+        timer.daemon = True
+        timer.start()
+
+    try:
+        cluster.start_master()
+        yield resume
+    finally:
+        go_on()
+
+
 def test_a_read_right_after_a_master_restart_waits_for_its_workers_registrations(make_cluster) -> None:
     """Seen on CI: a follower restarted just before the leader died took over before its workers
     had registered with it (their reconnects to its port were in backoff), and a read answered
@@ -172,13 +200,8 @@ def test_a_read_right_after_a_master_restart_waits_for_its_workers_registrations
     with Client(master=cluster.master_address) as pc:
         pc.write_file("/kept.bin", data, replication=2)
         pc.write_file("/small.bin", b"s" * 100, replication=2)
-    cluster.kill(cluster.master, signal.SIGKILL)
-    stopped = [proc.pid for proc in cluster.worker_procs]
-    for pid in stopped:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        cluster.start_master()
-        threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGCONT) for pid in stopped]).start()
+    with workers_stopped_across_a_master_restart(cluster) as resume:
+        resume(1.0)
         with Client(master=cluster.master_address) as pc:
             master = pc.aio.master
 
@@ -195,10 +218,6 @@ def test_a_read_right_after_a_master_restart_waits_for_its_workers_registrations
         assert small == b"s" * 100 and kept == data
         assert [len(b.replicas) for b in layout.blocks] == [2]
         assert 0.8 < waited < 3.0, waited  # until the workers registered, within dead_after (3 s)
-    finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
 
 
 def test_a_write_right_after_a_master_restart_waits_for_a_worker_to_register(make_cluster) -> None:
@@ -208,13 +227,8 @@ def test_a_write_right_after_a_master_restart_waits_for_a_worker_to_register(mak
     cluster = make_cluster(workers=2)
     with Client(master=cluster.master_address) as pc:
         pc.write_file("/before.bin", b"b" * 100)
-    cluster.kill(cluster.master, signal.SIGKILL)
-    stopped = [proc.pid for proc in cluster.worker_procs]
-    for pid in stopped:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        cluster.start_master()
-        threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGCONT) for pid in stopped]).start()
+    with workers_stopped_across_a_master_restart(cluster) as resume:
+        resume(1.0)
         data = os.urandom(3 * MiB)
         with Client(master=cluster.master_address) as pc:
             start = time.monotonic()
@@ -222,10 +236,6 @@ def test_a_write_right_after_a_master_restart_waits_for_a_worker_to_register(mak
             waited = time.monotonic() - start
             assert pc.read_file("/after.bin") == data and pc.read_file("/before.bin") == b"b" * 100
         assert 0.8 < waited < 3.0, waited
-    finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
 
 
 def test_status_and_fsck_right_after_a_master_restart_wait_for_the_block_reports(make_cluster) -> None:
@@ -237,25 +247,16 @@ def test_status_and_fsck_right_after_a_master_restart_wait_for_the_block_reports
     cluster = make_cluster(workers=2, master_args=["--master.dead_after=5"])
     with Client(master=cluster.master_address) as pc:
         pc.write_file("/reported.bin", os.urandom(3 * MiB), replication=2)
-    cluster.kill(cluster.master, signal.SIGKILL)
-    stopped = [proc.pid for proc in cluster.worker_procs]
-    for pid in stopped:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        cluster.start_master()
+    with workers_stopped_across_a_master_restart(cluster) as resume:
         cmd = [sys.executable, "-m", "pcache", "--master", cluster.master_address]
         out = subprocess.run([*cmd, "status"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "STARTING: the master waits" in out.stdout, out.stdout + out.stderr
         assert "workers 0 registered so far" in out.stdout and "not reported yet 1" in out.stdout, out.stdout
         assert "fsck names" not in out.stdout and "missing 1" not in out.stdout, out.stdout
-        threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGCONT) for pid in stopped]).start()
+        resume(1.0)
         out = subprocess.run([*cmd, "fsck", "/"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
         assert "waiting" in out.stderr and "0 damaged blocks in 0 files, 0 under-replicated" in out.stdout, out
-    finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
     with Client(master=cluster.master_address) as pc:
         wait_for(lambda: pc.status().starting_left == 0, 15, "the start-up wait to end")
         st = pc.status()
