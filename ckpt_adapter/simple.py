@@ -24,11 +24,16 @@ def save(obj: Any, uri: str) -> None:
     client.mkdir(parent, parents=True)
     raw = client.open(path, "wb")
     try:
-        with io.BufferedWriter(raw, BUFFER) as f:
-            torch.save(obj, f)
+        f = io.BufferedWriter(raw, BUFFER)
+        torch.save(obj, f)
+        f.flush()
     except BaseException:
-        raw.abort()  # nothing half-written becomes visible
+        # before the buffer is closed: its close would commit what torch wrote so far over the
+        # last good file (``with BufferedWriter`` did); aborted, the handle is closed, and the
+        # buffer's close or collection does nothing
+        raw.abort()
         raise
+    f.close()  # the commit: the whole object, at once
 
 
 def load(uri: str, **kwargs: Any) -> Any:

@@ -283,12 +283,26 @@ class Client:
         if "b" in mode:
             return raw
         if raw.readable() and raw.writable():
-            buffered: io.BufferedIOBase = io.BufferedRandom(raw, 1 << 20)
+            buffered: io.BufferedRandom | io.BufferedWriter | io.BufferedReader = io.BufferedRandom(raw, 1 << 20)
         elif raw.writable():
             buffered = io.BufferedWriter(raw, 1 << 20)
         else:
             buffered = io.BufferedReader(raw, 1 << 20)
-        return io.TextIOWrapper(buffered, encoding=encoding or "utf-8")
+        text = _TextFile(buffered, encoding=encoding or "utf-8")
+        text.raw_file = raw
+        return text
+
+
+class _TextFile(io.TextIOWrapper):
+    """A text-mode file: as with a binary :class:`File`, an exception inside ``with`` publishes
+    nothing (the buffer's close would commit the text written so far over the old content)."""
+
+    raw_file: File
+
+    def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
+        if exc_type is not None and self.raw_file.writable():
+            self.raw_file.abort()  # closed: the wrapper's and the buffer's close then do nothing
+        super().__exit__(exc_type, exc, tb)
 
 
 class File(io.RawIOBase):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -104,6 +105,30 @@ def test_torch_save_style_helpers(shared_cluster) -> None:
     assert torch.equal(back["w"], obj["w"]) and back["meta"] == {"epoch": 3}
     with pytest.raises(FileNotFoundError):
         load(f"pcache://{shared_cluster.master_address}/ckpt/single/missing.pt")
+
+
+class _Unpicklable:
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        raise pickle.PicklingError("not this one")
+
+
+def test_a_save_that_fails_leaves_the_last_good_file_and_no_new_one(shared_cluster) -> None:
+    """From a helper's drill: ``save`` wrote through ``with io.BufferedWriter(...)``, whose exit
+    closes (commits) the file even when ``torch.save`` raised: a failed save replaced the last
+    good checkpoint with a truncated one (674 bytes, "PytorchStreamReader failed locating file
+    data.pkl"), and left one behind on a new path."""
+    base = f"pcache://{shared_cluster.master_address}/ckpt/failing"
+    good = {"w": torch.randn(200, 200), "step": 1}
+    save(good, f"{base}/model.pt")
+    big_then_bad = {"w": torch.randn(600, 600), "z": _Unpicklable()}  # its zip header is written, then it fails
+    with pytest.raises(pickle.PicklingError):
+        save(big_then_bad, f"{base}/model.pt")
+    back = load(f"{base}/model.pt")
+    assert torch.equal(back["w"], good["w"]) and back["step"] == 1
+    with pytest.raises(pickle.PicklingError):
+        save(big_then_bad, f"{base}/new.pt")
+    with pytest.raises(FileNotFoundError):
+        load(f"{base}/new.pt")
 
 
 @pytest.mark.slow

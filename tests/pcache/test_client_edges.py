@@ -271,6 +271,17 @@ def test_a_new_file_whose_writer_fails_or_aborts_is_not_left_behind(client: Clie
         f.write(b"new")
         raise RuntimeError("the job died")
     assert client.read_file("/aborted-old") == b"old"  # an existing file keeps its content
+    # text modes too (a helper's drill found ckpt_adapter.save's buffered writer committing
+    # half a checkpoint when torch.save raised; a text file's buffers did the same)
+    client.write_file("/aborted-text", b"old\n")
+    for path in ("/aborted-text", "/aborted-text-new"):
+        with pytest.raises(RuntimeError), client.open(path, "w") as text:
+            text.write("new line\n" * 10_000)
+            raise RuntimeError("the job died")
+    assert client.read_file("/aborted-text") == b"old\n" and not client.exists("/aborted-text-new")
+    with client.open("/aborted-text", "a") as text:  # and a text file that ends well is committed
+        text.write("appended\n")
+    assert client.read_file("/aborted-text") == b"old\nappended\n"
 
 
 def test_fsyncs_racing_writes_on_one_handle_lose_nothing(client: Client) -> None:
