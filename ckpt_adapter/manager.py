@@ -209,11 +209,15 @@ class CheckpointManager:
         waits for the persist. Returns whether a checkpoint was started.
 
         Raises:
+            InvalidArgument: ``step`` is not an int >= 0 (``save(-1)`` made ``step--0000001``,
+                which nothing would ever list, load or remove).
             PCacheError: a sync save failed, or the previous async persist did (surfaced here, its
                 step named): the error of the rank that failed (``QuotaExceeded``, ``NoSpace``,
                 ``Unavailable`` ...), whichever rank raises. RuntimeError: a failure that is not
                 PCache's (torch's, the planner's), with its cause.
         """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidArgument(f"checkpoint step {step!r}: a step is an int >= 0")
         if not force and step % self.interval != 0:
             return False
         started = time.perf_counter()
@@ -236,6 +240,8 @@ class CheckpointManager:
         if isinstance(planner, NodeAwareSavePlanner):
             planner.use_nodes(self.nodes)
         self._agree("save", step)
+        if self._rank == 0:  # room first: a quota full of failed saves' leftovers let none commit again
+            self.collect_garbage(keep_step=step, saving=True)
         with self._unwrapped("save", step), self._bounded("save", step):
             dcp.save(state, storage_writer=writer, planner=planner, process_group=self._pg)
         logger.info("checkpoint step %d committed at %s", step, uri)
@@ -311,14 +317,19 @@ class CheckpointManager:
         if pending is not None:
             pending.result()
 
-    def collect_garbage(self, keep_step: int | None = None) -> list[int]:
+    def collect_garbage(self, keep_step: int | None = None, *, saving: bool = False) -> list[int]:
         """Remove checkpoints beyond the ``keep_last`` last committed ones, and incomplete ones
         last changed before the last commit (a save that died: one root has one save at a time);
         returns the removed steps. Keeping ``keep_last`` takes room for one more while a save
-        runs: a quota or a cluster must hold ``keep_last + 1`` checkpoints."""
+        runs: a quota or a cluster must hold ``keep_last + 1`` checkpoints.
+
+        ``saving``: a save of ``keep_step`` starts now (:meth:`save` calls it so on rank 0), so
+        every other incomplete checkpoint is a dead save's, however recent: a save that failed
+        for want of room (``QuotaExceeded``) left one behind, no later save could commit, and
+        nothing removed it (from a helper's drill)."""
         infos = self.list()
         complete = sorted((c for c in infos if c.complete), key=lambda c: (c.committed, c.step))
-        newest = complete[-1].committed if complete else 0.0
+        newest = float("inf") if saving else complete[-1].committed if complete else 0.0
         doomed = [c for c in infos if not c.complete and c.modified < newest and c.step != keep_step]
         if self.keep_last > 0:
             doomed += complete[: -self.keep_last]

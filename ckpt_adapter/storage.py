@@ -194,7 +194,9 @@ class PCacheStorageReader(FileSystemReader):
     """DCP ``StorageReader`` of ``pcache://MASTER/dir``; refuses an uncommitted checkpoint.
 
     Raises (from ``read_metadata``):
-        FileNotFoundError: the directory has no ``.metadata`` (missing or incomplete checkpoint).
+        FileNotFoundError: the directory has no ``.metadata`` (missing or incomplete checkpoint);
+            ``dcp.load`` hands it on inside torch's ``CheckpointException`` (a ``BaseException``),
+            which :class:`~ckpt_adapter.CheckpointManager` unwraps.
     """
 
     def __init__(self, path: str | os.PathLike, **kwargs: Any) -> None:

@@ -18,7 +18,7 @@ import torch
 from ckpt_adapter import CheckpointManager, load, save
 from ckpt_adapter.storage import PCacheFileSystem
 from pcache.client import Client
-from pcache.common.errors import QuotaExceeded
+from pcache.common.errors import InvalidArgument, QuotaExceeded
 from pcache.common.process import free_port
 from tests.ckpt_adapter.dist_worker import expected
 from tests.ckpt_adapter.test_dcp import REPO, run_ranks
@@ -257,6 +257,45 @@ def test_an_async_save_that_failed_is_raised_by_the_next_call_naming_its_step(sh
     mgr.save(5, force=True)
     mgr.close()
     assert [(c.step, c.complete) for c in mgr.list()] == [(5, True)]  # the failed one was collected
+
+
+def test_a_save_makes_room_first_so_a_full_quota_of_failed_saves_does_not_stick(shared_cluster, monkeypatch) -> None:
+    """From a helper's drill: a save that failed on a full quota left its incomplete step, which
+    collect_garbage removed only once a later save committed, and none could: a job restarted
+    with a smaller ``keep_last`` failed every save. A save now removes every other incomplete
+    step and the complete ones beyond ``keep_last`` before it writes (one save at a time per
+    root); and a negative step is refused (``save(-1)`` made ``step--0000001``, never listed)."""
+    root = f"pcache://{shared_cluster.master_address}/ckpt/room"
+    state = {"w": torch.randn(1 << 18)}
+    first = CheckpointManager(root, {"model": state}, keep_last=3, thread_count=2)
+    for step in (1, 2, 3):
+        first.save(step, force=True)
+    _Quota(monkeypatch)
+    with pytest.raises(QuotaExceeded):
+        first.save(4, force=True)
+    monkeypatch.undo()
+    first.close()
+    assert [(c.step, c.complete) for c in first.list()] == [(1, True), (2, True), (3, True), (4, False)]
+
+    restarted = CheckpointManager(root, {"model": state}, keep_last=1, thread_count=2)
+    with pytest.raises(InvalidArgument, match="a step is an int >= 0"):
+        restarted.save(-1, force=True)
+    seen: list[list[tuple[int, bool]]] = []
+    real = PCacheFileSystem.create_stream
+
+    @contextlib.contextmanager
+    def create_stream(fs, path, mode):
+        if not seen:  # the save's first shard: what the root holds once the save has made room
+            seen.append([(c.step, c.complete) for c in restarted.list()])
+        with real(fs, path, mode) as stream:
+            yield stream
+
+    monkeypatch.setattr(PCacheFileSystem, "create_stream", create_stream)
+    restarted.save(5, force=True)
+    monkeypatch.undo()
+    assert seen and all(got == [(3, True), (5, False)] for got in seen), seen  # two writer threads may both look
+    assert [(c.step, c.complete) for c in restarted.list()] == [(5, True)]
+    restarted.close()
 
 
 def test_after_a_rollback_the_last_saves_are_kept_and_loaded_not_the_abandoned_steps(shared_cluster) -> None:
