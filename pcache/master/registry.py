@@ -72,6 +72,17 @@ class WorkerRegistry:
         state.assigned = state.reserved = 0
         return state
 
+    def readdress(self, commands: list[pb.WorkerCommand]) -> None:
+        """Give the workers each command names (a copy's targets, an upload's block holders) the
+        address they registered last: a copy queued before its target restarted on another port
+        went to the old one, was refused and was chosen again (a warning and about a second, seen
+        in a helper's drill)."""
+        for cmd in commands:
+            for addr in [*cmd.targets, *(r for b in cmd.blocks for r in b.replicas)]:
+                state = self.workers.get(addr.worker_id)
+                if state is not None and state.info.addr != addr:
+                    addr.CopyFrom(state.info.addr)
+
     def heartbeat(self, info: pb.WorkerInfo) -> WorkerState | None:
         """Record a heartbeat; None when the worker must register first."""
         state = self.workers.get(info.addr.worker_id)

@@ -784,6 +784,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             return pb.HeartbeatResponse(epoch=self.m.epoch, leader=False, block_keys=keys)
         commands, state.commands = state.commands, []
         if commands:
+            self.m.registry.readdress(commands)
             await self.m.commit()  # a DELETE goes out only once the change that freed the block is replicated
         return pb.HeartbeatResponse(
             epoch=self.m.epoch, commands=commands, leader=True, block_keys=keys, revoked_before_ms=self.revocations()

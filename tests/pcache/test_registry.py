@@ -73,6 +73,26 @@ def test_expire_drops_queued_commands() -> None:
     assert reg.workers["w1"].commands == []
 
 
+def test_commands_name_the_address_a_worker_registered_last() -> None:
+    """From a helper's drill: a copy queued for w2 before it restarted on another port went to
+    the old port (refused, chosen again about a second later)."""
+    reg = registry(info("w1"), info("w2"), info("w3"))
+    copy = pb.WorkerCommand(kind=pb.WorkerCommand.REPLICATE, block_id=7, targets=[reg.workers["w2"].info.addr])
+    upload = pb.WorkerCommand(
+        kind=pb.WorkerCommand.PERSIST,
+        blocks=[pb.BlockLocation(block_id=8, replicas=[reg.workers["w2"].info.addr, reg.workers["w3"].info.addr])],
+    )
+    moved = info("w2")
+    moved.addr.port = 4242  # restarted: a new data port
+    reg.register(moved)
+    reg.readdress([copy, upload])
+    assert [(t.worker_id, t.port) for t in copy.targets] == [("w2", 4242)]
+    assert [(r.worker_id, r.port) for r in upload.blocks[0].replicas] == [("w2", 4242), ("w3", 1003)]
+    gone = pb.WorkerCommand(kind=pb.WorkerCommand.REPLICATE, targets=[pb.WorkerAddr(worker_id="w9", port=1)])
+    reg.readdress([gone])  # a worker this master does not know: left as it is
+    assert gone.targets[0].port == 1
+
+
 # ---------------------------------------------------------------- placement --
 
 
