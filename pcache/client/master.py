@@ -92,6 +92,7 @@ class MasterClient:
         self._watchdog: asyncio.TimerHandle | None = None
         self._batching = True
         self._batch_layouts = True  # a master of the release before takes no layouts in a Batch
+        self._batch_writes = True  # ... nor block allocations and file commits
         self._flush_soon = False  # a flush is scheduled for the next loop turn
         self._streaming = True  # batches go on a BatchStream (a master of the release before has none)
         self._streams: dict[int, Any] = {}  # master index -> its open BatchStream call
@@ -453,8 +454,11 @@ class MasterClient:
                 self._batching = False
                 results = [await self._one_of(op) for op, _ in batch]
             for i, ((op, _), result) in enumerate(zip(batch, results, strict=True)):
-                if op.HasField("layout") and _unknown_op(result):  # a master older than layouts in Batch
-                    self._batch_layouts = False
+                if _unknown_op(result):  # a master older than layouts (allocations, commits) in Batch
+                    if op.HasField("layout"):
+                        self._batch_layouts = False
+                    else:
+                        self._batch_writes = False
                     results[i] = await self._one_of(op)
             for (op, future), result in zip(batch, results, strict=True):
                 if future.done():
@@ -464,7 +468,7 @@ class MasterClient:
                 elif result.error:
                     future.set_exception(E.from_name(result.error, result.message))
                 else:
-                    future.set_result(result.layout if op.HasField("layout") else result.inode)
+                    future.set_result(_answer(op, result))
         except E.PCacheError as exc:
             for _, future in batch:
                 if not future.done():
@@ -583,6 +587,10 @@ class MasterClient:
                 return pb.BatchResult(layout=await self._call("GetLayout", op.layout))
             if kind == "stat":
                 return pb.BatchResult(inode=await self._call("Stat", op.stat))
+            if kind == "allocate":
+                return pb.BatchResult(location=await self._call("AllocateBlock", op.allocate))
+            if kind == "commit":
+                return pb.BatchResult(inode=await self._call("CommitFile", op.commit))
             return pb.BatchResult(inode=await self._call("Create", op.create))
         except E.PCacheError as exc:
             return exc
@@ -624,12 +632,12 @@ class MasterClient:
     async def allocate_block(
         self, inode: int, size_hint: int, client_node: str, exclude: list[str]
     ) -> pb.BlockLocation:
-        return await self._call(
-            "AllocateBlock",
-            pb.AllocateBlockRequest(
-                header=self.header(), inode=inode, size_hint=size_hint, client_node=client_node, exclude_workers=exclude
-            ),
+        request = pb.AllocateBlockRequest(
+            header=self.header(), inode=inode, size_hint=size_hint, client_node=client_node, exclude_workers=exclude
         )
+        if not self._batch_writes:
+            return await self._call("AllocateBlock", request)
+        return await self._coalesced("AllocateBlock", request, pb.BatchOp(allocate=request))
 
     async def commit_file(
         self,
@@ -656,7 +664,10 @@ class MasterClient:
             base_blocks=base_blocks or [],
             replace=replace,
         )
-        return await self._call("CommitFile", request)
+        if not self._batch_writes:
+            return await self._call("CommitFile", request)
+        request.header.request_id = self._next_request_id()  # answered once, as a create
+        return await self._coalesced("CommitFile", request, pb.BatchOp(commit=request))
 
     async def abandon_blocks(self, inode: int, block_ids: list[int]) -> None:
         request = pb.AbandonBlocksRequest(header=self.header(), inode=inode, block_ids=block_ids)
@@ -769,9 +780,24 @@ def _answered(exc: grpc.aio.AioRpcError) -> bool:
 
 
 def _resendable(request: pb.BatchRequest) -> bool:
-    """Whether sending ``request`` again applies nothing twice: reads, and creates whose request
-    id the master answers once."""
-    return all(op.WhichOneof("op") != "create" or op.create.header.request_id for op in request.ops)
+    """Whether sending ``request`` again applies nothing twice: reads, allocations (one sent
+    again gets another block; the first one's reservation expires unused, as after a retried
+    ``AllocateBlock``), and creates and commits whose request id the master answers once."""
+    for op in request.ops:
+        kind = op.WhichOneof("op")
+        if kind in ("create", "commit") and not getattr(op, kind).header.request_id:
+            return False
+    return True
+
+
+def _answer(op: pb.BatchOp, result: pb.BatchResult) -> Any:
+    """What a batched call returns: its op's part of the result."""
+    kind = op.WhichOneof("op")
+    if kind == "layout":
+        return result.layout
+    if kind == "allocate":
+        return result.location
+    return result.inode
 
 
 def _unknown_op(result: pb.BatchResult | E.PCacheError) -> bool:

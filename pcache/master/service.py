@@ -58,6 +58,7 @@ REPORT_POLL = 0.05
 
 
 _CLIENT = frozenset({"tenant", "admin"})
+_LOOKUPS = frozenset({"stat", "create", "layout"})  # batch ops that name a path (checked against its bind first)
 MAX_ABANDON = 4096  # block ids one AbandonBlocks may name
 # who may call each method (:class:`pcache.common.auth.Guard`; a method missing here is refused)
 MASTER_SCOPES: dict[str, frozenset[str]] = {
@@ -393,12 +394,13 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def Batch(self, request: pb.BatchRequest, context: grpc.aio.ServicerContext) -> pb.BatchResponse:
-        """Stats, creates and layouts of a client's concurrent callers, in order, one commit wait
-        for all.
+        """Stats, creates, layouts, block allocations and file commits of a client's concurrent
+        callers, in order, one commit wait for all.
 
         An error of one op is its own result (an under-store that fails one op's path too);
         losing the lease mid-batch fails the whole batch (the client sends it again to the new
-        leader; its creates are answered once).
+        leader; its creates and commits are answered once, an allocation sent again gets
+        another block).
 
         Raises:
             InvalidArgument: more than ``MAX_BATCH`` ops (one request must not hold the event loop
@@ -444,7 +446,9 @@ class MasterServicer(pb_grpc.MasterServicer):
 
         async def ready(index: int, op: pb.BatchOp) -> None:
             kind = op.WhichOneof("op")
-            path = getattr(op, kind).path if kind else ""
+            if kind not in _LOOKUPS:  # a block of an inode the writer holds open: no name to look up
+                return
+            path = getattr(op, kind).path
             try:
                 await self._ready(path, new=(path,) if kind == "create" else ())
             except E.NotLeader:
@@ -452,7 +456,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             except E.PCacheError as exc:
                 failed[index] = exc
 
-        if any(op.WhichOneof("op") == "layout" for op in request.ops):
+        if any(op.WhichOneof("op") in ("layout", "allocate") for op in request.ops):
             await self._workers_in(caller_deadline)
         ns, _ = self.m.leading()
         if ns.binds.inodes():  # the ops' store lookups at once: a hung store costs the batch one wait, not one each
@@ -479,6 +483,12 @@ class MasterServicer(pb_grpc.MasterServicer):
                         elif kind == "layout":
                             self._ufs_blocks(op.layout)
                             result.layout.CopyFrom(_in_scope(self._layout_of(op.layout), ns, blocks, scope))
+                        elif kind == "allocate":
+                            result.location.CopyFrom(_in_scope(self._allocate(op.allocate), ns, blocks, scope))
+                        elif kind == "commit":
+                            commit = self._commit_file(op.commit)
+                            node = self._apply_once(ns, blocks, scope, op.commit.header, "CommitFile", pb.Inode, commit)
+                            result.inode.CopyFrom(node)
                         else:
                             raise E.InvalidArgument(f"unknown batch op {kind!r}")
                     except E.NotLeader:
@@ -675,6 +685,12 @@ class MasterServicer(pb_grpc.MasterServicer):
     ) -> pb.BlockLocation:
         # not answered from a stored reply: a retry gets a second block id, and the first one's
         # reservation expires unused (master.orphan_grace)
+        await self._workers_in(_caller_deadline(context))
+        return await self._read(request.header, "AllocateBlock", self._allocate(request))
+
+    def _allocate(self, request: pb.AllocateBlockRequest) -> Apply[pb.BlockLocation]:
+        """The allocation of one AllocateBlock request (alone or in a Batch)."""
+
         def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.BlockLocation:
             node = ns.get_inode(request.inode)
             _owned(scope, node)
@@ -688,8 +704,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             loc.token = self.block_token(loc.block_id, "rw", node.tenant, workers, length=loc.length)
             return loc
 
-        await self._workers_in(_caller_deadline(context))
-        return await self._read(request.header, "AllocateBlock", apply)
+        return apply
 
     @rpc_method
     async def AbandonBlocks(self, request: pb.AbandonBlocksRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
@@ -716,6 +731,11 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @rpc_method
     async def CommitFile(self, request: pb.CommitFileRequest, context: grpc.aio.ServicerContext) -> pb.Inode:
+        return await self._mutate(request.header, "CommitFile", pb.Inode, self._commit_file(request))
+
+    def _commit_file(self, request: pb.CommitFileRequest) -> Apply[pb.Inode]:
+        """The mutation of one CommitFile request (alone or in a Batch)."""
+
         def apply(ns: Namespace, blocks: BlockManager, scope: Scope) -> pb.Inode:
             _owned(scope, ns.get_inode(request.inode))
             committed = list(request.blocks)
@@ -736,7 +756,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             blocks.freed(freed)
             return node
 
-        return await self._mutate(request.header, "CommitFile", pb.Inode, apply)
+        return apply
 
     # ------------------------------------------------------------ workers --
     # Workers report to every master: a follower keeps their liveness and load (so it can place

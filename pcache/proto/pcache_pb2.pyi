@@ -957,14 +957,18 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class BatchOp(_message.Message):
-    __slots__ = ("stat", "create", "layout")
+    __slots__ = ("stat", "create", "layout", "allocate", "commit")
     STAT_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATE_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
     stat: PathRequest
     create: CreateRequest
     layout: LayoutRequest
-    def __init__(self, stat: _Optional[_Union[PathRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., layout: _Optional[_Union[LayoutRequest, _Mapping]] = ...) -> None: ...
+    allocate: AllocateBlockRequest
+    commit: CommitFileRequest
+    def __init__(self, stat: _Optional[_Union[PathRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., layout: _Optional[_Union[LayoutRequest, _Mapping]] = ..., allocate: _Optional[_Union[AllocateBlockRequest, _Mapping]] = ..., commit: _Optional[_Union[CommitFileRequest, _Mapping]] = ...) -> None: ...
 
 class BatchRequest(_message.Message):
     __slots__ = ("header", "ops")
@@ -975,16 +979,18 @@ class BatchRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[BatchOp, _Mapping]]] = ...) -> None: ...
 
 class BatchResult(_message.Message):
-    __slots__ = ("inode", "error", "message", "layout")
+    __slots__ = ("inode", "error", "message", "layout", "location")
     INODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
     inode: Inode
     error: str
     message: str
     layout: FileLayout
-    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., layout: _Optional[_Union[FileLayout, _Mapping]] = ...) -> None: ...
+    location: BlockLocation
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., layout: _Optional[_Union[FileLayout, _Mapping]] = ..., location: _Optional[_Union[BlockLocation, _Mapping]] = ...) -> None: ...
 
 class BatchResponse(_message.Message):
     __slots__ = ("results", "epoch")

@@ -140,9 +140,11 @@ def test_inode_numbers_of_another_tenant_are_refused(cluster: LocalCluster, admi
         numbers = {str(ino): str(unused), str(block): str(unused), str(directory): str(unused + 1)}
         assert nothing[name] == (code, " ".join(numbers.get(w, w) for w in message.split(" "))), (name, theirs)
 
-    async def batch() -> list[pb.BatchResult]:  # layouts in a Batch are checked one by one, as GetLayout's
+    async def batch() -> list[pb.BatchResult]:  # ops in a Batch are checked one by one, as their calls'
         ops = [pb.BatchOp(layout=pb.LayoutRequest(inode=n)) for n in (ino, directory)]
         ops.append(pb.BatchOp(layout=pb.LayoutRequest(path="/private/secret")))  # its own file
+        ops.append(pb.BatchOp(allocate=pb.AllocateBlockRequest(inode=ino, size_hint=1)))
+        ops.append(pb.BatchOp(commit=pb.CommitFileRequest(inode=ino, size=0, replace=True)))
         async with grpc.aio.insecure_channel(cluster.master_address) as channel:
             reply = await pb_grpc.MasterStub(channel).Batch(
                 pb.BatchRequest(header=pb.RequestHeader(), ops=ops), metadata=bearer(two["ta"]), timeout=5
@@ -150,8 +152,10 @@ def test_inode_numbers_of_another_tenant_are_refused(cluster: LocalCluster, admi
         return list(reply.results)
 
     results = asyncio.run(batch())
-    assert [r.error for r in results] == ["NotFound", "NotFound", ""]
+    assert [r.error for r in results] == ["NotFound", "NotFound", "", "NotFound", "NotFound"]
     assert not results[0].HasField("layout") and not results[1].HasField("layout")  # nothing of B's shows
+    assert not results[3].HasField("location") and not results[4].HasField("inode")
+    assert [r.message for r in results[3:]] == [theirs["AllocateBlock"][1], theirs["CommitFile"][1]]
     assert results[2].layout.inode.size == 2000 and results[2].layout.blocks[0].token
     after = admin.layout("/tb/private/secret")
     assert after.inode.size == 2000 and after.inode.version == victim.inode.version
