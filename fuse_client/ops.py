@@ -12,6 +12,7 @@ afterwards sees them; ``release`` only drops the handle.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import errno
 import functools
@@ -410,7 +411,9 @@ class PCacheOperations(mfusepy.Operations):
     @translate_errors
     def releasedir(self, path: str, fh: int) -> int:
         with self._lock:
-            self._cursors.pop(fh, None)
+            cursor = self._cursors.pop(fh, None)
+        if cursor is not None:
+            cursor.drop()
         return 0
 
     def readdir_plus(self, path: str, fh: int, offset: int) -> Iterator[tuple[int, str, dict[str, Any] | None]]:
@@ -805,28 +808,43 @@ class PCacheFuse(mfusepy.FUSE):
 
 
 class DirCursor:
-    """One page of a directory listing, positioned by entry index (2 = the first name)."""
+    """A directory listing read page by page, positioned by entry index (2 = the first name).
+
+    While the kernel takes one page, the next is already asked of the master (a big
+    directory's ``ls -l`` waited for every page in turn): at most two pages per handle.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.base = 2  # index of page[0]
         self.page: list[FileStat] = []
         self.more = True
+        self._next: concurrent.futures.Future | None = None  # the page after this one, on its way
 
     def entry(self, index: int, client: Client) -> FileStat | None:
         """The entry at ``index`` (None past the end); reads the next page, or lists again from
         the start for a ``rewinddir``/``seekdir`` backwards."""
         if index < self.base:
+            self.drop()
             self.base, self.page, self.more = 2, [], True
         while index >= self.base + len(self.page):
             if not self.more:
                 return None
             after = self.page[-1].name if self.page else ""
             self.base += len(self.page)
-            self.page, self.more = client.listdir_page(self.path, after)
+            ahead, self._next = self._next, None
+            self.page, self.more = ahead.result() if ahead is not None else client.listdir_page(self.path, after)
             if not self.page:
                 self.more = False
+            elif self.more:
+                self._next = client.submit(client.aio.listdir_page(self.path, self.page[-1].name))
         return self.page[index - self.base]
+
+    def drop(self) -> None:
+        """Forget the page on its way (the handle is released, or the listing starts again)."""
+        if self._next is not None:
+            self._next.cancel()
+            self._next = None
 
 
 def _now_ns() -> int:

@@ -9,6 +9,7 @@ operations, the checkpoint SDK and the CLI use it; async code should use
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
 import os
 import threading
@@ -57,14 +58,7 @@ class _LoopThread:
         if threading.current_thread() is self.thread:
             coro.close()
             raise RuntimeError("sync PCache call from inside its own event loop")
-        try:
-            check_not_forked()  # a parent's client, copied by fork: its loop thread is not here
-        except NotSupported:
-            coro.close()
-            raise
-        if not self.thread.is_alive() or self.loop.is_closed():
-            coro.close()  # a closed client: fail instead of waiting on a dead loop
-            raise Unavailable("the PCache client is closed")
+        self._usable(coro)
         finished = threading.Event()
 
         async def guarded() -> T:
@@ -81,6 +75,22 @@ class _LoopThread:
                 fut.cancel()
                 finished.wait(CANCEL_GRACE)  # an aborted write removes what it created, a copy its temp file
             raise
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop and return at once."""
+        self._usable(coro)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def _usable(self, coro: Coroutine) -> None:
+        """Raise (closing ``coro``) unless this loop can run it."""
+        try:
+            check_not_forked()  # a parent's client, copied by fork: its loop thread is not here
+        except NotSupported:
+            coro.close()
+            raise
+        if not self.thread.is_alive() or self.loop.is_closed():
+            coro.close()  # a closed client: fail instead of waiting on a dead loop
+            raise Unavailable("the PCache client is closed")
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -110,6 +120,20 @@ class Client:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run(coro)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start a coroutine of :attr:`aio` (this client's asyncio side) on the client's loop
+        and return at once, for work that overlaps the caller's (the mount lists a big
+        directory's next page while the kernel takes this one).
+
+        Returns:
+            a :class:`concurrent.futures.Future` with the coroutine's result or error;
+            cancelling it cancels the coroutine.
+
+        Raises:
+            Unavailable: the client is closed. NotSupported: a client inherited through fork.
+        """
+        return self._loop.submit(coro)
 
     def close(self) -> None:
         """Close connections and stop the loop thread."""

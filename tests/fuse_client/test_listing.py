@@ -140,6 +140,39 @@ def test_rewinddir_lists_again_from_the_start(listing_cluster):
     assert first == second and len(first) == 250
 
 
+def test_the_next_page_is_asked_for_while_the_kernel_takes_this_one(listing_cluster):
+    """A big directory's listing pages are asked of the master one ahead of the kernel (``ls -l``
+    of 100,000 files waited for each of its pages in turn); a handle closed halfway leaves no
+    page in flight, and a listing through the mount is whole."""
+    from fuse_client.ops import DirCursor
+
+    lc = listing_cluster
+    make_files(lc.cluster.master_address, "/ahead", 250, sized_every=50)
+
+    def listed_after(before: int, want: int) -> int:
+        deadline = time.monotonic() + 5
+        while lc.rpcs("ListDir") - before < want and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # and no more than that
+        return lc.rpcs("ListDir") - before
+
+    with Client(ClientConfig(master=lc.cluster.master_address)) as pc:
+        before = lc.rpcs("ListDir")
+        cursor = DirCursor("/ahead")
+        assert cursor.entry(2, pc).name == "f0000000"
+        assert listed_after(before, 2) == 2  # the first page of 100, and the second on its way
+        assert [cursor.entry(i, pc).name for i in range(3, 2 + 150)] == [f"f{i:07d}" for i in range(1, 150)]
+        assert listed_after(before, 3) == 3  # the second page taken, the third (the last) asked for
+        cursor.drop()  # the handle released
+        cursor = DirCursor("/ahead")
+        names = []
+        while (entry := cursor.entry(2 + len(names), pc)) is not None:
+            names.append(entry.name)
+        assert names == [f"f{i:07d}" for i in range(250)]
+        assert listed_after(before, 6) == 6  # three pages, and nothing past the last
+    assert sorted(os.listdir(lc.mount.path / "ahead")) == [f"f{i:07d}" for i in range(250)]
+
+
 @pytest.mark.slow
 def test_ls_l_of_100k_files(listing_cluster):
     lc = listing_cluster
