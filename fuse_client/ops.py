@@ -297,6 +297,19 @@ class PCacheOperations(mfusepy.Operations):
                 self._dropping[fh] = (key, f.version)
         return keep
 
+    def kernel_behind(self, fh: int) -> bool:
+        """Whether the kernel was given the attributes of another version of the file than this
+        new handle opened (the mount forgets that version then: the kernel asks again)."""
+        f = self._handles.get(fh)
+        if f is None:
+            return False
+        with self._lock:
+            told = self._told.get(f.inode, 0)
+            if told == 0 or told == f.version:
+                return False
+            del self._told[f.inode]
+        return True
+
     def _committed(self, f: File, before: int) -> None:
         """A handle of this mount committed, moving the inode from version ``before`` to ``f.version``."""
         self._saw(f.inode, f.version)
@@ -747,8 +760,15 @@ class PCacheFuse(mfusepy.FUSE):
     """
 
     def open(self, path: bytes, fip) -> int:
+        """OPEN; when the kernel holds the attributes of another version of the file than this
+        handle opened, they are invalidated: the kernel caps every read at the size it holds, so
+        a file rewritten (or replaced in its under-store) read back cut to its old size, or past
+        it, until the attribute timeout."""
         ret = super().open(path, fip)
-        fip.contents.keep_cache = int(self.operations.keep_cache(fip.contents.fh))
+        fh = fip.contents.fh
+        fip.contents.keep_cache = int(self.operations.keep_cache(fh))
+        if ret == 0 and self.operations.kernel_behind(fh):
+            _invalidate_attributes(path)
         return ret
 
     def create(self, path: bytes, mode: int, fip) -> int:
@@ -845,6 +865,21 @@ class DirCursor:
         if self._next is not None:
             self._next.cancel()
             self._next = None
+
+
+_fuse_invalidate_path = mfusepy._libfuse.fuse_invalidate_path  # libfuse >= 3.1
+_fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_fuse_invalidate_path.restype = ctypes.c_int
+
+
+def _invalidate_attributes(path: bytes) -> None:
+    """Have the kernel ask for ``path``'s attributes again, and drop its pages (libfuse's
+    ``fuse_invalidate_path``: a ``notify_inval_inode``); called inside an operation, which gives
+    the context naming this mount."""
+    fuse = mfusepy._libfuse.fuse_get_context().contents.fuse
+    err = _fuse_invalidate_path(fuse, path)
+    if err:
+        logger.debug("%r: the kernel's attributes were not invalidated: %s", path, os.strerror(-err))
 
 
 def _now_ns() -> int:

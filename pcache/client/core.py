@@ -833,8 +833,8 @@ class PCacheClient:
                 on_allocated(loc.block_id)
             try:
                 stored = await self.data.write(list(loc.replicas), loc.block_id, data, crc, loc.token, chunk_crcs)
-            except WRITE_RETRY_ERRORS as exc:
-                logger.warning(
+            except WRITE_RETRY_ERRORS as exc:  # handled: INFO (a training job's stderr is not the place)
+                logger.info(
                     "block %d on %s failed (%s); trying another worker", loc.block_id, loc.replicas[0].worker_id, exc
                 )
                 exclude.append(loc.replicas[0].worker_id)

@@ -295,7 +295,8 @@ class DataClient:
         self._socket_owners: set[socket.socket] = set()  # sockets a cancelled read's thread still uses
         self._receivers = ThreadPoolExecutor(RECEIVER_THREADS, thread_name_prefix="pcache-recv")
         self._pings: dict[tuple[str, int], asyncio.Task] = {}  # the PING under way to each worker
-        self._failed_fetches: OrderedDict[int, tuple[float, PCacheError]] = OrderedDict()  # block -> (when, why)
+        # block -> (when its read failed, the error, how long that read took)
+        self._failed_fetches: OrderedDict[int, tuple[float, PCacheError, float]] = OrderedDict()
         tls = tls_config or load_optional(cfg.tls_dir or find_tls_dir(cfg.master), need_cert=False)
         self.tls = tls.client_context() if tls else None
 
@@ -794,11 +795,12 @@ class DataClient:
             return await self._while_alive(addr, work, f"fetching block {block_id} from its under-store")
         return await work
 
-    def remember_failed_fetch(self, block_id: int, error: PCacheError) -> None:
-        """An uncached block's read failed because its under-store did not answer in time: reads
-        of it for the next ``FAILED_FETCH_MEMORY`` seconds fail at once with ``error`` (the
-        kernel's read-ahead and the read behind it each waited ``worker.ufs_timeout``)."""
-        self._failed_fetches[block_id] = (time.monotonic(), error)
+    def remember_failed_fetch(self, block_id: int, error: PCacheError, took: float) -> None:
+        """An uncached block's read failed after ``took`` seconds because its under-store did not
+        answer in time: reads of it fail at once with ``error`` for as long again, at most
+        ``FAILED_FETCH_MEMORY`` seconds (the kernel's read-ahead and the read behind it each waited
+        ``worker.ufs_timeout``; a read that failed in a second costs no more to try again)."""
+        self._failed_fetches[block_id] = (time.monotonic(), error, took)
         self._failed_fetches.move_to_end(block_id)
         while len(self._failed_fetches) > 1024:
             self._failed_fetches.popitem(last=False)
@@ -809,11 +811,12 @@ class DataClient:
         seen = self._failed_fetches.get(block_id)
         if seen is None:
             return None
-        ago = time.monotonic() - seen[0]
-        if ago > FAILED_FETCH_MEMORY:
+        when, error, took = seen
+        ago, hold = time.monotonic() - when, min(FAILED_FETCH_MEMORY, took)
+        if ago > hold:
             del self._failed_fetches[block_id]
             return None
-        return type(seen[1])(f"{seen[1].message} ({ago:.1f} s ago; tried again after {FAILED_FETCH_MEMORY:.0f} s)")
+        return type(error)(f"{error.message} ({ago:.1f} s ago; tried again after {hold:.1f} s)")
 
     async def _alive(self, addr: pb.WorkerAddr) -> bool:
         """Whether the worker answers a PING within half the stall timeout; one ping at a time per

@@ -193,6 +193,7 @@ class PCacheFile:
         self.size = layout.inode.size
         self.slots: list[Slot] = _slots(layout)
         self.version = layout.inode.version  # the commit this handle's view starts from
+        self.etag = layout.inode.etag  # a bound file's: the under-store object this view reads
         self.base_blocks = [slot.block_id for slot in self.slots]  # that commit's block ids
         # blocks allocated to this handle since its last commit: those the commit does not name
         # (rewritten, streamed then buffered), or all of them when the handle is aborted or its
@@ -272,6 +273,8 @@ class PCacheFile:
         layout = await self.service.layout_of(self.inode)
         if layout.inode.version == self.version:
             return False
+        if self.follow_versions and self._replaced_upstream(layout):
+            raise _replaced(self, layout)
         self._take(layout)
         self.served.clear()  # a new snapshot
         return True
@@ -280,8 +283,17 @@ class PCacheFile:
         self.slots = _slots(layout)
         self.size = layout.inode.size
         self.version = layout.inode.version
+        self.etag = layout.inode.etag
         self._last_unit = None
         self.hot = None
+
+    def _replaced_upstream(self, layout: pb.FileLayout) -> bool:
+        """Whether ``layout`` is another object of the under-store than the one this view was
+        opened on (a bound file replaced in its bucket). A handle that follows versions (the
+        mount's) does not follow that: the kernel's pages and size of the file may be the old
+        object's, whatever this handle returned itself. Within one open, old and new bytes never
+        mix: the reader gets ``StaleHandle``."""
+        return bool(self.etag) and layout.inode.etag != self.etag
 
     def _keeps_served(self, layout: pb.FileLayout) -> bool:
         """Whether ``layout`` has the same block at every position this view returned bytes of."""
@@ -338,12 +350,10 @@ class PCacheFile:
             layout = await self.service.layout_of(self.inode)
             if layout.inode.version == self.version:
                 raise
+            if self.follow_versions and self._replaced_upstream(layout):
+                raise _replaced(self, layout) from exc
             if not self.follow_versions and not self._keeps_served(layout):
-                raise StaleHandle(
-                    f"the file was replaced (version {self.version} -> {layout.inode.version}) while this handle"
-                    " read it, and the blocks of the version it read are gone: reopen it to read the new one",
-                    path=self.path,
-                ) from exc
+                raise _replaced(self, layout) from exc
             self._take(layout)
             logger.debug("%s: its blocks were replaced; reading version %d", self.path, self.version)
             return await self._pread(offset, length)
@@ -487,8 +497,10 @@ class PCacheFile:
 
         An uncached block of a bound file whose fetcher answered that its under-store did not
         answer in time (``worker.ufs_timeout``) is not asked again: the read fails then, and reads
-        of that block in the next ``FAILED_FETCH_MEMORY`` seconds (10) fail at once (a hung store
-        cost a read two timeouts, and a read through the mount, with the kernel's read-ahead, four).
+        of that block fail at once for as long as this one waited, ``FAILED_FETCH_MEMORY`` seconds
+        (10) at most (a hung store cost a read two timeouts, and a read through the mount, with the
+        kernel's read-ahead, four; a read that failed within a second, on a store known to be down,
+        is tried again a second later: the store back, it is served).
 
         Raises:
             Unavailable: no replica could be read. StaleHandle: the file no longer has that block
@@ -498,6 +510,7 @@ class PCacheFile:
         data = self.service.data
         if slot.uncached and (failed := data.fetch_failed(slot.block_id)) is not None:
             raise failed  # its store did not answer a moment ago: not another ufs_timeout
+        started = time.monotonic()
         errors: list[tuple[str, BaseException]] = []
 
         def store_timed_out() -> bool:  # a fetcher that answered: its under-store did not, in time
@@ -526,7 +539,7 @@ class PCacheFile:
                 slot = self.slots[idx]
         err = Unavailable(f"{self.path}: no replica of block {slot.block_id} could be read ({_reasons(errors)})")
         if store_timed_out():
-            data.remember_failed_fetch(slot.block_id, err)
+            data.remember_failed_fetch(slot.block_id, err, time.monotonic() - started)
         raise err
 
     async def _read_successor(self, layout: pb.FileLayout, idx: int, offset: int, length: int) -> Buffer:
@@ -788,7 +801,7 @@ class PCacheFile:
             try:
                 await stream.append(piece)
             except PCacheError as exc:  # a full disk here: what was written is read back and buffered
-                logger.warning("%s: streaming block %d failed (%s); buffering it", self.path, stream.block_id, exc)
+                logger.info("%s: streaming block %d failed (%s); buffering it", self.path, stream.block_id, exc)
                 self._streaming = False
                 return False
         return True
@@ -815,7 +828,7 @@ class PCacheFile:
                     await stream.flush()
                     stored = await stream.commit()
                 except (PCacheError, OSError) as exc:
-                    logger.warning("%s: block %d: %s; storing it another way", self.path, stream.block_id, exc)
+                    logger.info("%s: block %d: %s; storing it another way", self.path, stream.block_id, exc)
                     data = bytearray(await stream.read_back())
                 else:
                     slot.block_id, slot.length, slot.crc = stream.block_id, stream.written, stream.sums.crc
@@ -1166,3 +1179,13 @@ def _reasons(errors: list[tuple[str, BaseException]]) -> str:
 def _consume_exception(task: asyncio.Task) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def _replaced(f: PCacheFile, layout: pb.FileLayout) -> StaleHandle:
+    """The error of a read whose handle returned bytes of a version that ``layout`` replaced."""
+    upstream = " in its under-store" if f._replaced_upstream(layout) else ""
+    return StaleHandle(
+        f"the file was replaced{upstream} (version {f.version} -> {layout.inode.version}) while this handle"
+        " read it, and the blocks of the version it read are gone: reopen it to read the new one",
+        path=f.path,
+    )

@@ -78,13 +78,15 @@ class UnderStores:
                 await asyncio.wait_for(store.close(), 5.0)
         self._stores.clear()
 
-    async def ready(self, path: str, *, listing: bool = False) -> None:
+    async def ready(self, path: str, *, listing: bool = False, unknown: bool = False) -> None:
         """Bring what a call at ``path`` (a namespace path) looks at up to date with the store:
         each name on the way that a bound directory does not know (and whose listing is not
         fresh) is looked up alone (HEAD of the key, else one key under ``name/``), so a ``stat`` or
         ``open`` deep in a large bucket costs a request or two, not a listing; ``path`` itself is
         HEAD-checked when it is a bound file older than the TTL, and listed when it is a bound
         directory and ``listing`` (a ``ListDir``; :meth:`page_ready` answers its pages as they come).
+        ``unknown``: look a name up even when its directory's listing is fresh (``pcache refresh``
+        of an object put in the store since).
 
         Raises:
             NotFound, PermissionDenied, Unavailable, Timeout: the store's answer (nothing is
@@ -115,7 +117,7 @@ class UnderStores:
                     await self.listed(node)
                 return
             child = ns.child(ino, parts[i])
-            if child is None and stale(bind, node.listed, time.time()):
+            if child is None and (unknown or stale(bind, node.listed, time.time())):
                 await self._probe(node, parts[i])
                 ns, _ = self.m.leading()
                 child = ns.child(ino, parts[i])
@@ -266,8 +268,9 @@ class UnderStores:
         """``pcache refresh``: list the bound directory at ``path`` again now (a file: HEAD it).
 
         Raises:
-            NotFound: no such path. InvalidArgument: not under a bind.
+            NotFound: no such path, here or in the store. InvalidArgument: not under a bind.
         """
+        await self.ready(path, unknown=True)  # a name not seen yet (put upstream since): looked up
         ns, _ = self.m.leading()
         node = ns.resolve(path)
         if node.type == pb.DIRECTORY:

@@ -107,3 +107,60 @@ def test_files_written_through_the_mount_into_a_write_back_bind_reach_the_store(
         for k in ("shard.bin", "synced", ".metadata")
     }
     assert got == {"shard.bin": src.read_bytes(), "synced": b"synced", ".metadata": b"meta v2"}
+
+
+def test_a_file_replaced_upstream_or_rewritten_is_never_mixed_nor_read_cut_to_its_old_size(
+    fuse_ready, moto_endpoint: str, tmp_path: Path
+) -> None:
+    """From a user's drill of a bound dataset re-uploaded while a data loader read it: a file
+    open through the mount went on with the new object's bytes after the old one's (the mount's
+    handles follow PCache's own commits), and a file opened after the replacement (or a rewrite
+    in PCache) read the new bytes cut to the old size until the attribute timeout (the kernel caps
+    reads at the size it holds). A handle open across the replacement fails ESTALE now, as the
+    SDK's does, whether it had read or not (the kernel's pages may be the old object's); a new
+    open reads the new bytes whole."""
+    import errno
+
+    import boto3
+
+    bucket = create_bucket(moto_endpoint)
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    old, new, newer = os.urandom(8 << 20), os.urandom(8 << 20), os.urandom(8 << 20)  # one size: the ETag tells
+    s3.put_object(Bucket=bucket, Key="mid.bin", Body=old)
+    s3.put_object(Bucket=bucket, Key="grow.txt", Body=b"E" * 1000)
+    with (
+        LocalCluster(str(tmp_path / "cluster"), workers=2, master_args=FAST_MASTER) as cluster,
+        Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin,
+    ):
+        admin.bind("/default/ds", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=-1)
+        long_caches = ("--attr-timeout", "30", "--entry-timeout", "30")
+        mount = Mount(cluster.master_address, tmp_path / "mnt", *long_caches).start()
+        try:
+            root = mount.path / "ds"
+            with open(root / "mid.bin", "rb", buffering=0) as f:
+                assert f.read(4096) == old[:4096]
+                s3.put_object(Bucket=bucket, Key="mid.bin", Body=new)
+                admin.refresh("/default/ds/mid.bin")
+                with pytest.raises(OSError) as err:
+                    f.read()
+                assert err.value.errno == errno.ESTALE
+            with open(root / "mid.bin", "rb", buffering=0) as g:  # opened, nothing read yet
+                s3.put_object(Bucket=bucket, Key="mid.bin", Body=newer)
+                admin.refresh("/default/ds/mid.bin")
+                with pytest.raises(OSError) as err:
+                    g.read()
+                assert err.value.errno == errno.ESTALE
+            assert (root / "mid.bin").read_bytes() == newer
+
+            assert (root / "grow.txt").read_bytes() == b"E" * 1000  # the kernel holds size 1000 for 30 s
+            s3.put_object(Bucket=bucket, Key="grow.txt", Body=b"F" * 3000)
+            admin.refresh("/default/ds/grow.txt")
+            assert (root / "grow.txt").read_bytes() == b"F" * 3000
+
+            admin.write_file("/default/plain.txt", b"G" * 1000)  # not bound: rewritten in PCache
+            assert (mount.path / "plain.txt").read_bytes() == b"G" * 1000
+            assert (mount.path / "plain.txt").stat().st_size == 1000
+            admin.write_file("/default/plain.txt", b"H" * 3000)
+            assert (mount.path / "plain.txt").read_bytes() == b"H" * 3000  # was 1000 bytes of H
+        finally:
+            mount.stop()

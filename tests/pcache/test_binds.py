@@ -543,6 +543,23 @@ def test_a_tenant_reads_the_listing_of_a_bind_in_its_root_and_refresh_takes_its_
         assert tenant.status().tenants[0].used_inodes == 1
 
 
+def test_refresh_of_a_file_looks_up_a_name_not_seen_yet(admin: Client, moto_endpoint: str) -> None:
+    """From a user's drill: ``pcache refresh FILE`` of a name the cache had not seen (a fresh
+    bind; an object put upstream within the listing's TTL) failed ENOENT while ``stat`` found it."""
+    bucket = create_bucket(moto_endpoint)
+    s3 = _s3(moto_endpoint)
+    s3.put_object(Bucket=bucket, Key="d/a", Body=b"aa")
+    admin.bind("/fresh", f"s3://{bucket}/?endpoint_url={moto_endpoint}", meta_ttl=IMMUTABLE)
+    assert admin.refresh("/fresh/d/a").size == 2  # neither d nor a listed yet
+    assert _names(admin, "/fresh/d") == {"a"}  # listed now: trusted for ever (immutable)
+    s3.put_object(Bucket=bucket, Key="d/b", Body=b"bbb")
+    assert admin.refresh("/fresh/d/b").size == 3  # put since the listing
+    assert _names(admin, "/fresh/d") == {"a", "b"}
+    with pytest.raises(E.NotFound):
+        admin.refresh("/fresh/d/none")  # in neither
+    admin.unbind("/fresh")
+
+
 def test_a_file_tree_bound_without_etags_tells_versions_apart_by_size_and_mtime(admin: Client, tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "sub").mkdir(parents=True)
@@ -870,6 +887,50 @@ def test_a_read_whose_store_does_not_answer_fails_after_one_timeout_and_the_next
         proxy.delay = 0.0
         assert admin.read_file("/hung/hung") == body  # asked again once that moment passed
         admin.unbind("/hung")
+
+
+def test_a_read_that_failed_fast_on_a_hung_store_is_tried_again_as_soon(make_cluster, moto_endpoint: str) -> None:
+    """From a user's drill: with the store back (SIGCONT), the mount kept failing reads for 10 s,
+    each answered at once from the memory of an earlier failure, although that read had failed
+    within a second (the store known down). A failure is remembered as long as it took."""
+    from babel.testing.s3proxy import S3Proxy
+
+    bucket = create_bucket(moto_endpoint)
+    for key in ("a", "b"):
+        _s3(moto_endpoint).put_object(Bucket=bucket, Key=key, Body=key.encode() * 1000)
+    cluster = make_cluster(
+        workers=1, master_args=["--master.default_replication=1"], worker_args=["--worker.ufs_timeout=3"]
+    )
+    with (
+        S3Proxy(moto_endpoint) as proxy,
+        Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin,
+    ):
+        admin.bind("/fast", f"s3://{bucket}/?endpoint_url={proxy.endpoint}", meta_ttl=IMMUTABLE)
+        assert {e.name for e in admin.scandir("/fast")} == {"a", "b"}
+        proxy.ops, proxy.delay = {"get", "head"}, 60.0  # hung: takes requests, answers nothing
+        with pytest.raises(E.Unavailable, match="did not answer in time"):
+            admin.read_file("/fast/a")  # the first: one ufs_timeout
+        t0 = time.monotonic()
+        with pytest.raises(E.Unavailable, match="has not answered since"):
+            admin.read_file("/fast/b")  # the store known down: a second or so
+        took = time.monotonic() - t0
+        assert took < 2.5, took
+        with pytest.raises(E.Unavailable, match=r"s ago; tried again after"):
+            admin.read_file("/fast/b")  # at once, remembered
+        proxy.delay = 0.0  # the store is back
+        time.sleep(took + 0.2)
+        deadline = time.monotonic() + 5.0  # the probe stuck on the hung store may take its 2 s
+        while True:
+            try:
+                assert admin.read_file("/fast/b") == b"b" * 1000
+                break
+            except E.Unavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        served = time.monotonic() - t0
+        assert served < 9.0, served  # 10 s of remembered failure before
+        admin.unbind("/fast")
 
 
 def _bound_object(make_cluster, moto_endpoint: str, directory: str) -> tuple[LocalCluster, bytes]:

@@ -469,7 +469,7 @@ def test_a_dead_workers_port_answered_by_another_service_costs_no_write(make_clu
     written: dict[str, bytes] = {}
     try:
         with (
-            caplog.at_level("WARNING", logger="pcache.client"),
+            caplog.at_level("INFO", logger="pcache.client"),
             Client(ClientConfig(master=cluster.master_address, short_circuit=False)) as pc,
         ):
             for i in range(60):
