@@ -1151,14 +1151,17 @@ async def run_verify(
                     if needs_head(dst):
                         dst = await job._retry(lambda: job.dst.head(key))
                     results = [await check_metadata(src, dst)]
-                    if options.verify == "sample":
+                    # an object no bigger than the sample is read whole either way: counted under
+                    # "full", as a sync counts it
+                    small = src.size <= options.samples * options.sample_size
+                    if options.verify == "full" or (options.verify == "sample" and small):
+                        results.append(await check_full(job._checked(job.dst), key, src.size, None,
+                                                        src=job._checked(job.src)))  # fmt: skip
+                    elif options.verify == "sample":
                         results.append(await check_sample(
                             job._checked(job.src), job._checked(job.dst), key, src.size, samples=options.samples,
                             sample_size=options.sample_size,
                         ))  # fmt: skip
-                    elif options.verify == "full":
-                        results.append(await check_full(job._checked(job.dst), key, src.size, None,
-                                                        src=job._checked(job.src)))  # fmt: skip
                 except (BabelError, OSError) as exc:  # a store's own checksum failing is the content check's
                     mode = options.verify if isinstance(exc, Corrupt) and options.verify != "none" else "metadata"
                     results = [VerifyResult(key, mode, False, describe(exc), 0, 0)]

@@ -164,13 +164,18 @@ def load_cmd(
     else:
         _echo_load(report, metadata_only, check)
     if fetching and capacity is not None and report.bytes * copies > capacity:
+        gone = (
+            f"{human_bytes(evicted)} of cached bound files were evicted during the load, least recently used"
+            " first, so the files it loaded first are gone again"
+            if evicted
+            else "eviction (least recently used first) will remove the files it loaded first as the cache"
+            " passes its high watermark"
+        )
         click.echo(
             f"warning: {path} holds {human_bytes(report.bytes)}, more than the {human_bytes(capacity // copies)} the"
             f" live workers cache at {copies} cop{'y' if copies == 1 else 'ies'} of each block ({human_bytes(capacity)}"
-            " of disk; eviction keeps"
-            f" them under their high watermark): {human_bytes(evicted or 0)} of cached bound files were evicted"
-            " during the load, least recently used first, so the files it loaded first are gone again. Load a"
-            " part that fits, or let the readers fetch it through the cache.",
+            f" of disk; eviction keeps them under their high watermark): {gone}. Load a part that fits, or let"
+            " the readers fetch it through the cache.",
             err=True,
         )
     elif fetching and evicted and not as_json:
