@@ -238,7 +238,11 @@ def persist_cmd(ctx: click.Context, path: str, wait: bool, timeout: float) -> in
 
             def waiting(pending: list) -> None:  # a line every 10 s: silence looked like a hang
                 first = pending[0]
-                why = f"; its last attempt failed: {first.persist_error}" if first.persist_error else ""
+                why = (
+                    f"; its last attempt failed: {first.persist_error}"
+                    if first.persist_error
+                    else "; queued or uploading: no attempt has failed yet"
+                )
                 why = "; not closed by its writer yet: uploaded once it is" if unclosed(first) else why
                 click.echo(f"waited {time.monotonic() - started:.0f} s: {len(pending)} files not in their store yet"
                            f" ({first.path}{why})", err=True)  # fmt: skip

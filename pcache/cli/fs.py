@@ -62,7 +62,8 @@ def ls(ctx: click.Context, path: str, long: bool) -> None:
         name = e.name + ("/" if e.is_dir else "")
         if long:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.mtime))
-            click.echo(f"{stat_mod.filemode(e.mode)} {e.size:>14} {when} {name}")
+            target = f" -> {e.symlink_target}" if stat_mod.S_ISLNK(e.mode) else ""  # as ls -l
+            click.echo(f"{stat_mod.filemode(e.mode)} {e.size:>14} {when} {name}{target}")
         else:
             click.echo(name)
 

@@ -147,6 +147,13 @@ def test_bad_paths_give_clear_errors(shared_cluster, client: Client) -> None:
     assert res.returncode == 3 and "'..' is not allowed" in res.stderr
 
 
+def test_ls_l_shows_where_a_symlink_points(shared_cluster, client: Client) -> None:
+    client.mkdir("/links", parents=True)
+    client.symlink("../some/target", "/links/l")
+    listed = run_cli(shared_cluster.master_address, "ls", "-l", "/links")
+    assert listed.returncode == 0 and listed.stdout.rstrip().endswith(" l -> ../some/target"), listed.stdout  # as ls -l
+
+
 def test_concurrent_writers_and_readers(client: Client) -> None:
     client.mkdir("/conc", parents=True)
     payloads = {i: os.urandom(3 * MiB + i) for i in range(12)}
