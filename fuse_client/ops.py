@@ -867,15 +867,18 @@ class DirCursor:
             self._next = None
 
 
-_fuse_invalidate_path = mfusepy._libfuse.fuse_invalidate_path  # libfuse >= 3.1
-_fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_fuse_invalidate_path.restype = ctypes.c_int
+_fuse_invalidate_path = getattr(mfusepy._libfuse, "fuse_invalidate_path", None)  # libfuse >= 3.1
+if _fuse_invalidate_path is not None:
+    _fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    _fuse_invalidate_path.restype = ctypes.c_int
 
 
 def _invalidate_attributes(path: bytes) -> None:
     """Have the kernel ask for ``path``'s attributes again, and drop its pages (libfuse's
     ``fuse_invalidate_path``: a ``notify_inval_inode``); called inside an operation, which gives
     the context naming this mount."""
+    if _fuse_invalidate_path is None:
+        return
     fuse = mfusepy._libfuse.fuse_get_context().contents.fuse
     err = _fuse_invalidate_path(fuse, path)
     if err:

@@ -1182,10 +1182,12 @@ def _consume_exception(task: asyncio.Task) -> None:
 
 
 def _replaced(f: PCacheFile, layout: pb.FileLayout) -> StaleHandle:
-    """The error of a read whose handle returned bytes of a version that ``layout`` replaced."""
-    upstream = " in its under-store" if f._replaced_upstream(layout) else ""
+    """The error of a read of handle ``f`` whose version ``layout`` replaced, when ``f`` may not
+    go on in the new one (see :meth:`PCacheFile.pread`)."""
+    if f._replaced_upstream(layout):
+        why = "the file was replaced in its under-store since this handle opened it"
+    else:
+        why = "the file was replaced while this handle read it, and the blocks of the version it read are gone"
     return StaleHandle(
-        f"the file was replaced{upstream} (version {f.version} -> {layout.inode.version}) while this handle"
-        " read it, and the blocks of the version it read are gone: reopen it to read the new one",
-        path=f.path,
+        f"{why} (version {f.version} -> {layout.inode.version}): reopen it to read the new one", path=f.path
     )

@@ -216,7 +216,8 @@ def test_a_read_right_after_a_master_restart_waits_for_its_workers_registrations
             layout, small, kept = pc._run(at_once())
             waited = time.monotonic() - start
         assert small == b"s" * 100 and kept == data
-        assert [len(b.replicas) for b in layout.blocks] == [2]
+        # answered once a copy shows: the first of the two workers to register (both, mostly)
+        assert [len(b.replicas) >= 1 for b in layout.blocks] == [True]
         assert 0.8 < waited < 3.0, waited  # until the workers registered, within dead_after (3 s)
 
 
