@@ -199,7 +199,8 @@ class PCacheClient:
         self.write_budget = WriteBudget(cfg.write_budget)
         self._verdicts: asyncio.Task | None = None
         self._owed_discards: dict[int, str] = {}  # inode -> path a failed writer created (discard_created)
-        self._discarding: asyncio.Task | None = None
+        self._owed_abandons: dict[int, set[int]] = {}  # inode -> blocks a failed writer gives up (abandon_blocks)
+        self._settling: asyncio.Task | None = None  # tries the owed ones again (_settle_owed)
         ttl = max(cfg.metadata_ttl, 1e-9)
         self._stat_cache: TTLCache[str, pb.Inode] = TTLCache(maxsize=METADATA_CACHE_ENTRIES, ttl=ttl)
         self._layout_cache: TTLCache[str, pb.FileLayout] = TTLCache(maxsize=LAYOUT_CACHE_ENTRIES, ttl=ttl)
@@ -215,8 +216,8 @@ class PCacheClient:
         in a warning)."""
         if self._verdicts is not None:
             self._verdicts.cancel()
-        if self._discarding is not None:
-            self._discarding.cancel()
+        if self._settling is not None:
+            self._settling.cancel()
         for path in self._owed_discards.values():
             logger.warning("%s: the empty file a failed writer created is left: the client closed first", path)
         await self.data.close()
@@ -954,6 +955,10 @@ class PCacheClient:
             await self.master.abandon_blocks(inode, block_ids)
         except NotSupported:
             pass
+        except (Unavailable, Timeout):  # told again once the master answers (a close failed in an outage)
+            self._owed_abandons.setdefault(inode, set()).update(block_ids)
+            self._settle_later()
+            raise
 
     async def discard_created(self, path: str, inode: int) -> None:
         """Remove ``path`` if it is still ``inode`` and still empty (untouched by another writer).
@@ -969,20 +974,34 @@ class PCacheClient:
             await self._discard_created_now(path, inode)
         except (Unavailable, Timeout):
             self._owed_discards[inode] = path
-            if self._discarding is None or self._discarding.done():
-                self._discarding = asyncio.ensure_future(self._discard_owed())
+            self._settle_later()
             raise
+
+    def _settle_later(self) -> None:
+        if self._settling is None or self._settling.done():
+            self._settling = asyncio.ensure_future(self._settle_owed())
 
     async def _discard_created_now(self, path: str, inode: int) -> None:
         st = await self.stat(path)
         if st.inode == inode and st.size == 0:
             await self.unlink(path)
 
-    async def _discard_owed(self) -> None:
-        """Remove the files failed writers created once the master answers (:meth:`discard_created`)."""
+    async def _settle_owed(self) -> None:
+        """Once the master answers, remove the files failed writers created (:meth:`discard_created`)
+        and give up the blocks they were allocated (:meth:`abandon_blocks`: a close that failed
+        while the master restarted left them charged to the tenant's quota for ``orphan_grace``,
+        600 s, and a tenant near its quota got EDQUOT for that long)."""
         give_up = time.monotonic() + DISCARD_GIVE_UP_SECONDS
-        while self._owed_discards and time.monotonic() < give_up:
+        while (self._owed_discards or self._owed_abandons) and time.monotonic() < give_up:
             await asyncio.sleep(DISCARD_RETRY_SECONDS)
+            for inode, block_ids in list(self._owed_abandons.items()):
+                try:
+                    await self.master.abandon_blocks(inode, sorted(block_ids))
+                except (Unavailable, Timeout):
+                    continue
+                except PCacheError as exc:  # the inode is gone: its reservations went with it
+                    logger.debug("blocks %s of inode %d not given up: %s", sorted(block_ids), inode, exc)
+                del self._owed_abandons[inode]
             for inode, path in list(self._owed_discards.items()):
                 try:
                     await self._discard_created_now(path, inode)

@@ -311,6 +311,9 @@ class MasterClient:
         """Close the batch streams (each ended by both sides: a cancelled one leaves gRPC callbacks
         behind on a loop about to close) and the channels."""
         for index, stream in list(self._streams.items()):
+            if stream.done():  # ended already (cancelled, failed): nothing to wait for
+                self._drop_stream(index)
+                continue
             try:
                 async with asyncio.timeout(STREAM_CLOSE_WAIT):
                     await stream.done_writing()
@@ -517,6 +520,9 @@ class MasterClient:
                     self._drop_stream(index)
                     raise _NoStream from exc
                 reply = await stream.read()
+        except asyncio.CancelledError:  # the caller gave up: its answer may still come on this stream
+            self._drop_stream(index)
+            raise
         except grpc.aio.AioRpcError as exc:
             self._drop_stream(index)
             err = translate_stamped(exc, f"master {address}")

@@ -709,3 +709,37 @@ def test_a_new_client_reaches_a_restarted_master_at_once(make_cluster) -> None:
             ((_, answer),) = new.master_statuses()
         assert not isinstance(answer, E.PCacheError), answer
         assert time.monotonic() - started < 1.0
+
+
+def test_a_call_cancelled_on_the_batch_stream_leaves_the_client_closable_and_answering(
+    shared_cluster, client: Client
+) -> None:
+    """From a helper's drill: a lone call cancelled while its batch was on the stream (an
+    ``asyncio.timeout`` around a ``stat``) left the cancelled stream in the client, and
+    ``close()`` raised ``CancelledError``: its channels were never closed. The stream is dropped
+    now; later calls get their own answers on a new one."""
+    import asyncio
+
+    from pcache.client import PCacheClient
+
+    client.mkdir("/cancel", parents=True)
+    client.write_file("/cancel/a", b"a" * 11)
+    client.write_file("/cancel/b", b"b" * 22)
+
+    async def run(turns: int, go_on: bool) -> None:
+        pc = PCacheClient(ClientConfig(master=shared_cluster.master_address))
+        assert (await pc.stat("/cancel/a")).size == 11  # opens the stream
+        call = asyncio.ensure_future(pc.stat("/cancel/b"))  # alone: straight onto the stream
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        if go_on:
+            sizes = await asyncio.gather(*(pc.stat(p) for p in ("/cancel/a", "/cancel/b", "/cancel/a")))
+            assert [s.size for s in sizes] == [11, 22, 11]  # no answer meant for the cancelled call
+        await pc.close()  # raised CancelledError
+
+    for turns in (1, 2, 4, 8):
+        for go_on in (False, True):
+            asyncio.run(run(turns, go_on))

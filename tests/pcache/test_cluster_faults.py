@@ -138,7 +138,8 @@ def test_a_new_file_whose_close_failed_in_a_master_outage_is_removed_once_it_is_
     """From a helper's drill: a new file's writer failed at close (the master was killed, then
     restarted as ``pcache up`` does): the empty file its open created stayed for good, and a later
     job checking ``exists()`` took it for a finished output. The client removes it once the
-    master answers again."""
+    master answers again, and gives up the blocks it had been allocated (they held the tenant's
+    quota for ``orphan_grace``, 600 s: another drill's tenant got EDQUOT meanwhile)."""
     from pcache.client import core
 
     cluster = make_cluster(workers=2)
@@ -146,8 +147,9 @@ def test_a_new_file_whose_close_failed_in_a_master_outage_is_removed_once_it_is_
     with Client(cfg) as pc:
         pc.mkdir("/out")
         pc.write_file("/out/kept.bin", b"kept")  # created before the outage: never touched
-        f = pc.open("/out/model.bin", "wb")
+        f = pc.open("/out/model.bin", "wb", block_size=MiB)
         f.write(os.urandom(3 * MiB))
+        f.flush()  # its full blocks allocated and stored: reserved, not committed
         cluster.kill(cluster.master, signal.SIGKILL)
         with pytest.raises((E.Unavailable, E.Timeout)):
             f.close()
@@ -160,6 +162,11 @@ def test_a_new_file_whose_close_failed_in_a_master_outage_is_removed_once_it_is_
                 "the failed writer's empty file removed",
             )
             assert other.read_file("/out/kept.bin") == b"kept"
+            wait_for(
+                lambda: other.status().tenants[0].reserved_bytes == 0,
+                core.DISCARD_RETRY_SECONDS * 2 + 20,
+                "the failed writer's blocks given up",
+            )
 
 
 @contextlib.contextmanager
