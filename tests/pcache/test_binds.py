@@ -866,10 +866,7 @@ def test_a_read_whose_store_does_not_answer_fails_after_one_timeout_and_the_next
     cluster = make_cluster(
         workers=1, master_args=["--master.default_replication=1"], worker_args=["--worker.ufs_timeout=2"]
     )
-    with (
-        S3Proxy(moto_endpoint) as proxy,
-        Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin,
-    ):
+    with S3Proxy(moto_endpoint) as proxy, _admin(cluster) as admin:
         admin.bind("/hung", f"s3://{bucket}/?endpoint_url={proxy.endpoint}", meta_ttl=IMMUTABLE)
         assert admin.stat("/hung/hung").size == len(body)
         proxy.ops, proxy.delay = {"get"}, 30.0
@@ -901,10 +898,7 @@ def test_a_read_that_failed_fast_on_a_hung_store_is_tried_again_as_soon(make_clu
     cluster = make_cluster(
         workers=1, master_args=["--master.default_replication=1"], worker_args=["--worker.ufs_timeout=3"]
     )
-    with (
-        S3Proxy(moto_endpoint) as proxy,
-        Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token)) as admin,
-    ):
+    with S3Proxy(moto_endpoint) as proxy, _admin(cluster) as admin:
         admin.bind("/fast", f"s3://{bucket}/?endpoint_url={proxy.endpoint}", meta_ttl=IMMUTABLE)
         assert {e.name for e in admin.scandir("/fast")} == {"a", "b"}
         proxy.ops, proxy.delay = {"get", "head"}, 60.0  # hung: takes requests, answers nothing
@@ -931,6 +925,11 @@ def test_a_read_that_failed_fast_on_a_hung_store_is_tried_again_as_soon(make_clu
         served = time.monotonic() - t0
         assert served < 9.0, served  # 10 s of remembered failure before
         admin.unbind("/fast")
+
+
+def _admin(cluster: LocalCluster) -> Client:
+    """A client of ``cluster`` with its admin token."""
+    return Client(ClientConfig(master=cluster.master_address, token=cluster.admin_token))
 
 
 def _bound_object(make_cluster, moto_endpoint: str, directory: str) -> tuple[LocalCluster, bytes]:
